@@ -1,0 +1,226 @@
+"""EngineConfig: the engine's configuration, validated at construction."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_core.model_arch import ModelArchConfig
+
+DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+DEVICES = ("auto", "cpu", "cuda")
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+HASH_ALGOS = ("sha256", "xxhash", "builtin")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+               "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "t": 10**12, "tb": 10**12,
+               "tib": 2**40}
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an int or a string such as '2GiB', '512MB' or '1e9'."""
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"cannot parse size {value!r}; use bytes or a unit such as '2GiB' or '512MB'")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+class ConfigError(ValueError):
+    """An invalid engine configuration."""
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """Which model, in which dtype, how long a sequence may get."""
+
+    model: str | None = None
+    tokenizer: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+    max_logprobs: int = 20
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.max_logprobs < -1:
+            raise ConfigError(f"max_logprobs must be -1 or non-negative, got {self.max_logprobs}")
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    """Paged KV cache shape and prefix caching."""
+
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | str | None = None
+    num_gpu_blocks_override: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size not in BLOCK_SIZES:
+            raise ConfigError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size}")
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ConfigError(
+                f"prefix_caching_hash_algo must be one of {HASH_ALGOS}, "
+                f"got {self.prefix_caching_hash_algo!r}"
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.kv_cache_memory is not None:
+            self.kv_cache_memory = parse_size(self.kv_cache_memory)
+            if self.kv_cache_memory <= 0:
+                raise ConfigError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ConfigError("num_gpu_blocks_override must be at least 1")
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Per-step limits of continuous batching."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    scheduling_policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(
+                f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}"
+            )
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ConfigError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
+            )
+
+
+@dataclass(slots=True)
+class ParallelConfig:
+    """How many devices share the model."""
+
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(
+                f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}"
+            )
+
+
+@dataclass(slots=True)
+class LoadConfig:
+    """Where weights come from."""
+
+    load_format: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}"
+            )
+
+
+@dataclass(slots=True)
+class DeviceConfig:
+    """Which device runs the model: auto picks CUDA when present."""
+
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+
+    def resolved(self) -> str:
+        """'cuda' or 'cpu'."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """The whole configuration; resolve() fills what depends on the model directory."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    # Filled by resolve():
+    model_path: str = ""
+    arch: ModelArchConfig | None = None
+    device_type: str = ""
+    torch_dtype_name: str = ""
+
+    def resolve(self) -> EngineConfig:
+        """Locate the model, read its config, and check the settings against it."""
+        from gpu_worker.loader.default_model import resolve_model_path
+
+        self.model_path = str(resolve_model_path(self.model.model))
+        self.arch = ModelArchConfig.from_model_dir(self.model_path)
+        self.device_type = self.device.resolved()
+        self.torch_dtype_name = _resolve_dtype(self.model.dtype, self.arch.torch_dtype,
+                                               self.device_type)
+        limit = self.arch.max_position_embeddings
+        if self.model.max_model_len is None:
+            self.model.max_model_len = limit
+        elif self.model.max_model_len > limit:
+            raise ConfigError(
+                f"max_model_len {self.model.max_model_len} exceeds the model's "
+                f"max_position_embeddings {limit}"
+            )
+        if self.model.served_model_name is None:
+            self.model.served_model_name = self.model.model or "SmolLM2-135M-Instruct"
+        heads, kv_heads = self.arch.num_attention_heads, self.arch.num_key_value_heads
+        tp = self.parallel.tensor_parallel_size
+        if heads % tp or kv_heads % tp:
+            raise ConfigError(
+                f"tensor_parallel_size {tp} must divide the number of attention heads ({heads}) "
+                f"and of KV heads ({kv_heads})"
+            )
+        return self
+
+    @property
+    def max_model_len(self) -> int:
+        """The resolved context length (prompt + output)."""
+        assert self.model.max_model_len is not None, "EngineConfig.resolve() not called"
+        return self.model.max_model_len
+
+
+def _resolve_dtype(requested: str, checkpoint: str, device: str) -> str:
+    aliases = {"float": "float32", "half": "float16"}
+    if requested != "auto":
+        return aliases.get(requested, requested)
+    if device == "cpu":
+        return "float32"  # bf16 matmul is slow on CPUs without AVX-512 BF16
+    return "bfloat16" if checkpoint in ("float32", "bfloat16") else checkpoint
+
+
+def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:
+    """Build an EngineConfig from flat vLLM-style keyword arguments; unknown names are refused."""
+    groups: dict[str, type] = {
+        "model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+        "parallel": ParallelConfig, "load": LoadConfig, "device": DeviceConfig,
+    }
+    per_group: dict[str, dict[str, Any]] = {g: {} for g in groups}
+    owner = {f: g for g, cls in groups.items() for f in cls.__dataclass_fields__}
+    unknown = [k for k in kwargs if k not in owner]
+    if unknown:
+        raise ConfigError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
+    for key, value in kwargs.items():
+        per_group[owner[key]][key] = value
+    return EngineConfig(**{g: cls(**per_group[g]) for g, cls in groups.items()})

@@ -1,0 +1,112 @@
+"""ModelArchConfig: the facts about a model's shape, parsed from its config.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+# Rope scaling types the model code implements; anything else is refused at load time.
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArchConfig:
+    """The architecture-level facts every process needs (no weights, no tokenizer)."""
+
+    architecture: str
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    torch_dtype: str
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelArchConfig:
+        """Parse a Hugging Face config dict; raises ValueError naming the source on bad input."""
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ValueError(f"{source}: no 'architectures' entry; cannot tell which model to build")
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            layers = int(cfg["num_hidden_layers"])
+            inter = int(cfg["intermediate_size"])
+            vocab = int(cfg["vocab_size"])
+        except KeyError as e:
+            raise ValueError(f"{source}: missing required field {e.args[0]!r}") from None
+        rope_params = cfg.get("rope_parameters") or {}
+        # transformers 5 keeps rope_theta under rope_parameters; older configs keep it at top level.
+        rope_theta = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        rope_scaling = cfg.get("rope_scaling")
+        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = dict(rope_params)
+        if rope_scaling is not None:
+            rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+            if rope_type not in SUPPORTED_ROPE_TYPES:
+                raise ValueError(
+                    f"{source}: rope scaling type {rope_type!r} is not supported "
+                    f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+                )
+            if rope_type == "default":
+                rope_scaling = None
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        return cls(
+            architecture=archs[0],
+            model_type=cfg.get("model_type", ""),
+            hidden_size=hidden,
+            intermediate_size=inter,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            vocab_size=vocab,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
+            eos_token_ids=eos_ids,
+            bos_token_id=cfg.get("bos_token_id"),
+        )
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path) -> ModelArchConfig:
+        """Read <model_dir>/config.json; raises FileNotFoundError/ValueError naming the file."""
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no config.json in the model directory")
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        arch = cls.from_dict(cfg, source=str(path))
+        if not arch.eos_token_ids:
+            gen = Path(model_dir) / "generation_config.json"
+            if gen.is_file():
+                eos = json.loads(gen.read_text()).get("eos_token_id")
+                if eos is not None:
+                    ids = tuple(eos) if isinstance(eos, list) else (int(eos),)
+                    arch = replace(arch, eos_token_ids=ids)
+        return arch
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """Elements of K and V stored per token across all layers."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim

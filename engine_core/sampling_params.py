@@ -1,0 +1,86 @@
+"""SamplingParams: how one request samples. A protocol leaf: imports nothing from the project."""
+
+from __future__ import annotations
+
+import msgspec
+
+# Temperatures below this are treated as greedy, as vLLM does.
+SAMPLING_EPS = 1e-5
+
+
+class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """vLLM's sampling parameters; invalid values raise ValueError at construction."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be 0 or -1 (disable) or at least 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be positive, got {self.repetition_penalty}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be non-negative, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < -1:
+                raise ValueError(f"{name} must be -1 (whole vocabulary) or non-negative, got {value}")
+        if self.stop is not None and any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax."""
+        return self.temperature < SAMPLING_EPS
+
+    def all_stop_token_ids(self, eos_token_id: int | None) -> set[int]:
+        """Token ids that end generation: stop_token_ids, plus EOS unless ignore_eos."""
+        ids = set(self.stop_token_ids or ())
+        if eos_token_id is not None and not self.ignore_eos:
+            ids.add(eos_token_id)
+        return ids

@@ -1,0 +1,64 @@
+"""Sizing and allocating the paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from engine_core.config import EngineConfig
+from engine_core.model_arch import ModelArchConfig
+
+# KV cache on CPU when kv_cache_memory is not given.
+DEFAULT_CPU_KV_CACHE_BYTES = 2 * 2**30
+
+
+def kv_block_bytes(arch: ModelArchConfig, block_size: int, dtype: torch.dtype,
+                   tensor_parallel_size: int = 1) -> int:
+    """Bytes one block occupies across all layers on one rank."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    return arch.kv_elements_per_token * block_size * elem // tensor_parallel_size
+
+
+def kv_cache_num_blocks(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> int:
+    """Blocks that fit: num_gpu_blocks_override, else kv_cache_memory, else what the device allows."""
+    assert config.arch is not None
+    cache = config.cache
+    per_block = kv_block_bytes(config.arch, cache.block_size, dtype,
+                               config.parallel.tensor_parallel_size)
+    if cache.num_gpu_blocks_override is not None:
+        num_blocks = cache.num_gpu_blocks_override
+    elif cache.kv_cache_memory is not None:
+        num_blocks = int(cache.kv_cache_memory) // per_block
+    elif device.type == "cuda":
+        num_blocks = _cuda_free_bytes(config, device) // per_block
+    else:
+        num_blocks = DEFAULT_CPU_KV_CACHE_BYTES // per_block
+    needed = -(-config.max_model_len // cache.block_size)
+    if num_blocks < needed:
+        raise ValueError(
+            f"the KV cache holds {num_blocks} blocks of {cache.block_size} tokens "
+            f"({num_blocks * per_block / 2**20:.1f} MiB), fewer than the {needed} blocks one "
+            f"request of max_model_len {config.max_model_len} needs; give it more memory "
+            f"(kv_cache_memory / gpu_memory_utilization) or lower max_model_len"
+        )
+    return num_blocks
+
+
+def _cuda_free_bytes(config: EngineConfig, device: torch.device) -> int:
+    free, total = torch.cuda.mem_get_info(device)
+    arch = config.arch
+    assert arch is not None
+    # Activations of the largest step: a few hidden/intermediate rows per token, plus fp32 logits
+    # and sampler scratch for every sequence.
+    tokens = config.scheduler.max_num_batched_tokens
+    activations = tokens * (6 * arch.hidden_size + 3 * arch.intermediate_size) * 4
+    sampler = config.scheduler.max_num_seqs * arch.vocab_size * 4 * 4
+    budget = total * config.cache.gpu_memory_utilization - (total - free)
+    return max(0, int(budget - activations - sampler))
+
+
+def allocate_kv_caches(arch: ModelArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                       device: torch.device, tensor_parallel_size: int = 1) -> list[torch.Tensor]:
+    """One [2, num_blocks, block_size, kv_heads, head_dim] tensor per layer."""
+    kv_heads = arch.num_key_value_heads // tensor_parallel_size
+    return [torch.zeros(2, num_blocks, block_size, kv_heads, arch.head_dim, dtype=dtype,
+                        device=device) for _ in range(arch.num_hidden_layers)]

@@ -1,0 +1,51 @@
+"""Rotary position embedding (the rotate-half layout Hugging Face Llama checkpoints use)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling is None:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    raise ValueError(f"unsupported rope scaling {scaling!r}")
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies rotary embeddings to q and k at given positions, from a precomputed table."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float,
+                 scaling: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64),
+                            _inv_freq(head_dim, theta, scaling))
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos().float(), persistent=False)
+        self.register_buffer("sin", emb.sin().float(), persistent=False)
+        self.half = head_dim // 2
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token [T, 1, head_dim] tables; computed once per step and shared by all layers."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim] -> rotated copy."""
+        x1, x2 = x[..., : self.half], x[..., self.half :]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin

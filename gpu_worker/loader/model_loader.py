@@ -1,0 +1,88 @@
+"""Build the engine's model class for a directory and fill its weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from engine_core.model_arch import ModelArchConfig
+from gpu_worker.models.registry import model_class
+from gpu_worker.models.weights import WeightLoadError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """torch dtype for a resolved dtype name."""
+    return _DTYPES[name]
+
+
+def safetensors_files(model_dir: str | Path) -> list[Path]:
+    """The checkpoint's safetensors files: from the shard index if present, else *.safetensors."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise WeightLoadError(f"{index}: not a valid safetensors index ({e})") from None
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        for f in files:
+            if not f.is_file():
+                raise WeightLoadError(f"{index}: lists shard {f.name}, which is missing")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"{model_dir}: no *.safetensors weights in the model directory")
+    return files
+
+
+def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """(file, tensor name, tensor) for every tensor, read through a memory map."""
+    for path in safetensors_files(model_dir):
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield str(path), name, f.get_tensor(name)
+        except (OSError, ValueError) as e:
+            if isinstance(e, WeightLoadError):
+                raise
+            raise WeightLoadError(f"{path}: cannot read safetensors file ({e})") from None
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def load_model(model_dir: str | Path, arch: ModelArchConfig, dtype: torch.dtype,
+               device: torch.device, load_format: str = "auto", seed: int = 0) -> nn.Module:
+    """The model with weights from model_dir, or random weights when load_format is 'dummy'."""
+    cls = model_class(arch.architecture, source=str(Path(model_dir) / "config.json"))
+    with _default_dtype(dtype), torch.device(device):
+        model = cls(arch)
+    if load_format == "dummy":
+        _fill_dummy(model, seed, device)
+    else:
+        model.load_weights(iter_safetensors(model_dir))
+    return model.eval()
+
+
+def _fill_dummy(model: nn.Module, seed: int, device: torch.device) -> None:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+        else:
+            param.data.uniform_(-0.05, 0.05, generator=gen)

@@ -1,0 +1,150 @@
+"""The Llama family (Llama, Mistral, SmolLM): the base decoder the other architectures extend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine_core.model_arch import ModelArchConfig
+from gpu_worker.layers.attention import Attention
+from gpu_worker.layers.linear import Embedding, Linear
+from gpu_worker.layers.norm import RMSNorm
+from gpu_worker.layers.rotary import RotaryEmbedding
+from gpu_worker.models.weights import StackedShard, load_named_weights
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention with fused QKV projection, rotary embeddings and GQA."""
+
+    qkv_bias = False
+    qk_norm = False
+
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                               bias=self.qkv_bias or cfg.attention_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias and not self.qkv_bias)
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+
+    def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
+        """Rows of qkv_proj holding q, k or v: (start, size)."""
+        return {"q": (0, self.q_size), "k": (self.q_size, self.kv_size),
+                "v": (self.q_size + self.kv_size, self.kv_size)}[shard_id]
+
+    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        out = self.attn(q, k, v)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward with fused gate and up projections."""
+
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
+        """Rows of gate_up_proj holding gate (0) or up (1): (start, size)."""
+        return int(shard_id) * self.intermediate, self.intermediate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks; the residual add is fused into the next norm."""
+
+    attention_cls: type[LlamaAttention] = LlamaAttention
+
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = self.attention_cls(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rotary: RotaryEmbedding,
+                cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm.forward_with_residual(x, residual)
+        x = self.self_attn(x, rotary, cos, sin)
+        x, residual = self.post_attention_layernorm.forward_with_residual(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm."""
+
+    def __init__(self, cfg: ModelArchConfig, layer_cls: type[LlamaDecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(layer_cls(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder-only causal LM; forward() returns hidden states, compute_logits() the logits."""
+
+    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    stacked_shards = (
+        StackedShard("qkv_proj", "q_proj", "q"),
+        StackedShard("qkv_proj", "k_proj", "k"),
+        StackedShard("qkv_proj", "v_proj", "v"),
+        StackedShard("gate_up_proj", "gate_proj", 0),
+        StackedShard("gate_up_proj", "up_proj", 1),
+    )
+
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = LlamaModel(cfg, self.layer_cls)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                      cfg.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        residual = None
+        for layer in self.model.layers:
+            x, residual = layer(x, residual, self.rotary, cos, sin)
+        x, _ = self.model.norm.forward_with_residual(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, vocab] in fp32 for the given hidden states [N, hidden]."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def attention_layers(self) -> list[Attention]:
+        """Attention modules in layer order, for binding KV caches."""
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (source file, HF name, tensor) into the fused parameters."""
+        skip = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if self.lm_head is None else ())
+        load_named_weights(self, weights, self.stacked_shards, skip)

@@ -1,0 +1,27 @@
+"""Architecture name (config.json 'architectures') -> model class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from gpu_worker.models.llama import LlamaForCausalLM
+from gpu_worker.models.qwen2 import Qwen2ForCausalLM
+from gpu_worker.models.qwen3 import Qwen3ForCausalLM
+
+ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def model_class(architecture: str, source: str = "config.json") -> type[nn.Module]:
+    """The class for an architecture; refuses unknown ones, naming those that are supported."""
+    try:
+        return ARCHITECTURES[architecture]
+    except KeyError:
+        raise ValueError(
+            f"{source}: architecture {architecture!r} is not supported; "
+            f"supported: {', '.join(sorted(ARCHITECTURES))}"
+        ) from None

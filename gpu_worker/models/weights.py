@@ -1,0 +1,57 @@
+"""Copying checkpoint tensors into a model whose projections are fused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+
+class StackedShard(NamedTuple):
+    """Checkpoint tensor `original` is a slice of fused parameter `fused`, named by shard_id."""
+
+    fused: str
+    original: str
+    shard_id: str | int
+
+
+class WeightLoadError(ValueError):
+    """A checkpoint does not fit the model; the message names the file and the tensor."""
+
+
+def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, str, torch.Tensor]],
+                       stacked: Iterable[StackedShard], skip: tuple[str, ...] = ()) -> None:
+    """Copy every (file, name, tensor) into model; refuse unknown, misshapen or missing tensors."""
+    params = dict(model.named_parameters())
+    stacked = tuple(stacked)
+    pending = {name: _expected_shards(name, stacked) for name in params}
+    for source, name, tensor in weights:
+        if name.endswith(skip):
+            continue
+        shard = next((s for s in stacked if f".{s.original}." in name), None)
+        target = name.replace(f".{shard.original}.", f".{shard.fused}.") if shard else name
+        param = params.get(target)
+        if param is None:
+            raise WeightLoadError(f"{source}: tensor {name!r} does not belong to this model "
+                                  f"({type(model).__name__})")
+        dest = param.data
+        if shard is not None:
+            owner = model.get_submodule(target.rsplit(".", 2)[0])
+            start, size = owner.shard_slice(shard.shard_id)
+            dest = dest.narrow(0, start, size)
+        if tuple(tensor.shape) != tuple(dest.shape):
+            raise WeightLoadError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                  f"the model expects {tuple(dest.shape)}")
+        dest.copy_(tensor)
+        pending[target].discard(shard.shard_id if shard else None)
+    missing = sorted(n for n, left in pending.items() if left)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise WeightLoadError(f"checkpoint is missing weights for: {shown}")
+
+
+def _expected_shards(param_name: str, stacked: tuple[StackedShard, ...]) -> set[str | int | None]:
+    ids = {s.shard_id for s in stacked if f".{s.fused}." in param_name}
+    return ids or {None}

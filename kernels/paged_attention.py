@@ -1,0 +1,201 @@
+"""Triton flash-attention kernel over a paged KV cache for mixed prefill/decode batches."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# Rows (query tokens x query heads of one kv group) per tile: tl.dot needs at least 16.
+_MIN_ROWS = 16
+_TARGET_ROWS = 64
+_MIN_BLOCK_N = 64
+
+
+@triton.jit
+def _find_request(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr):
+    # Request i owns tiles [qsl[i] // BLOCK_Q + i, qsl[i+1] // BLOCK_Q + i + 1), a monotonic
+    # layout that covers ceil(q_len / BLOCK_Q) tiles per request without a host-side sync.
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    scale_log2,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile_id = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_request(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    tile_q0 = (tile_id - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    if tile_q0 >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx_len = seq_len - q_len
+
+    # Row r is query token tile_q0 + r // GROUP_PAD, head r % GROUP_PAD within the kv group.
+    offs_m = tl.arange(0, BLOCK_Q * GROUP_PAD)
+    tok = tile_q0 + offs_m // GROUP_PAD
+    head_in_group = offs_m % GROUP_PAD
+    row_valid = (tok < q_len) & (head_in_group < GROUP)
+    q_head = kv_head * GROUP + head_in_group
+    q_pos = ctx_len + tok
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    q_row = (q_start + tok).to(tl.int64) * stride_qt + q_head * stride_qh
+    q = tl.load(q_ptr + q_row[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+    q = q.to(tl.float32).to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    # Every row keeps key 0 unmasked (q_pos >= 0 and kv_end >= 1), so m_i is finite after the
+    # first chunk and the -inf initialisation never produces NaN.
+    kv_end = tl.minimum(ctx_len + tile_q0 + BLOCK_Q, seq_len)
+    bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    for start_n in range(0, kv_end, BLOCK_N):
+        k_pos = start_n + tl.arange(0, BLOCK_N)
+        k_valid = k_pos < kv_end
+        block = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
+        in_block = k_pos % BLOCK_SIZE
+        k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
+        v_off = block * stride_vb + in_block * stride_vs + kv_head * stride_vh
+        k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=k_valid[None, :], other=0.0)
+        k = k.to(tl.float32).to(DOT_DTYPE)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+        causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+        s = tl.where(causal, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=k_valid[:, None], other=0.0)
+        v = v.to(tl.float32).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    acc = acc / l_i[:, None]
+    o_row = (q_start + tok).to(tl.int64) * stride_ot + q_head * stride_oh
+    tl.store(out_ptr + o_row[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    max_query_len: int | None = None,
+) -> torch.Tensor:
+    """Causal GQA attention of each request's packed queries over its paged K/V; matches paged_attention_ref."""
+    num_tokens, num_q_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, kv_head_dim = key_cache.shape
+    num_seqs = seq_lens.shape[0]
+    assert kv_head_dim == head_dim, f"query head_dim {head_dim} != cache head_dim {kv_head_dim}"
+    assert value_cache.shape == key_cache.shape, "value_cache must have key_cache's shape"
+    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, f"head_dim must be a power of two >= 16, got {head_dim}"
+    assert block_size & (block_size - 1) == 0, f"block_size must be a power of two, got {block_size}"
+    assert num_q_heads % num_kv_heads == 0, f"num_q_heads {num_q_heads} not a multiple of num_kv_heads {num_kv_heads}"
+    assert query_start_loc.shape[0] == num_seqs + 1, "query_start_loc must have num_seqs + 1 entries"
+    assert query.dtype in _TL_DTYPES, f"unsupported dtype {query.dtype}"
+    for t in (query, key_cache, value_cache):
+        assert t.stride(-1) == 1, "the head_dim axis must be contiguous"
+    if out is None:
+        out = torch.empty_like(query)
+    assert out.shape == query.shape and out.stride(-1) == 1, "out must be [T, Hq, D] with contiguous head_dim"
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    group = num_q_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    min_block_q = max(1, _MIN_ROWS // group_pad)
+    block_q = max(min_block_q, _TARGET_ROWS // group_pad)
+    if max_query_len is not None:
+        # Decode-heavy batches waste fewer rows with short tiles.
+        block_q = max(min_block_q, min(block_q, triton.next_power_of_2(max_query_len)))
+    block_n = max(block_size, _MIN_BLOCK_N)
+    # CPU tensors only run under the interpreter, whose tl.dot is wrong for 16-bit operands.
+    on_gpu = query.device.type == "cuda"
+    dot_dtype = _TL_DTYPES[query.dtype] if on_gpu else tl.float32
+    # fp32 operands would otherwise be rounded to tf32 on tensor cores.
+    dot_precision = "ieee" if dot_dtype == tl.float32 else None
+
+    num_tiles = num_tokens // block_q + num_seqs
+    _paged_attention_kernel[(num_tiles, num_kv_heads)](
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale * math.log2(math.e),
+        num_seqs,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        block_table.stride(0),
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_Q=block_q,
+        BLOCK_N=block_n,
+        DOT_DTYPE=dot_dtype,
+        DOT_PRECISION=dot_precision,
+        num_warps=4,
+    )
+    return out

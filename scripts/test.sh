@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Installs everything and runs the test suite (what CI runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --test
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+python3 -m pytest tests -q "$@"

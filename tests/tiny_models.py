@@ -1,0 +1,29 @@
+"""Small random-weight Hugging Face checkpoints for tests, written with transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=512, max_position_embeddings=512)
+
+
+def make_tiny_model(path: Path, arch: str = "llama", **overrides) -> Path:
+    """Save a randomly initialised model of the given family to path (safetensors + config.json)."""
+    import transformers
+
+    cfg_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[arch]
+    kwargs = {**TINY, "eos_token_id": 2, "bos_token_id": 1, "rope_theta": 10000.0, **overrides}
+    if arch == "qwen3":
+        kwargs.setdefault("head_dim", 16)
+    torch.manual_seed(0)
+    model = model_cls(cfg_cls(**kwargs)).to(torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    return path

@@ -1,0 +1,23 @@
+"""Building a CPU model runner for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine_core.config import engine_config_from_kwargs
+from gpu_worker.model_runner import ModelRunner
+from tests.worker.driver import StepDriver
+
+
+def make_runner(model: str | Path, **engine_args) -> tuple[ModelRunner, StepDriver]:
+    """A loaded runner with its KV cache, and a driver over all its blocks."""
+    engine_args.setdefault("device", "cpu")
+    engine_args.setdefault("kv_cache_memory", "64MiB")
+    config = engine_config_from_kwargs(model=str(model), **engine_args).resolve()
+    runner = ModelRunner(config, torch.device("cpu"))
+    runner.load_model()
+    num_blocks = runner.determine_num_blocks()
+    runner.initialize_kv_cache(num_blocks)
+    return runner, StepDriver(runner, num_blocks, config.cache.block_size)
