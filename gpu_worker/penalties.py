@@ -12,7 +12,7 @@ def apply_logit_bias(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.
 
 def apply_min_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
     """Set logits[rows[j], token_ids[j]] to -inf in place."""
-    logits.index_put_((rows, token_ids), torch.tensor(float("-inf"), device=logits.device))
+    logits[rows, token_ids] = float("-inf")
 
 
 def apply_penalties(

@@ -107,6 +107,7 @@ def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator
     # A seeded row draws only from its own generator, so its sample does not depend on the batch.
     for row, generator in generators.items():
         q[row] = torch.empty(vocab_size, device=probs.device).exponential_(generator=generator)
-    # exponential_ can return 0, and 0/0 = NaN would win argmax for a masked (probability 0) token.
+    # Guard against a zero draw (some torch versions' kernels produce one): 0/0 = NaN on a masked
+    # (probability 0) token would win the argmax.
     q.clamp_min_(torch.finfo(q.dtype).tiny)
     return probs.div_(q).argmax(dim=-1)

@@ -144,7 +144,9 @@ def build_sampling_metadata(
         greedy_mask=None if all_greedy or all_random else to_dev(greedy, torch.bool),
         all_greedy=all_greedy,
         all_random=all_random,
-        generators={i: s.generator for i, (s, g) in enumerate(zip(states, greedy)) if not g and s.generator is not None},
+        generators={
+            i: s.generator for i, (s, g) in enumerate(zip(states, greedy)) if not g and s.generator is not None
+        },
         top_k=None if all(k == vocab_size for k in top_k) else to_dev(top_k, torch.int64),
         max_top_k=max((k for k in top_k if k < vocab_size), default=vocab_size),
         top_p=None if all(p >= 1.0 for p in top_p) else to_dev(top_p, torch.float32),

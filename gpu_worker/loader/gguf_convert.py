@@ -99,14 +99,15 @@ def _build_config(meta: dict[str, Any], has_output: bool) -> dict[str, Any]:
 def _load_tensors(reader: GGUFReader, names: list[str], config: dict[str, Any]) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for tensor, name in zip(reader.tensors, names):
-        weight = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        weight = dequantize(tensor.data, tensor.tensor_type)
         # GGUF lists dimensions fastest-first; numpy/torch want them slowest-first.
         weight = weight.reshape(tuple(int(d) for d in reversed(tensor.shape)))
         if name.endswith("q_proj.weight"):
             weight = unpermute_rotary_rows(weight, config["num_attention_heads"])
         elif name.endswith("k_proj.weight"):
             weight = unpermute_rotary_rows(weight, config["num_key_value_heads"])
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(weight).copy())
+        # A fresh array: F32 tensors come back as views of the reader's memory map.
+        tensors[name] = torch.from_numpy(np.array(weight, dtype=np.float32, order="C"))
     return tensors
 
 
@@ -134,7 +135,7 @@ def _save_tokenizer(gguf_path: Path, meta: dict[str, Any], config: dict[str, Any
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
-    """Write gguf_path as an fp32 LlamaForCausalLM directory at out_dir atomically; an existing out_dir is kept."""
+    """Write gguf_path atomically as an fp32 LlamaForCausalLM directory out_dir; an existing one is kept."""
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if out_dir.is_dir():
         return out_dir
@@ -153,7 +154,6 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        del tensors
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

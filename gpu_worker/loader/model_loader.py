@@ -12,6 +12,7 @@ from safetensors import safe_open
 from torch import nn
 
 from engine_core.model_arch import ModelArchConfig
+from gpu_worker.layers.linear import use_cpu_layout
 from gpu_worker.models.registry import model_class
 from gpu_worker.models.weights import WeightLoadError
 
@@ -76,6 +77,8 @@ def load_model(model_dir: str | Path, arch: ModelArchConfig, dtype: torch.dtype,
         _fill_dummy(model, seed, device)
     else:
         model.load_weights(iter_safetensors(model_dir))
+    if device.type == "cpu":
+        use_cpu_layout(model, torch.get_num_threads())
     return model.eval()
 
 

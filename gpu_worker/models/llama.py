@@ -44,13 +44,17 @@ class LlamaAttention(nn.Module):
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor,
                 sin: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        tokens, heads, kv_heads = qkv.shape[0], self.num_heads, self.num_kv_heads
+        v = qkv[:, self.q_size + self.kv_size :].view(tokens, kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+            q = self.q_norm(qkv[:, : self.q_size].reshape(tokens, heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size]
+                            .reshape(tokens, kv_heads, self.head_dim))
+            q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        else:
+            # q and k rotate together: one set of ops instead of two.
+            qk = qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, self.head_dim)
+            q, k = rotary.apply(qk, cos, sin).split([heads, kv_heads], dim=1)
         out = self.attn(q, k, v)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -122,7 +126,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = LlamaModel(cfg, self.layer_cls)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling)
 
@@ -137,8 +143,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in fp32 for the given hidden states [N, hidden]."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.lm_head(hidden).float()
 
     def attention_layers(self) -> list[Attention]:
         """Attention modules in layer order, for binding KV caches."""
@@ -146,5 +151,6 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (source file, HF name, tensor) into the fused parameters."""
-        skip = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if self.lm_head is None else ())
+        tied = self.cfg.tie_word_embeddings
+        skip = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if tied else ())
         load_named_weights(self, weights, self.stacked_shards, skip)

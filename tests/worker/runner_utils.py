@@ -11,11 +11,12 @@ from gpu_worker.model_runner import ModelRunner
 from tests.worker.driver import StepDriver
 
 
-def make_runner(model: str | Path, **engine_args) -> tuple[ModelRunner, StepDriver]:
+def make_runner(model: str | Path | None, **engine_args) -> tuple[ModelRunner, StepDriver]:
     """A loaded runner with its KV cache, and a driver over all its blocks."""
     engine_args.setdefault("device", "cpu")
     engine_args.setdefault("kv_cache_memory", "64MiB")
-    config = engine_config_from_kwargs(model=str(model), **engine_args).resolve()
+    config = engine_config_from_kwargs(model=None if model is None else str(model),
+                                       **engine_args).resolve()
     runner = ModelRunner(config, torch.device("cpu"))
     runner.load_model()
     num_blocks = runner.determine_num_blocks()

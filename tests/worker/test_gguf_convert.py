@@ -1,4 +1,4 @@
-"""GGUF -> Hugging Face conversion of the default SmolLM2 model, checked against transformers' own GGUF loader."""
+"""GGUF -> Hugging Face conversion of the default SmolLM2, checked against transformers' GGUF loader."""
 
 from __future__ import annotations
 
@@ -40,8 +40,10 @@ def models(model_dir: Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     path = find_default_gguf()
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     ref = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=ref, torch_dtype=torch.float32)
-    ref.load_state_dict(tensors["tensors"], strict=False)  # lm_head is tied, so absent from the GGUF
+    loaded = load_gguf_checkpoint(
+        str(path), return_tensors=True, model_to_load=ref, torch_dtype=torch.float32
+    )
+    ref.load_state_dict(loaded["tensors"], strict=False)  # lm_head is tied, so absent from the GGUF
     return ours, ref
 
 
@@ -79,7 +81,8 @@ def test_tokenizer_round_trip_and_chat_template(model_dir: Path) -> None:
     text = "Hello world! The café costs 12.50 €."
     assert tokenizer.decode(tokenizer(text).input_ids) == text
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    messages = [{"role": "user", "content": "hi"}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert prompt.startswith("<|im_start|>system\n")
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     template = gguf.GGUFReader(find_default_gguf()).fields["tokenizer.chat_template"].contents()
@@ -118,14 +121,19 @@ def test_logits_match_transformers_gguf_loader(
     assert tokenizer.decode(ours[0, -1].argmax()) == " Paris"
 
 
-def test_chat_generation_stops_at_eos(models: tuple[torch.nn.Module, torch.nn.Module], model_dir: Path) -> None:
+def test_chat_generation_stops_at_eos(
+    models: tuple[torch.nn.Module, torch.nn.Module], model_dir: Path
+) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    out = models[0].generate(ids["input_ids"], max_new_tokens=20, do_sample=False)
-    answer = out[0, ids["input_ids"].shape[1] :].tolist()
+    batch = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    prompt = batch["input_ids"]
+    out = models[0].generate(prompt, max_new_tokens=20, do_sample=False)
+    answer = out[0, prompt.shape[1] :].tolist()
     assert answer[-1] == 2
     assert "Paris" in tokenizer.decode(answer)
 

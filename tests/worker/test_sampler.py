@@ -80,7 +80,11 @@ MIXED_GREEDY = [
     (SamplingParams(temperature=0.0, presence_penalty=1.5), [], [7, 7, 2]),
     (SamplingParams(temperature=0.0, frequency_penalty=0.8), [4], [9, 9, 9, 1]),
     (SamplingParams(temperature=0.0, repetition_penalty=1.7), [0, 1, 2, 3, 11], [12]),
-    (SamplingParams(temperature=0.0, presence_penalty=-0.5, frequency_penalty=0.3, repetition_penalty=0.8), [5], [6, 6]),
+    (
+        SamplingParams(temperature=0.0, presence_penalty=-0.5, frequency_penalty=0.3, repetition_penalty=0.8),
+        [5],
+        [6, 6],
+    ),
     (SamplingParams(temperature=0.0, logit_bias={8: 3.0, 2: -2.0}), [], []),
     (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[10]), [], [1]),
 ]
@@ -181,6 +185,7 @@ PEAKED = torch.randn(32, generator=torch.Generator().manual_seed(11)) * 3.0
         (0.7, 1, 1.0, 0.0),
         (1.0, 0, 0.62, 0.0),
         (1.3, 0, 0.33, 0.0),
+        (1.0, 0, 1e-9, 0.0),
         (1.0, 0, 1.0, 0.3),
         (0.8, 8, 0.71, 0.0),
         (1.0, 0, 0.51, 0.45),

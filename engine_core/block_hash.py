@@ -1,0 +1,88 @@
+"""Chained hashes of full KV blocks: block i's hash certifies every token up to its end.
+
+hash(block) = H((parent_hash, tuple(block token ids), extra_keys)); the first block's parent is
+a constant root and its extra_keys carry the request's cache_salt, so salted tenants never share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+if TYPE_CHECKING:
+    from engine_core.request import Request
+
+BlockHash = bytes | int
+HashFn = Callable[[Any], BlockHash]
+
+_ROOT_SEED = b"engine_core.block_hash.root.v1:"
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def _sha256(obj: Any) -> bytes:
+    return hashlib.sha256(_encode(obj)).digest()
+
+
+def _builtin(obj: Any) -> int:
+    return hash(obj)
+
+
+def get_hash_fn(algo: str) -> HashFn:
+    """The hash function for 'sha256' (default), 'xxhash' (needs the xxhash package) or 'builtin'.
+
+    sha256 and xxhash hash a canonical msgpack encoding, so they agree across processes;
+    'builtin' is Python's hash(): fastest, not collision-safe, meaningful within one process only.
+    """
+    if algo == "sha256":
+        return _sha256
+    if algo == "xxhash":
+        try:
+            import xxhash
+        except ImportError as e:
+            raise ImportError(
+                "prefix_caching_hash_algo='xxhash' needs the xxhash package (pip install xxhash); "
+                "or use 'sha256'") from e
+        digest = xxhash.xxh3_128_digest
+        return lambda obj: digest(_encode(obj))
+    if algo == "builtin":
+        return _builtin
+    raise ValueError(f"unknown prefix caching hash algorithm {algo!r}")
+
+
+def root_hash(algo: str) -> BlockHash:
+    """The parent hash of every first block: a constant of the algorithm, equal in every process."""
+    digest = hashlib.sha256(_ROOT_SEED + algo.encode()).digest()
+    # builtin hashes are ints; keeping the root an int too keeps the key type uniform.
+    return int.from_bytes(digest[:8], "little") if algo == "builtin" else digest
+
+
+def hash_block_tokens(hash_fn: HashFn, parent_hash: BlockHash, token_ids: list[int],
+                      extra_keys: Any = None) -> BlockHash:
+    """The hash of one full block given its parent's hash."""
+    return hash_fn((parent_hash, tuple(token_ids), extra_keys))
+
+
+def make_block_hasher(block_size: int, algo: str = "sha256") -> Callable[[Request], list[BlockHash]]:
+    """A function giving the hashes of a request's newly completed full blocks, in order."""
+    hash_fn = get_hash_fn(algo)
+    root = root_hash(algo)
+
+    def hash_new_blocks(request: Request) -> list[BlockHash]:
+        hashes = request.block_hashes
+        start = len(hashes)
+        end = len(request.all_token_ids) // block_size
+        if end <= start:
+            return []
+        parent = hashes[-1] if hashes else root
+        tokens = request.all_token_ids
+        new: list[BlockHash] = []
+        for i in range(start, end):
+            extra = request.cache_salt if i == 0 else None
+            parent = hash_fn((parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra))
+            new.append(parent)
+        return new
+
+    return hash_new_blocks

@@ -1,0 +1,127 @@
+"""KVCacheManager: which blocks each request holds, prefix-cache lookups and slot allocation."""
+
+from __future__ import annotations
+
+from engine_core.block_pool import BlockPool, KVCacheBlock
+from engine_core.request import Request
+
+
+class KVCacheManager:
+    """Allocates blocks for requests' tokens and shares full blocks through the prefix cache."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
+                 max_model_len: int) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # How many leading blocks of each request have been offered to the prefix cache.
+        self.num_cached_blocks: dict[str, int] = {}
+        self._queries = 0
+        self._hits = 0
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of the request, in whole blocks, and its token count.
+
+        At most num_tokens - 1 tokens count as cached, so the last token is always computed and
+        produces logits. Requests asking for prompt logprobs skip the cache: they need every position.
+        """
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = request.block_hashes
+        cached = self.pool.cached
+        blocks: list[KVCacheBlock] = []
+        for i in range(min(max_blocks, len(hashes))):
+            block = cached.get(hashes[i])
+            if block is None:
+                break
+            blocks.append(block)
+        num_tokens = len(blocks) * self.block_size
+        self._queries += request.num_tokens
+        self._hits += num_tokens
+        return blocks, num_tokens
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVCacheBlock] | None = None
+                       ) -> list[KVCacheBlock] | None:
+        """Blocks for num_new_tokens more tokens after the computed ones (and the cache hits).
+
+        Returns the newly allocated blocks, or None, changing nothing, when they do not fit.
+        Caches the request's blocks that these tokens complete.
+        """
+        computed = new_computed_blocks or []
+        req_id = request.request_id
+        req_blocks = self.req_to_blocks.get(req_id)
+        num_held = len(req_blocks) if req_blocks is not None else 0
+        num_total_tokens = (request.num_computed_tokens + len(computed) * self.block_size
+                            + num_new_tokens)
+        num_required = -(-num_total_tokens // self.block_size)
+        num_new_blocks = max(num_required - num_held - len(computed), 0)
+        # Hits nobody holds sit in the free queue and stop being allocatable once touched.
+        num_free = self.pool.get_num_free_blocks()
+        if computed:
+            num_free -= sum(1 for b in computed if b.ref_cnt == 0)
+        if num_new_blocks > num_free:
+            return None
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[req_id] = []
+        if computed:
+            self.pool.touch(computed)
+            req_blocks.extend(computed)
+            self.num_cached_blocks[req_id] = len(req_blocks)
+        new_blocks = self.pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        if self.enable_caching:
+            # Blocks whose tokens are computed by the end of this step; hashes exist for them.
+            num_full = min(num_total_tokens, request.num_tokens) // self.block_size
+            start = self.num_cached_blocks.get(req_id, 0)
+            if num_full > start:
+                self.pool.cache_full_blocks(req_blocks, request.block_hashes, start, num_full)
+                self.num_cached_blocks[req_id] = num_full
+        return new_blocks
+
+    def uncache_uncomputed_blocks(self, request: Request) -> None:
+        """Withdraw the hashes allocate_slots gave blocks this step when the step is taken back.
+
+        Only this request holds those blocks (hits are looked up after running requests are
+        scheduled), so no one has read them yet.
+        """
+        req_id = request.request_id
+        start = request.num_computed_tokens // self.block_size
+        end = self.num_cached_blocks.get(req_id, 0)
+        if end > start:
+            self.pool.uncache_blocks(self.req_to_blocks[req_id][start:end])
+            self.num_cached_blocks[req_id] = start
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first so its prefix stays cached longest."""
+        blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.num_cached_blocks.pop(request.request_id, None)
+        if blocks:
+            self.pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """Block ids the request holds, in token order."""
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    @property
+    def usage(self) -> float:
+        """Fraction of KV blocks held by requests."""
+        return self.pool.usage
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds."""
+        return self.pool.get_num_free_blocks()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block hash; False while requests hold blocks."""
+        return self.pool.reset_prefix_cache()
+
+    def make_prefix_cache_stats(self) -> tuple[int, int]:
+        """(queried tokens, hit tokens) since the last call."""
+        stats = (self._queries, self._hits)
+        self._queries = self._hits = 0
+        return stats

@@ -1,0 +1,116 @@
+"""Request: the scheduler's record of one request, its tokens, progress and block hashes."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from engine_core.protocol import EngineCoreRequest, FinishReason
+from engine_core.sampling_params import SamplingParams
+
+# Computes the hashes of the request's full blocks that are not in request.block_hashes yet.
+BlockHasher = Callable[["Request"], list]
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life; the FINISHED_* values sort after the live ones."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        """True for the FINISHED_* statuses."""
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def finish_reason(status: RequestStatus) -> FinishReason | None:
+        """The FinishReason a finished status reports; None while the request lives."""
+        return _FINISH_REASONS.get(status)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+}
+
+
+class Request:
+    """One request's tokens (prompt then outputs), progress, status and prefix-cache hashes."""
+
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id",
+                 "arrival_time", "priority", "cache_salt", "client_index", "output_token_ids",
+                 "all_token_ids", "num_computed_tokens", "num_cached_tokens", "status",
+                 "stop_reason", "num_preemptions", "block_hashes", "stop_token_ids",
+                 "_block_hasher")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, eos_token_id: int | None,
+                 arrival_time: float = 0.0, priority: int = 0, cache_salt: str | None = None,
+                 client_index: int = 0, block_hasher: BlockHasher | None = None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.client_index = client_index
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        # -1 until first scheduled; then the prompt tokens the prefix cache supplied.
+        self.num_cached_tokens = -1
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.num_preemptions = 0
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
+        self._block_hasher = block_hasher
+        self.block_hashes: list = []
+        if block_hasher is not None:
+            self.block_hashes.extend(block_hasher(self))
+
+    @classmethod
+    def from_engine_core_request(cls, req: EngineCoreRequest, eos_token_id: int | None,
+                                 block_hasher: BlockHasher | None = None) -> Request:
+        """A Request for an EngineCoreRequest; block_hasher None means prefix caching is off."""
+        return cls(req.request_id, req.prompt_token_ids, req.sampling_params, eos_token_id,
+                   arrival_time=req.arrival_time, priority=req.priority,
+                   cache_salt=req.cache_salt, client_index=req.client_index,
+                   block_hasher=block_hasher)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Length of the prompt."""
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the request stopped, hit a length cap or was aborted."""
+        return self.status > RequestStatus.PREEMPTED
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        """Append generated tokens and hash any blocks they complete."""
+        if isinstance(token_ids, int):
+            self.output_token_ids.append(token_ids)
+            self.all_token_ids.append(token_ids)
+        else:
+            self.output_token_ids.extend(token_ids)
+            self.all_token_ids.extend(token_ids)
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))

@@ -1,0 +1,336 @@
+"""Scheduler: vLLM V1 continuous batching with chunked prefill, prefix caching and preemption.
+
+Each step first serves running requests in the order they started, then admits waiting ones.
+A request is owed num_tokens - num_computed_tokens tokens; it gets as many as the token budget
+allows (a long prompt is chunked across steps). When blocks run out, the most recently started
+(or, with the priority policy, the lowest-priority) running request is preempted: its blocks
+are freed and it waits to be recomputed, usually from its own blocks still in the prefix cache.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable
+
+from engine_core.block_hash import make_block_hasher
+from engine_core.config import EngineConfig
+from engine_core.kv_cache_manager import KVCacheManager
+from engine_core.protocol import EngineCoreOutput, EngineCoreRequest, SchedulerStats
+from engine_core.request import Request, RequestStatus
+from gpu_worker.protocol import (CachedRequestData, ModelRunnerOutput, NewRequestData,
+                                 SchedulerOutput)
+
+
+class _FcfsQueue:
+    """Waiting requests in arrival order; preempted ones go back to the front."""
+
+    def __init__(self) -> None:
+        self._q: deque[Request] = deque()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def peek(self) -> Request:
+        return self._q[0]
+
+    def pop(self) -> Request:
+        return self._q.popleft()
+
+    def add(self, req: Request) -> None:
+        self._q.append(req)
+
+    def add_preempted(self, req: Request) -> None:
+        self._q.appendleft(req)
+
+    def drop_finished(self) -> None:
+        self._q = deque(r for r in self._q if not r.is_finished)
+
+
+class _PriorityQueue:
+    """Waiting requests by (priority, arrival_time, order added); lower values first."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, Request]] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def peek(self) -> Request:
+        return self._heap[0][3]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[3]
+
+    def _push(self, req: Request, seq: int) -> None:
+        heapq.heappush(self._heap, (req.priority, req.arrival_time, seq, req))
+
+    def add(self, req: Request) -> None:
+        self._seq += 1
+        self._push(req, self._seq)
+
+    def add_preempted(self, req: Request) -> None:
+        # A negative order puts it ahead of its equals, like the front of the FCFS queue.
+        self._seq += 1
+        self._push(req, -self._seq)
+
+    def drop_finished(self) -> None:
+        self._heap = [k for k in self._heap if not k[3].is_finished]
+        heapq.heapify(self._heap)
+
+
+class Scheduler:
+    """Decides each step which requests compute how many tokens, and applies what they sampled."""
+
+    def __init__(self, config: EngineConfig, num_blocks: int, eos_token_id: int | None) -> None:
+        sched, cache = config.scheduler, config.cache
+        self.max_num_seqs = sched.max_num_seqs
+        self.max_num_batched_tokens = sched.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        self.priority_policy = sched.scheduling_policy == "priority"
+        self.eos_token_id = eos_token_id
+        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                 self.max_model_len)
+        self.block_hasher = (make_block_hasher(cache.block_size, cache.prefix_caching_hash_algo)
+                             if cache.enable_prefix_caching else None)
+        self.requests: dict[str, Request] = {}
+        self.waiting: _FcfsQueue | _PriorityQueue = (
+            _PriorityQueue() if self.priority_policy else _FcfsQueue())
+        self.running: list[Request] = []
+        # Finished, aborted and preempted since the last schedule(): the runner drops their rows.
+        self._finished_req_ids: set[str] = set()
+        self._finish_outputs: list[EngineCoreOutput] = []
+        self._num_preemptions = 0
+        self._num_scheduled_tokens = 0
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+
+    def add_request(self, request: Request | EngineCoreRequest) -> None:
+        """Queue a request; an EngineCoreRequest is wrapped with this scheduler's block hasher."""
+        if isinstance(request, EngineCoreRequest):
+            request = Request.from_engine_core_request(request, self.eos_token_id, self.block_hasher)
+        if request.request_id in self.requests:
+            raise ValueError(f"request {request.request_id!r} is already scheduled")
+        if not 0 < request.num_prompt_tokens <= self.max_model_len:
+            raise ValueError(f"prompt of {request.num_prompt_tokens} tokens; it must have 1 to "
+                             f"max_model_len ({self.max_model_len}) tokens")
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def finish_requests(self, req_ids: str | Iterable[str], status: RequestStatus) -> None:
+        """End requests (e.g. aborts) and free their blocks now; unknown or finished ids are ignored."""
+        if isinstance(req_ids, str):
+            req_ids = (req_ids,)
+        from_running = from_waiting = False
+        for req_id in req_ids:
+            req = self.requests.get(req_id)
+            if req is None:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                from_running = True
+            else:
+                from_waiting = True
+            req.status = status
+            self._free(req)
+            self._finish_outputs.append(EngineCoreOutput(
+                req_id, [], finish_reason=RequestStatus.finish_reason(status)))
+        if from_running:
+            self.running = [r for r in self.running if not r.is_finished]
+        if from_waiting:
+            self.waiting.drop_finished()
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's requests and token counts; advances their num_computed_tokens."""
+        kv, max_model_len = self.kv, self.max_model_len
+        budget = self.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        new_block_ids: dict[str, list[int]] = {}
+        scheduled_running: list[Request] = []
+        new_reqs: list[Request] = []
+        preempted = False
+
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.num_tokens, max_model_len) - req.num_computed_tokens
+            if n <= 0:
+                i += 1
+                continue
+            n = min(n, budget)
+            while (blocks := kv.allocate_slots(req, n)) is None:
+                victim, vi = self._pick_victim()
+                del running[vi]
+                if vi < i:  # already scheduled this step (priority policy): take it back
+                    kv.uncache_uncomputed_blocks(victim)
+                    budget += num_scheduled.pop(victim.request_id)
+                    del new_block_ids[victim.request_id]
+                    scheduled_running.remove(victim)
+                    i -= 1
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if blocks is None:
+                break
+            scheduled_running.append(req)
+            num_scheduled[req.request_id] = n
+            new_block_ids[req.request_id] = [b.block_id for b in blocks]
+            budget -= n
+            i += 1
+
+        # As vLLM: after a preemption nothing is admitted, or the freed blocks would thrash.
+        waiting = self.waiting
+        while (not preempted and len(waiting) and budget > 0
+               and len(running) < self.max_num_seqs):
+            req = waiting.peek()
+            hit_blocks, num_hit = kv.get_computed_blocks(req)
+            n = min(req.num_tokens, max_model_len) - num_hit
+            n = min(n, budget)
+            if kv.allocate_slots(req, n, hit_blocks) is None:
+                break
+            waiting.pop()
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            running.append(req)
+            new_reqs.append(req)
+            num_scheduled[req.request_id] = n
+            budget -= n
+
+        output = SchedulerOutput(
+            scheduled_new_reqs=[
+                NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
+                               kv.get_block_ids(r.request_id), r.num_computed_tokens,
+                               list(r.output_token_ids))
+                for r in new_reqs],
+            scheduled_cached_reqs=CachedRequestData(
+                [r.request_id for r in scheduled_running],
+                [new_block_ids[r.request_id] for r in scheduled_running],
+                [r.num_computed_tokens for r in scheduled_running]),
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=self.max_num_batched_tokens - budget,
+            finished_req_ids=list(self._finished_req_ids),
+        )
+        self._finished_req_ids = set()
+        num_prompt = 0
+        for reqs in (scheduled_running, new_reqs):
+            for r in reqs:
+                start = r.num_computed_tokens
+                r.num_computed_tokens = start + num_scheduled[r.request_id]
+                if start < r.num_prompt_tokens:
+                    num_prompt += min(r.num_computed_tokens, r.num_prompt_tokens) - start
+        self._num_prompt_tokens += num_prompt
+        self._num_scheduled_tokens += output.total_num_scheduled_tokens
+        return output
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Append sampled tokens, apply stop checks, free finished requests; one output per
+        request that sampled or finished (aborts since the last call included)."""
+        outputs, self._finish_outputs = self._finish_outputs, []
+        requests = self.requests
+        logprobs = model_runner_output.logprobs
+        prompt_logprobs = model_runner_output.prompt_logprobs
+        any_finished = False
+        num_generated = 0
+        for i, (req_id, sampled) in enumerate(zip(model_runner_output.req_ids,
+                                                  model_runner_output.sampled_token_ids)):
+            req = requests.get(req_id)
+            if req is None or not sampled:  # aborted meanwhile, or mid-prompt
+                continue
+            new_tokens, status = sampled, None
+            for k, token in enumerate(sampled):
+                req.append_output_token_ids(token)
+                status = self._check_stop(req, token)
+                if status is not None:
+                    new_tokens = sampled[:k + 1]
+                    break
+            num_generated += len(new_tokens)
+            out = EngineCoreOutput(req_id, new_tokens,
+                                   new_logprobs=logprobs[i] if logprobs else None,
+                                   new_prompt_logprobs=prompt_logprobs.get(req_id))
+            if req.num_output_tokens == len(new_tokens):
+                out.num_cached_tokens = max(req.num_cached_tokens, 0)
+            if status is not None:
+                req.status = status
+                out.finish_reason = RequestStatus.finish_reason(status)
+                out.stop_reason = req.stop_reason
+                self._free(req)
+                any_finished = True
+            outputs.append(out)
+        if any_finished:
+            self.running = [r for r in self.running if not r.is_finished]
+        self._num_generation_tokens += num_generated
+        return outputs
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        """Stop tokens win over length caps; EOS and stop ids wait for min_tokens."""
+        params = req.sampling_params
+        num_output = len(req.output_token_ids)
+        if num_output >= params.min_tokens:
+            if token == req.eos_token_id and not params.ignore_eos:
+                return RequestStatus.FINISHED_STOPPED
+            if token in req.stop_token_ids:
+                req.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if ((params.max_tokens is not None and num_output >= params.max_tokens)
+                or len(req.all_token_ids) >= self.max_model_len):
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _pick_victim(self) -> tuple[Request, int]:
+        """The running request to preempt, and its index in self.running."""
+        running = self.running
+        if not self.priority_policy:
+            return running[-1], len(running) - 1
+        # Lowest priority (highest value); ties go to the latest arrival, then the latest started.
+        vi = max(range(len(running) - 1, -1, -1),
+                 key=lambda j: (running[j].priority, running[j].arrival_time))
+        return running[vi], vi
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self._num_preemptions += 1
+        self._finished_req_ids.add(req.request_id)
+        self.waiting.add_preempted(req)
+
+    def _free(self, req: Request) -> None:
+        self.kv.free(req)
+        del self.requests[req.request_id]
+        self._finished_req_ids.add(req.request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.requests)
+
+    def has_finished_requests(self) -> bool:
+        """True when the next step has finished ids or finish outputs to deliver."""
+        return bool(self._finished_req_ids or self._finish_outputs)
+
+    def get_num_unfinished_requests(self) -> int:
+        """Waiting plus running requests."""
+        return len(self.requests)
+
+    def make_stats(self) -> SchedulerStats:
+        """Current queue sizes and KV usage; token, prefix-cache and preemption counts since the
+        last call."""
+        queries, hits = self.kv.make_prefix_cache_stats()
+        stats = SchedulerStats(
+            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv.usage, prefix_cache_queries=queries, prefix_cache_hits=hits,
+            num_preemptions=self._num_preemptions, num_scheduled_tokens=self._num_scheduled_tokens,
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_generation_tokens=self._num_generation_tokens)
+        self._num_preemptions = self._num_scheduled_tokens = 0
+        self._num_prompt_tokens = self._num_generation_tokens = 0
+        return stats
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached blocks; False (nothing changed) while requests hold blocks."""
+        return self.kv.reset_prefix_cache()

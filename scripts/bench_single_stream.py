@@ -1,0 +1,121 @@
+"""Workload single-stream (shared/BENCHMARKS.md): one request, 32 prompt tokens, 256 decoded.
+
+Runs this engine's model runner and Hugging Face transformers' generate side by side in one
+process, alternating, and reports decode tokens/s after the first token (median of the runs),
+the ratio, and the fraction of the memory-bandwidth limit (weight bytes / read GB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from engine_core.config import engine_config_from_kwargs  # noqa: E402
+from engine_core.sampling_params import SamplingParams  # noqa: E402
+from gpu_worker.model_runner import ModelRunner  # noqa: E402
+from gpu_worker.protocol import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
+from scripts.machine_limits import machine_info, memory_read_gbps  # noqa: E402
+
+
+def engine_decode(runner: ModelRunner, prompt: list[int], new_tokens: int, run_id: int) -> float:
+    """Decode tokens/s after the first token, driving the runner one step at a time."""
+    bs = runner.block_size
+    req = f"r{run_id}"
+    blocks = list(range(-(-(len(prompt) + new_tokens) // bs)))
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=new_tokens)
+    first = SchedulerOutput(
+        scheduled_new_reqs=[NewRequestData(req, prompt, params, blocks, 0)],
+        num_scheduled_tokens={req: len(prompt)}, total_num_scheduled_tokens=len(prompt))
+    runner.execute_model(first)
+    start = time.perf_counter()
+    for i in range(1, new_tokens):
+        computed = len(prompt) + i - 1
+        runner.execute_model(SchedulerOutput(
+            scheduled_cached_reqs=CachedRequestData([req], [[]], [computed]),
+            num_scheduled_tokens={req: 1}, total_num_scheduled_tokens=1))
+    elapsed = time.perf_counter() - start
+    runner.execute_model(SchedulerOutput(finished_req_ids=[req]))
+    return (new_tokens - 1) / elapsed
+
+
+def decode_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a decode step must read: every projection (the output one included) and norm."""
+    from gpu_worker.layers.linear import Linear
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, Linear):
+            w = module.split_weight if module.split_weight is not None else module.weight
+            total += w.numel() * w.element_size()
+        elif type(module).__name__ == "RMSNorm":
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
+def hf_decode(model, prompt: list[int], new_tokens: int) -> float:
+    """Decode tokens/s after the first token of transformers' greedy generate."""
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        total = time.perf_counter() - start
+    return (new_tokens - 1) / (total - first)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=None, help="model directory or .gguf (default model)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    args = parser.parse_args()
+
+    config = engine_config_from_kwargs(model=args.model, max_model_len=1024,
+                                       kv_cache_memory="128MiB").resolve()
+    runner = ModelRunner(config, torch.device(config.device_type))
+    runner.load_model()
+    runner.initialize_kv_cache(runner.determine_num_blocks())
+    weight_bytes = decode_weight_bytes(runner.model)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, config.arch.vocab_size, args.prompt_tokens).tolist()
+    hf = None
+    if not args.no_hf:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32).eval()
+    engine_decode(runner, prompt, 16, -1)  # warm-up
+    ours, theirs = [], []
+    for run in range(args.runs):
+        ours.append(engine_decode(runner, prompt, args.new_tokens, run))
+        if hf is not None:
+            theirs.append(hf_decode(hf, prompt, args.new_tokens))
+    gbps = memory_read_gbps()
+    limit = gbps * 1e9 / weight_bytes
+    result = {
+        "workload": "single-stream", "machine": machine_info(), "model": config.model_path,
+        "dtype": config.torch_dtype_name, "engine_decode_tok_s": round(statistics.median(ours), 2),
+        "engine_runs": [round(x, 2) for x in ours], "memory_read_gb_s": round(gbps, 1),
+        "weight_mb": round(weight_bytes / 1e6, 1), "bandwidth_limit_tok_s": round(limit, 1),
+        "fraction_of_limit": round(statistics.median(ours) / limit, 3),
+    }
+    if theirs:
+        result["hf_decode_tok_s"] = round(statistics.median(theirs), 2)
+        result["ratio_vs_hf"] = round(statistics.median(ours) / statistics.median(theirs), 2)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
