@@ -65,7 +65,8 @@ def hash_block_tokens(hash_fn: HashFn, parent_hash: BlockHash, token_ids: list[i
     return hash_fn((parent_hash, tuple(token_ids), extra_keys))
 
 
-def make_block_hasher(block_size: int, algo: str = "sha256") -> Callable[[Request], list[BlockHash]]:
+def make_block_hasher(block_size: int,
+                      algo: str = "sha256") -> Callable[[Request], list[BlockHash]]:
     """A function giving the hashes of a request's newly completed full blocks, in order."""
     hash_fn = get_hash_fn(algo)
     root = root_hash(algo)

@@ -25,7 +25,8 @@ class KVCacheManager:
         """The longest cached prefix of the request, in whole blocks, and its token count.
 
         At most num_tokens - 1 tokens count as cached, so the last token is always computed and
-        produces logits. Requests asking for prompt logprobs skip the cache: they need every position.
+        produces logits. Requests asking for prompt logprobs skip the cache: they need every
+        position.
         """
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
@@ -51,31 +52,33 @@ class KVCacheManager:
         Returns the newly allocated blocks, or None, changing nothing, when they do not fit.
         Caches the request's blocks that these tokens complete.
         """
-        computed = new_computed_blocks or []
+        computed = new_computed_blocks or ()
         req_id = request.request_id
+        block_size = self.block_size
         req_blocks = self.req_to_blocks.get(req_id)
-        num_held = len(req_blocks) if req_blocks is not None else 0
-        num_total_tokens = (request.num_computed_tokens + len(computed) * self.block_size
-                            + num_new_tokens)
-        num_required = -(-num_total_tokens // self.block_size)
-        num_new_blocks = max(num_required - num_held - len(computed), 0)
-        # Hits nobody holds sit in the free queue and stop being allocatable once touched.
-        num_free = self.pool.get_num_free_blocks()
-        if computed:
-            num_free -= sum(1 for b in computed if b.ref_cnt == 0)
-        if num_new_blocks > num_free:
-            return None
         if req_blocks is None:
-            req_blocks = self.req_to_blocks[req_id] = []
-        if computed:
-            self.pool.touch(computed)
-            req_blocks.extend(computed)
-            self.num_cached_blocks[req_id] = len(req_blocks)
-        new_blocks = self.pool.get_new_blocks(num_new_blocks)
-        req_blocks.extend(new_blocks)
+            req_blocks = []
+        num_total_tokens = (request.num_computed_tokens + len(computed) * block_size
+                            + num_new_tokens)
+        num_new_blocks = -(-num_total_tokens // block_size) - len(req_blocks) - len(computed)
+        new_blocks: list[KVCacheBlock] = []
+        if num_new_blocks > 0 or computed:
+            # Hits nobody holds sit in the free queue and stop being allocatable once touched.
+            num_free = self.pool.get_num_free_blocks()
+            num_free -= sum(1 for b in computed if b.ref_cnt == 0)
+            if num_new_blocks > num_free:
+                return None
+            if computed:
+                self.pool.touch(computed)
+                req_blocks.extend(computed)
+                self.num_cached_blocks[req_id] = len(req_blocks)
+            if num_new_blocks > 0:
+                new_blocks = self.pool.get_new_blocks(num_new_blocks)
+                req_blocks.extend(new_blocks)
+        self.req_to_blocks[req_id] = req_blocks
         if self.enable_caching:
             # Blocks whose tokens are computed by the end of this step; hashes exist for them.
-            num_full = min(num_total_tokens, request.num_tokens) // self.block_size
+            num_full = min(num_total_tokens, request.num_tokens) // block_size
             start = self.num_cached_blocks.get(req_id, 0)
             if num_full > start:
                 self.pool.cache_full_blocks(req_blocks, request.block_hashes, start, num_full)

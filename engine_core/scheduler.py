@@ -9,8 +9,6 @@ are freed and it waits to be recomputed, usually from its own blocks still in th
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from collections.abc import Iterable
 
 from engine_core.block_hash import make_block_hasher
@@ -18,66 +16,9 @@ from engine_core.config import EngineConfig
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.protocol import EngineCoreOutput, EngineCoreRequest, SchedulerStats
 from engine_core.request import Request, RequestStatus
+from engine_core.request_queue import FcfsQueue, PriorityQueue
 from gpu_worker.protocol import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                  SchedulerOutput)
-
-
-class _FcfsQueue:
-    """Waiting requests in arrival order; preempted ones go back to the front."""
-
-    def __init__(self) -> None:
-        self._q: deque[Request] = deque()
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def peek(self) -> Request:
-        return self._q[0]
-
-    def pop(self) -> Request:
-        return self._q.popleft()
-
-    def add(self, req: Request) -> None:
-        self._q.append(req)
-
-    def add_preempted(self, req: Request) -> None:
-        self._q.appendleft(req)
-
-    def drop_finished(self) -> None:
-        self._q = deque(r for r in self._q if not r.is_finished)
-
-
-class _PriorityQueue:
-    """Waiting requests by (priority, arrival_time, order added); lower values first."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, Request]] = []
-        self._seq = 0
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def peek(self) -> Request:
-        return self._heap[0][3]
-
-    def pop(self) -> Request:
-        return heapq.heappop(self._heap)[3]
-
-    def _push(self, req: Request, seq: int) -> None:
-        heapq.heappush(self._heap, (req.priority, req.arrival_time, seq, req))
-
-    def add(self, req: Request) -> None:
-        self._seq += 1
-        self._push(req, self._seq)
-
-    def add_preempted(self, req: Request) -> None:
-        # A negative order puts it ahead of its equals, like the front of the FCFS queue.
-        self._seq += 1
-        self._push(req, -self._seq)
-
-    def drop_finished(self) -> None:
-        self._heap = [k for k in self._heap if not k[3].is_finished]
-        heapq.heapify(self._heap)
 
 
 class Scheduler:
@@ -95,11 +36,12 @@ class Scheduler:
         self.block_hasher = (make_block_hasher(cache.block_size, cache.prefix_caching_hash_algo)
                              if cache.enable_prefix_caching else None)
         self.requests: dict[str, Request] = {}
-        self.waiting: _FcfsQueue | _PriorityQueue = (
-            _PriorityQueue() if self.priority_policy else _FcfsQueue())
+        self.waiting: FcfsQueue | PriorityQueue = (
+            PriorityQueue() if self.priority_policy else FcfsQueue())
         self.running: list[Request] = []
         # Finished, aborted and preempted since the last schedule(): the runner drops their rows.
-        self._finished_req_ids: set[str] = set()
+        # A dict keeps them in order (an ordered set).
+        self._finished_req_ids: dict[str, None] = {}
         self._finish_outputs: list[EngineCoreOutput] = []
         self._num_preemptions = 0
         self._num_scheduled_tokens = 0
@@ -109,7 +51,8 @@ class Scheduler:
     def add_request(self, request: Request | EngineCoreRequest) -> None:
         """Queue a request; an EngineCoreRequest is wrapped with this scheduler's block hasher."""
         if isinstance(request, EngineCoreRequest):
-            request = Request.from_engine_core_request(request, self.eos_token_id, self.block_hasher)
+            request = Request.from_engine_core_request(request, self.eos_token_id,
+                                                       self.block_hasher)
         if request.request_id in self.requests:
             raise ValueError(f"request {request.request_id!r} is already scheduled")
         if not 0 < request.num_prompt_tokens <= self.max_model_len:
@@ -119,7 +62,7 @@ class Scheduler:
         self.waiting.add(request)
 
     def finish_requests(self, req_ids: str | Iterable[str], status: RequestStatus) -> None:
-        """End requests (e.g. aborts) and free their blocks now; unknown or finished ids are ignored."""
+        """End requests (e.g. aborts) and free their blocks now; unknown ids are ignored."""
         if isinstance(req_ids, str):
             req_ids = (req_ids,)
         from_running = from_waiting = False
@@ -214,7 +157,7 @@ class Scheduler:
             total_num_scheduled_tokens=self.max_num_batched_tokens - budget,
             finished_req_ids=list(self._finished_req_ids),
         )
-        self._finished_req_ids = set()
+        self._finished_req_ids = {}
         num_prompt = 0
         for reqs in (scheduled_running, new_reqs):
             for r in reqs:
@@ -228,8 +171,7 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        """Append sampled tokens, apply stop checks, free finished requests; one output per
-        request that sampled or finished (aborts since the last call included)."""
+        """Apply sampled tokens and stop checks; an output per request that sampled or ended."""
         outputs, self._finish_outputs = self._finish_outputs, []
         requests = self.requests
         logprobs = model_runner_output.logprobs
@@ -252,7 +194,7 @@ class Scheduler:
             out = EngineCoreOutput(req_id, new_tokens,
                                    new_logprobs=logprobs[i] if logprobs else None,
                                    new_prompt_logprobs=prompt_logprobs.get(req_id))
-            if req.num_output_tokens == len(new_tokens):
+            if len(req.output_token_ids) == len(new_tokens):
                 out.num_cached_tokens = max(req.num_cached_tokens, 0)
             if status is not None:
                 req.status = status
@@ -297,13 +239,13 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self._num_preemptions += 1
-        self._finished_req_ids.add(req.request_id)
+        self._finished_req_ids[req.request_id] = None
         self.waiting.add_preempted(req)
 
     def _free(self, req: Request) -> None:
         self.kv.free(req)
         del self.requests[req.request_id]
-        self._finished_req_ids.add(req.request_id)
+        self._finished_req_ids[req.request_id] = None
 
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs."""
@@ -318,8 +260,7 @@ class Scheduler:
         return len(self.requests)
 
     def make_stats(self) -> SchedulerStats:
-        """Current queue sizes and KV usage; token, prefix-cache and preemption counts since the
-        last call."""
+        """Queue sizes and KV usage now; token, cache-hit and preemption counts since last call."""
         queries, hits = self.kv.make_prefix_cache_stats()
         stats = SchedulerStats(
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),

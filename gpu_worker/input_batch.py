@@ -47,7 +47,8 @@ class InputBatch:
     def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int) -> None:
         self.block_size = block_size
         max_blocks = -(-max_model_len // block_size)
-        self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
+        # One spare column: a request that reaches max_model_len still records its last sample.
+        self.token_ids = np.zeros((max_num_reqs, max_model_len + 1), dtype=np.int64)
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed = np.zeros(max_num_reqs, dtype=np.int64)
         self.block_table = np.zeros((max_num_reqs, max_blocks), dtype=np.int32)
@@ -60,8 +61,8 @@ class InputBatch:
             raise RuntimeError("more live requests than max_num_seqs")
         row = self._free_rows.pop()
         n = len(token_ids)
-        if n > self.token_ids.shape[1]:
-            raise ValueError(f"request of {n} tokens exceeds max_model_len {self.token_ids.shape[1]}")
+        if n > self.token_ids.shape[1] - 1:
+            raise ValueError(f"request of {n} tokens exceeds max_model_len {self.token_ids.shape[1] - 1}")
         self.token_ids[row, :n] = token_ids
         self.num_tokens[row] = n
         self.num_computed[row] = num_computed

@@ -5,7 +5,9 @@ import random
 import pytest
 
 from engine_core.protocol import FinishReason
-from engine_core.request import RequestStatus
+from engine_core.request import Request, RequestStatus
+from engine_core.request_queue import PriorityQueue
+from engine_core.sampling_params import SamplingParams
 from tests.engine_core.utils import (EOS, SAMPLED, FakeRunner, make_request, make_scheduler,
                                      run_to_completion, step)
 
@@ -143,3 +145,14 @@ def test_stop_conditions() -> None:
     assert tokens == {"eos": [5, 5, EOS], "ignore": [EOS, EOS, 5], "stop": [5, 9],
                       "min": [EOS, 9, 9], "max": [5] * 4, "len": [5] * 6}
     assert sched.kv.num_free_blocks == sched.kv.pool.num_blocks
+
+
+def test_priority_queue_breaks_ties_by_arrival_and_puts_preempted_first() -> None:
+    def req(name: str, priority: int, arrival: float) -> Request:
+        return Request(name, [1], SamplingParams(), None, arrival_time=arrival, priority=priority)
+
+    queue = PriorityQueue()
+    for r in (req("late", 1, 2.0), req("early", 1, 1.0), req("urgent", 0, 3.0)):
+        queue.add(r)
+    queue.add_preempted(req("back", 1, 1.0))
+    assert [queue.pop().request_id for _ in range(4)] == ["urgent", "back", "early", "late"]

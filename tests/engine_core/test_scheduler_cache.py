@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from engine_core.protocol import FinishReason
 from engine_core.request import RequestStatus
-from tests.engine_core.utils import FakeRunner, make_request, make_scheduler, run_to_completion, step
+from tests.engine_core.utils import (FakeRunner, make_request, make_scheduler, run_to_completion,
+                                     step)
 
 PREFIX = list(range(1000, 1032))  # four blocks of 8
 

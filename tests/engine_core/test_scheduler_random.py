@@ -46,7 +46,8 @@ def test_random_interleavings_return_every_block(seed: int) -> None:
     submitted = finished = aborted = 0
     for i in range(400):
         if i < 300 and rng.random() < 0.3:
-            prompt = rng.choice(PREFIXES) + [rng.randrange(10, 50) for _ in range(rng.randint(1, 40))]
+            suffix = [rng.randrange(10, 50) for _ in range(rng.randint(1, 40))]
+            prompt = rng.choice(PREFIXES) + suffix
             params = {"max_tokens": rng.randint(1, 30)}
             if rng.random() < 0.2:
                 params["stop_token_ids"] = [rng.choice([6, 7])]

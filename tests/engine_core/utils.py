@@ -45,8 +45,10 @@ def make_request(req_id: str, prompt: list[int] | int, arrival_time: float = 0.0
 class _Row:
     __slots__ = ("tokens", "num_prompt", "computed", "blocks", "chain")
 
-    def __init__(self, tokens: list[int], num_prompt: int, computed: int, blocks: list[int]) -> None:
-        self.tokens, self.num_prompt, self.computed, self.blocks = tokens, num_prompt, computed, blocks
+    def __init__(self, tokens: list[int], num_prompt: int, computed: int,
+                 blocks: list[int]) -> None:
+        self.tokens, self.num_prompt = tokens, num_prompt
+        self.computed, self.blocks = computed, blocks
         self.chain: list[int] = []
 
     def expected_kv(self, pos: int) -> int:
@@ -109,7 +111,7 @@ class FakeRunner:
             row.computed += n
             for pos in range(row.computed):
                 slot = row.blocks[pos // bs] * bs + pos % bs
-                assert self.kv.get(slot) == row.expected_kv(pos), f"{req_id} reads stale KV at {pos}"
+                assert self.kv.get(slot) == row.expected_kv(pos), f"{req_id}: stale KV at {pos}"
             if row.computed == len(row.tokens):
                 token = self.sample(req_id, len(row.tokens) - row.num_prompt)
                 row.tokens.append(token)
