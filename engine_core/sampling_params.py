@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 # Temperatures below this are treated as greedy, as vLLM does.
@@ -40,6 +42,12 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         self._validate()
 
     def _validate(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.logit_bias is not None and not all(math.isfinite(b) for b in self.logit_bias.values()):
+            raise ValueError("logit_bias values must be finite numbers")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if self.temperature < 0.0:

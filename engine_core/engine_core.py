@@ -1,0 +1,57 @@
+"""EngineCore: the token-level engine (scheduler + executor), driven one step at a time."""
+
+from __future__ import annotations
+
+import time
+
+from engine_core.config import EngineConfig
+from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest
+from engine_core.request import RequestStatus
+from engine_core.scheduler import Scheduler
+from engine_core.validation import validate_request
+from executor.base import Executor
+
+
+class EngineCore:
+    """Adds, aborts and steps requests; knows token ids only, never text."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        if config.arch is None:
+            config.resolve()
+        assert config.arch is not None
+        self.config = config
+        self.executor = Executor.create(config)
+        self.num_blocks = self.executor.initialize()
+        eos = config.arch.eos_token_ids[0] if config.arch.eos_token_ids else None
+        self.scheduler = Scheduler(config, self.num_blocks, eos)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Validate and queue a request; raises InvalidRequestError (a ValueError) on bad input."""
+        validate_request(request, self.config)
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Stop requests and free their KV blocks now; unknown or finished ids are ignored."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is waiting or running, or an abort is not yet reported."""
+        return self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule, execute and apply one step; the outputs of every request that progressed."""
+        if not self.has_unfinished_requests():
+            return EngineCoreOutputs(timestamp=time.time())
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats(),
+                                 timestamp=time.time())
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; refuses (False) while requests hold blocks."""
+        return self.scheduler.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Release the workers."""
+        self.executor.shutdown()

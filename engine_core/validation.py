@@ -1,0 +1,39 @@
+"""Checks of a request against the model, made before anything is scheduled."""
+
+from __future__ import annotations
+
+from engine_core.config import EngineConfig
+from engine_core.protocol import EngineCoreRequest
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses; the message says which field and why."""
+
+
+def validate_request(req: EngineCoreRequest, config: EngineConfig) -> None:
+    """Raise InvalidRequestError when req cannot run on this model and configuration."""
+    assert config.arch is not None
+    vocab, max_len = config.arch.vocab_size, config.max_model_len
+    prompt = req.prompt_token_ids
+    if not prompt:
+        raise InvalidRequestError("the prompt is empty; it needs at least one token")
+    if len(prompt) >= max_len:
+        raise InvalidRequestError(
+            f"this model's maximum context length is {max_len} tokens, but the prompt has "
+            f"{len(prompt)} tokens, leaving no room for output")
+    bad = next((t for t in prompt if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+    params = req.sampling_params
+    for name, ids in (("stop_token_ids", params.stop_token_ids or ()),
+                      ("logit_bias", (params.logit_bias or {}).keys())):
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"{name} token id {bad} is outside the vocabulary [0, {vocab})")
+    cap = config.model.max_logprobs
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and cap != -1 and (value == -1 or value > cap):
+            raise InvalidRequestError(
+                f"{name}={value} exceeds the engine's max_logprobs ({cap}); "
+                f"start the engine with a larger --max-logprobs to allow it")

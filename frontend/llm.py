@@ -1,0 +1,148 @@
+"""LLM: the offline Python API, as a vLLM user expects it."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from engine_core.config import engine_config_from_kwargs
+from engine_core.engine_core import EngineCore
+from engine_core.protocol import EngineCoreRequest
+from engine_core.sampling_params import SamplingParams
+from engine_core.validation import validate_request
+from tokenizer_proc.output_processor import OutputProcessor, child_sampling_params
+from tokenizer_proc.request_output import RequestOutput
+from tokenizer_proc.tokenizer import apply_chat_template, load_tokenizer
+
+PromptInput = str | list[int] | dict[str, Any]
+
+
+class LLM:
+    """Generate from prompts in this process: LLM(model=None, **engine_args).generate(...)."""
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        config = engine_config_from_kwargs(model=model, **engine_args).resolve()
+        self.config = config
+        self.tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
+        self.engine_core = EngineCore(config)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        """The model's Hugging Face tokenizer."""
+        return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams used when generate() is given none."""
+        return SamplingParams()
+
+    def generate(self, prompts: PromptInput | Sequence[PromptInput],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in input order.
+
+        A prompt is a string, a list of token ids, or a dict with 'prompt' or
+        'prompt_token_ids' (and optionally 'cache_salt'). Every prompt is checked before any
+        is scheduled, so a bad one raises ValueError and nothing runs.
+        """
+        prompt_list = self._as_prompt_list(prompts)
+        params_list = self._as_params_list(sampling_params, len(prompt_list))
+        if priority is not None and len(priority) != len(prompt_list):
+            raise ValueError(f"priority has {len(priority)} entries for {len(prompt_list)} prompts")
+        requests = []
+        for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+            text, token_ids, salt = self._tokenize(prompt)
+            request = EngineCoreRequest(str(next(self._ids)), token_ids, params,
+                                        priority=priority[i] if priority else 0, cache_salt=salt)
+            validate_request(request, self.config)
+            requests.append((text, request))
+        return self._run(requests, use_tqdm)
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, through the chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt_token_ids": apply_chat_template(
+            self.tokenizer, conv, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, chat_template=chat_template)}
+            for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache; False while requests hold blocks."""
+        return self.engine_core.reset_prefix_cache()
+
+    def _run(self, requests: list[tuple[str | None, EngineCoreRequest]],
+             use_tqdm: bool) -> list[RequestOutput]:
+        order = {}
+        for text, request in requests:
+            params = request.sampling_params
+            child_ids = self.output_processor.add_request(request.request_id, text,
+                                                          request.prompt_token_ids, params)
+            for index, child_id in enumerate(child_ids):
+                child = request if len(child_ids) == 1 else EngineCoreRequest(
+                    child_id, request.prompt_token_ids, child_sampling_params(params, index),
+                    priority=request.priority, cache_salt=request.cache_salt)
+                self.engine_core.add_request(child)
+            order[request.request_id] = len(order)
+        results: list[RequestOutput | None] = [None] * len(order)
+        progress = _progress(len(order), use_tqdm)
+        while self.output_processor.has_unfinished_requests():
+            step = self.engine_core.step()
+            outputs, to_abort = self.output_processor.process_outputs(step.outputs)
+            if to_abort:
+                self.engine_core.abort_requests(to_abort)
+            for out in outputs:
+                if out.finished:
+                    results[order[out.request_id]] = out
+                    if progress is not None:
+                        progress.update(1)
+        if progress is not None:
+            progress.close()
+        return results  # type: ignore[return-value]
+
+    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int], str | None]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer(prompt).input_ids, None
+        if isinstance(prompt, dict):
+            salt = prompt.get("cache_salt")
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"]), salt
+            if "prompt" in prompt:
+                return prompt["prompt"], self.tokenizer(prompt["prompt"]).input_ids, salt
+            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt), None
+        raise ValueError(f"unsupported prompt type {type(prompt).__name__}; use str, a list of "
+                         "token ids, or a dict with 'prompt' or 'prompt_token_ids'")
+
+    @staticmethod
+    def _as_prompt_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
+            return [prompts]
+        return list(prompts)
+
+    def _as_params_list(self, params: SamplingParams | Sequence[SamplingParams] | None,
+                        n: int) -> list[SamplingParams]:
+        if params is None:
+            params = self.get_default_sampling_params()
+        if isinstance(params, SamplingParams):
+            return [params] * n
+        params = list(params)
+        if len(params) != n:
+            raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
+        return params
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled or total < 2:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)

@@ -1,0 +1,40 @@
+"""Worker: owns one device, its model runner and its share of the KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from engine_core.config import EngineConfig
+from gpu_worker.model_runner import ModelRunner
+from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
+
+
+class Worker:
+    """One rank: pick the device, load the model, size and allocate the KV cache, run steps."""
+
+    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+        self.config = config
+        self.rank = rank
+        if config.device_type == "cuda":
+            self.device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        torch.manual_seed(config.model.seed)
+        self.runner = ModelRunner(config, self.device)
+
+    def load_model(self) -> None:
+        """Load weights onto the device."""
+        self.runner.load_model()
+
+    def determine_num_blocks(self) -> int:
+        """KV blocks this rank can hold."""
+        return self.runner.determine_num_blocks()
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate num_blocks KV blocks (the same number on every rank)."""
+        self.runner.initialize_kv_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step."""
+        return self.runner.execute_model(scheduler_output)
