@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from engine_core.config import EngineConfig
-from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest
+from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine_core.request import RequestStatus
 from engine_core.scheduler import Scheduler
 from engine_core.validation import validate_request
 from executor.base import Executor
+
+
+@dataclass
+class StatTotals:
+    """Counters summed over every step since the engine started."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+
+    def add(self, stats: SchedulerStats) -> None:
+        """Add one step's counters."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(stats, name))
 
 
 class EngineCore:
@@ -24,6 +41,7 @@ class EngineCore:
         self.num_blocks = self.executor.initialize()
         eos = config.arch.eos_token_ids[0] if config.arch.eos_token_ids else None
         self.scheduler = Scheduler(config, self.num_blocks, eos)
+        self.totals = StatTotals()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Validate and queue a request; raises InvalidRequestError (a ValueError) on bad input."""
@@ -45,8 +63,9 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.make_stats(),
-                                 timestamp=time.time())
+        stats = self.scheduler.make_stats()
+        self.totals.add(stats)
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=stats, timestamp=time.time())
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; refuses (False) while requests hold blocks."""

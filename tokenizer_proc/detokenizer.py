@@ -36,7 +36,7 @@ class IncrementalDetokenizer:
         self._sent = 0
 
     def update(self, new_token_ids: list[int], finished: bool) -> str | None:
-        """Append sampled tokens; return the stop string they complete, if any (the caller aborts)."""
+        """Append sampled tokens; return the stop string they complete, if any (caller aborts)."""
         if self.stop_string is not None:
             return None
         self.finished = self.finished or finished
@@ -57,7 +57,7 @@ class IncrementalDetokenizer:
         return self._check_stop(checked_from)
 
     def get_next_delta(self) -> str:
-        """Return the text not yet returned, holding back a possible partial stop string until done."""
+        """Return text not yet returned, holding back a possible partial stop string until done."""
         end = len(self.output_text)
         if not self.finished and self.stop_string is None:
             end -= self._holdback
@@ -72,7 +72,7 @@ class IncrementalDetokenizer:
         return "".join([step(token_id) for token_id in token_ids])
 
     def _check_stop(self, checked_from: int) -> str | None:
-        """Find the earliest stop string ending in output_text[checked_from:]; truncate the text at it."""
+        """Find the earliest stop string ending in output_text[checked_from:]; truncate at it."""
         text = self.output_text
         match, match_at = None, len(text)
         for stop in self._stop:
@@ -87,7 +87,9 @@ class IncrementalDetokenizer:
         return match
 
 
-def convert_logprobs(tokenizer: PreTrainedTokenizerBase, lp: LogprobsLists) -> list[dict[int, Logprob]]:
+def convert_logprobs(
+    tokenizer: PreTrainedTokenizerBase, lp: LogprobsLists
+) -> list[dict[int, Logprob]]:
     """Map each position's sampled and top-k token ids to Logprob(logprob, rank, decoded_token)."""
     flat_ids = [token_id for row in lp.token_ids for token_id in row]
     # Per-token strings may hold U+FFFD for a partial character, as in vLLM.

@@ -69,10 +69,13 @@ class StreamDecoder:
 
 
 class OffsetDecoder:
-    """vLLM's prefix/read-offset method: re-decode a short window, emit what it adds once complete."""
+    """vLLM's prefix/read-offset method: re-decode a short window, emit what it adds when whole."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int], skip_special_tokens: bool
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool,
     ) -> None:
         self._decode = partial(tokenizer.decode, skip_special_tokens=skip_special_tokens)
         self._ids = _prompt_context(self._decode, prompt_token_ids)
@@ -92,7 +95,7 @@ class OffsetDecoder:
 
 
 def _prompt_context(decode: Callable[[list[int]], str], prompt_token_ids: list[int]) -> list[int]:
-    """Return the prompt's shortest tail of at least a few tokens that decodes to whole characters."""
+    """Return the prompt's shortest tail of a few or more tokens decoding to whole characters."""
     n = len(prompt_token_ids)
     for length in range(min(_MIN_PROMPT_CONTEXT, n), min(n, _MAX_PROMPT_CONTEXT) + 1):
         tail = list(prompt_token_ids[n - length :])

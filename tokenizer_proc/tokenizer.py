@@ -46,6 +46,8 @@ def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:
         return message
     unsupported = sorted({str(part.get("type")) for part in content if part.get("type") != "text"})
     if unsupported:
-        raise ValueError(f"unsupported content part type(s): {', '.join(unsupported)}; only 'text' is")
+        raise ValueError(
+            f"unsupported content part type(s): {', '.join(unsupported)}; only 'text' is supported"
+        )
     # Newline-joined, as vLLM joins text parts for string-content templates.
     return {**message, "content": "\n".join(part["text"] for part in content)}

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from engine_core.model_arch import ModelArchConfig
@@ -51,7 +51,7 @@ def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, str, torch.Te
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():
                     yield str(path), name, f.get_tensor(name)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, SafetensorError) as e:  # SafetensorError: a corrupt header
             if isinstance(e, WeightLoadError):
                 raise
             raise WeightLoadError(f"{path}: cannot read safetensors file ({e})") from None

@@ -27,7 +27,9 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, str, torch
     params = dict(model.named_parameters())
     stacked = tuple(stacked)
     pending = {name: _expected_shards(name, stacked) for name in params}
+    sources: dict[str, None] = {}
     for source, name, tensor in weights:
+        sources.setdefault(source)
         if name.endswith(skip):
             continue
         shard = next((s for s in stacked if f".{s.original}." in name), None)
@@ -46,12 +48,23 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, str, torch
                                   f"the model expects {tuple(dest.shape)}")
         dest.copy_(tensor)
         pending[target].discard(shard.shard_id if shard else None)
-    missing = sorted(n for n, left in pending.items() if left)
+    # Name what is missing as the checkpoint would (k_proj, not the fused qkv_proj).
+    missing = sorted(_checkpoint_name(n, shard_id, stacked)
+                     for n, left in pending.items() for shard_id in left)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise WeightLoadError(f"checkpoint is missing weights for: {shown}")
+        where = ", ".join(sources) or "checkpoint"
+        raise WeightLoadError(f"{where}: checkpoint is missing tensors: {shown}")
 
 
 def _expected_shards(param_name: str, stacked: tuple[StackedShard, ...]) -> set[str | int | None]:
     ids = {s.shard_id for s in stacked if f".{s.fused}." in param_name}
     return ids or {None}
+
+
+def _checkpoint_name(param_name: str, shard_id: str | int | None,
+                     stacked: tuple[StackedShard, ...]) -> str:
+    if shard_id is None:
+        return param_name
+    shard = next(s for s in stacked if s.shard_id == shard_id and f".{s.fused}." in param_name)
+    return param_name.replace(f".{shard.fused}.", f".{shard.original}.")

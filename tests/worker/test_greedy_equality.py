@@ -6,29 +6,8 @@ import pytest
 import torch
 
 from engine_core.sampling_params import SamplingParams
+from tests.hf_reference import NEW_TOKENS, greedy, prompt_ids, prompt_logprobs
 from tests.worker.runner_utils import make_runner
-
-NEW_TOKENS = 32
-
-PROMPT_TEXTS = [
-    "The capital of France is",
-    "Hi",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "La tour Eiffel a été construite pour",
-    "Der schnellste Weg von Berlin nach München ist",
-    "東京は日本の首都で、",
-    "Москва — столица России, и",
-    "SELECT name, COUNT(*) FROM users GROUP BY",
-    "1, 2, 3, 5, 8, 13,",
-    "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n",
-    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-    "#include <stdio.h>\nint main(void) {\n    printf(",
-    "El rápido zorro marrón salta sobre",
-    "Photosynthesis is the process by which plants",
-    " ".join(["The history of the Roman Empire spans many centuries and includes the reigns of "
-              "emperors such as Augustus, Nero, Trajan, Hadrian and Constantine."] * 12),
-    "Q: What is 17 times 23?\nA:",
-]
 
 
 @pytest.fixture(scope="module")
@@ -38,33 +17,15 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def prompts(engine):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(engine[0].config.model_path)
-    ids = [tok(text).input_ids for text in PROMPT_TEXTS]
-    assert max(len(p) for p in ids) > 300, "one prompt must be long"
-    return {f"p{i}": p for i, p in enumerate(ids)}
+def prompts():
+    ids = prompt_ids()
+    assert max(len(p) for p in ids.values()) > 300, "one prompt must be long"
+    return ids
 
 
 @pytest.fixture(scope="module")
-def reference(engine, prompts):
-    """transformers' greedy tokens and raw per-step logprobs, one prompt at a time."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(engine[0].config.model_path, dtype=torch.float32)
-    # Like ignore_eos: keep generating past EOS without masking it (min_new_tokens would mask it).
-    model.generation_config.eos_token_id = None
-    out = {}
-    with torch.inference_mode():
-        for req_id, ids in prompts.items():
-            gen = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 pad_token_id=0, output_logits=True,
-                                 return_dict_in_generate=True)
-            tokens = gen.sequences[0, len(ids):].tolist()
-            logprobs = torch.log_softmax(torch.cat(gen.logits).float(), dim=-1)
-            out[req_id] = (tokens, logprobs)
-    return out
+def reference(prompts):
+    return {r: greedy(tuple(ids)) for r, ids in prompts.items()}
 
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
@@ -112,16 +73,12 @@ def test_sampled_logprobs_and_top5_match_transformers(engine, prompts, reference
 
 
 def test_prompt_logprobs_match_transformers(engine, prompts):
-    from transformers import AutoModelForCausalLM
-
-    runner, driver = engine
+    _, driver = engine
     ids = prompts["p10"]
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=3)
     driver.run({"pl": ids}, params, 1, chunk=9)
     got = driver.prompt_logprobs["pl"]
-    model = AutoModelForCausalLM.from_pretrained(runner.config.model_path, dtype=torch.float32)
-    with torch.inference_mode():
-        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    ref = prompt_logprobs(tuple(ids))
     assert len(got.token_ids) == len(ids) - 1
     for pos in range(len(ids) - 1):
         assert got.token_ids[pos][0] == ids[pos + 1]

@@ -1,0 +1,178 @@
+"""`engine bench`: the offline workloads of shared/BENCHMARKS.md, with transformers alongside."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from engine_core.args import engine_kwargs
+from engine_core.sampling_params import SamplingParams
+
+
+def _random_prompts(tokenizer, rng: np.random.Generator, lengths: np.ndarray) -> list[list[int]]:
+    """Random token ids from the vocabulary, special tokens excluded."""
+    special = set(tokenizer.all_special_ids)
+    vocab = np.array([t for t in range(len(tokenizer)) if t not in special])
+    return [vocab[rng.integers(0, len(vocab), n)].tolist() for n in lengths]
+
+
+def _machine() -> dict[str, Any]:
+    import os
+    import platform
+
+    import torch
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+
+
+def _matmul_gflops(n: int = 1024) -> float:
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(10))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _flops_per_token(arch) -> tuple[float, float]:
+    """Matmul FLOPs of one prompt token and one sampled token (adds the output projection)."""
+    h, i, kv = arch.hidden_size, arch.intermediate_size, arch.num_key_value_heads * arch.head_dim
+    q = arch.num_attention_heads * arch.head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * i
+    body = 2 * arch.num_hidden_layers * per_layer
+    return body, body + 2 * h * arch.vocab_size
+
+
+def _hf_generate(model_path: str, prompts: list[list[int]], outputs: list[int],
+                 batch_size: int = 32) -> float:
+    """Seconds for transformers' batched greedy generate (left padding), batch by batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for b in range(0, len(prompts), batch_size):
+            batch, lens = prompts[b : b + batch_size], outputs[b : b + batch_size]
+            width = max(len(p) for p in batch)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            mask = torch.zeros(len(batch), width, dtype=torch.long)
+            for r, p in enumerate(batch):
+                ids[r, width - len(p):] = torch.tensor(p)
+                mask[r, width - len(p):] = 1
+            # One batch runs to its longest requested output; only requested tokens are counted.
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(lens),
+                           do_sample=False, pad_token_id=0)
+    return time.perf_counter() - start
+
+
+def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """Workload offline-mixed: 64 requests at once, prompts 32..256, outputs 16..128 tokens."""
+    from frontend.llm import LLM
+
+    llm = LLM(**engine_kwargs(args))
+    rng = np.random.default_rng(0)
+    prompt_lens = rng.integers(32, 257, 64)
+    output_lens = rng.integers(16, 129, 64).tolist()
+    prompts = _random_prompts(llm.get_tokenizer(), rng, prompt_lens)
+    params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in output_lens]
+    llm.generate(prompts[:4], params[:4], use_tqdm=False)  # warm-up
+    elapsed = _timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                          use_tqdm=False))
+    n_out, n_in = sum(output_lens), int(prompt_lens.sum())
+    flops_in, flops_out = _flops_per_token(llm.config.arch)
+    gflops = _matmul_gflops()
+    result: dict[str, Any] = {
+        "workload": "offline-mixed", "machine": _machine(), "model": llm.config.model_path,
+        "dtype": llm.config.torch_dtype_name, "requests": len(prompts), "prompt_tokens": n_in,
+        "output_tokens": n_out, "engine_seconds": round(elapsed, 2),
+        "engine_output_tok_s": round(n_out / elapsed, 1),
+        "engine_total_tok_s": round((n_in + n_out) / elapsed, 1),
+        "matmul_gflops": round(gflops, 1),
+        "fraction_of_matmul_limit": round((n_in * flops_in + n_out * flops_out) / elapsed
+                                          / (gflops * 1e9), 3),
+    }
+    if not args.no_hf:
+        hf_seconds = _hf_generate(llm.config.model_path, prompts, output_lens)
+        result.update(hf_seconds=round(hf_seconds, 2),
+                      hf_output_tok_s=round(n_out / hf_seconds, 1),
+                      output_ratio_vs_hf=round(hf_seconds / elapsed, 2))
+    return result
+
+
+def bench_prefix_shared(args: argparse.Namespace) -> dict[str, Any]:
+    """Workload prefix-shared: 64 requests sharing a 512-token prefix, 32 unique + 32 out."""
+    from frontend.llm import LLM
+
+    results: dict[str, Any] = {"workload": "prefix-shared", "machine": _machine()}
+    kwargs = engine_kwargs(args)
+    for caching in (True, False):
+        llm = LLM(**{**kwargs, "enable_prefix_caching": caching})
+        rng = np.random.default_rng(0)
+        prefix = _random_prompts(llm.get_tokenizer(), rng, np.array([512]))[0]
+        tails = _random_prompts(llm.get_tokenizer(), rng, np.full(64, 32))
+        prompts = [{"prompt_token_ids": prefix + t} for t in tails]
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=32)
+        elapsed = _timed(lambda: llm.generate(prompts, params, use_tqdm=False))
+        totals = llm.engine_core.totals
+        stats = (totals.prefix_cache_queries, totals.prefix_cache_hits)
+        key = "caching_on" if caching else "caching_off"
+        results[key] = {"seconds": round(elapsed, 2),
+                        "total_tok_s": round(64 * (544 + 32) / elapsed, 1),
+                        "output_tok_s": round(64 * 32 / elapsed, 1),
+                        "prefix_cache_hit_rate": round(stats[1] / stats[0], 3) if stats[0] else 0.0}
+        llm.engine_core.shutdown()
+        del llm
+    results["speedup"] = round(results["caching_off"]["seconds"] / results["caching_on"]["seconds"], 2)
+    return results
+
+
+def bench_single_stream(args: argparse.Namespace) -> dict[str, Any]:
+    """Workload single-stream: one request, 32 prompt tokens, 256 decoded; decode tok/s."""
+    from frontend.llm import LLM
+
+    llm = LLM(**engine_kwargs(args))
+    rng = np.random.default_rng(0)
+    prompt = _random_prompts(llm.get_tokenizer(), rng, np.array([32]))[0]
+    runs = []
+    for _ in range(args.runs):
+        first = _timed(lambda: llm.generate({"prompt_token_ids": prompt},
+                                            SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False))
+        total = _timed(lambda: llm.generate({"prompt_token_ids": prompt}, SamplingParams(
+            temperature=0.0, ignore_eos=True, max_tokens=256), use_tqdm=False))
+        runs.append(255 / (total - first))
+    return {"workload": "single-stream", "machine": _machine(), "dtype": llm.config.torch_dtype_name,
+            "engine_decode_tok_s": round(statistics.median(runs), 2),
+            "runs": [round(r, 2) for r in runs]}
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the chosen workload and print its figures as JSON."""
+    fn = {"throughput": bench_throughput, "prefix-shared": bench_prefix_shared,
+          "single-stream": bench_single_stream}[args.workload]
+    result = fn(args)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            f.write(text + "\n")
+    return 0

@@ -1,0 +1,76 @@
+"""The `engine` command: generate, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine_core.args import add_engine_args, engine_kwargs
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from engine_core.sampling_params import SamplingParams
+    from frontend.llm import LLM
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed,
+                            stop=args.stop or None, ignore_eos=args.ignore_eos)
+    llm = LLM(**engine_kwargs(args))
+    if args.chat:
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params,
+                           use_tqdm=False)
+    else:
+        outputs = llm.generate(args.prompts, params, use_tqdm=False)
+    for out in outputs:
+        for completion in out.outputs:
+            text = completion.text if args.chat else (out.prompt or "") + completion.text
+            print(text, flush=True)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from frontend.bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="engine", description="LLM inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text for prompts and print it")
+    gen.add_argument("prompts", nargs="+", help="prompt text (one or more)")
+    gen.add_argument("--chat", action="store_true", help="send each prompt as a user chat message")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed")
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    add_engine_args(gen)
+    gen.set_defaults(func=_generate)
+
+    bench = sub.add_parser("bench", help="run a benchmark workload of shared/BENCHMARKS.md")
+    bench.add_argument("workload", choices=("throughput", "prefix-shared", "single-stream"))
+    bench.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    bench.add_argument("--runs", type=int, default=3, help="repetitions (single-stream)")
+    bench.add_argument("--output-json", help="also write the figures to this file")
+    add_engine_args(bench)
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `engine` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, NotImplementedError) as e:
+        print(f"engine: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
