@@ -23,9 +23,13 @@ def parse_size(value: int | str) -> int:
     if isinstance(value, int):
         return value
     m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
+    try:
+        number = float(m.group(1)) if m else None  # '1.2.3' or 'e' pass the pattern, not float()
+    except ValueError:
+        number = None
+    if number is None or m.group(2).lower() not in _SIZE_UNITS:
         raise ValueError(f"cannot parse size {value!r}; use bytes or a unit such as '2GiB' or '512MB'")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    return int(number * _SIZE_UNITS[m.group(2).lower()])
 
 
 class ConfigError(ValueError):
@@ -77,7 +81,10 @@ class CacheConfig:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
         if self.kv_cache_memory is not None:
-            self.kv_cache_memory = parse_size(self.kv_cache_memory)
+            try:
+                self.kv_cache_memory = parse_size(self.kv_cache_memory)
+            except ValueError as e:
+                raise ConfigError(f"kv_cache_memory: {e}") from None
             if self.kv_cache_memory <= 0:
                 raise ConfigError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:

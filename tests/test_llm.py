@@ -152,4 +152,4 @@ def test_invalid_requests_raise_before_scheduling(llm):
     # A bad prompt in a batch schedules nothing: the engine is idle afterwards.
     with pytest.raises(ValueError):
         llm.generate(["fine", [1, 2, 10**6]], use_tqdm=False)
-    assert not llm.engine_core.has_unfinished_requests()
+    assert llm.engine_core.scheduler.get_num_unfinished_requests() == 0
