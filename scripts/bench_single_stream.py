@@ -48,17 +48,15 @@ def engine_decode(runner: ModelRunner, prompt: list[int], new_tokens: int, run_i
 
 
 def decode_weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes a decode step must read: every projection (the output one included) and norm."""
-    from gpu_worker.layers.linear import Linear
-
-    total = 0
-    for module in model.modules():
-        if isinstance(module, Linear):
-            w = module.split_weight if module.split_weight is not None else module.weight
-            total += w.numel() * w.element_size()
-        elif type(module).__name__ == "RMSNorm":
-            total += module.weight.numel() * module.weight.element_size()
-    return total
+    """Bytes a decode step must read: every weight used by matmuls (the output projection
+    included) and the norms; the embedding table is only gathered from."""
+    embedding = model.model.embed_tokens.weight
+    tensors = [p for p in model.parameters() if p is not embedding]
+    if model.lm_head.split_weight is None and model.lm_head.weight is embedding:
+        tensors.append(embedding)  # tied and used as is by the output projection
+    tensors += [t for m in model.modules() for name in ("split_weight", "split_gate_up", "split_down")
+                if isinstance(t := getattr(m, name, None), torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def hf_decode(model, prompt: list[int], new_tokens: int) -> float:

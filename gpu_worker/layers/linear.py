@@ -23,6 +23,8 @@ class Linear(nn.Module):
 
     def use_split_layout(self, splits: int) -> None:
         """Switch to the [splits, in, out/splits] layout (CPU only; out must divide evenly)."""
+        if self.weight is None:  # already re-laid by the module that owns it
+            return
         out_features, in_features = self.weight.shape
         if out_features % splits:
             return
@@ -52,11 +54,13 @@ class Embedding(nn.Module):
 
 def use_cpu_layout(model: nn.Module, threads: int) -> None:
     """Re-lay every Linear of a loaded model for fast CPU matmuls; frees the old layout."""
-    for module in model.modules():
+    for module in model.modules():  # parents first: a module may re-lay its children itself
         if isinstance(module, Linear):
             module.use_split_layout(threads)
             if module.split_weight is not None and not _shared(module, model):
                 module.weight = None
+        elif hasattr(module, "use_split_layout"):
+            module.use_split_layout(threads)
 
 
 def _shared(linear: Linear, model: nn.Module) -> bool:

@@ -67,12 +67,38 @@ class LlamaMLP(nn.Module):
         self.intermediate = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.split_gate_up: torch.Tensor | None = None
+        self.split_down: torch.Tensor | None = None
+
+    def use_split_layout(self, splits: int) -> None:
+        """CPU layout: split the MLP across threads like tensor parallelism.
+
+        Thread s holds gate and up columns [s*I/S, (s+1)*I/S) and the matching rows of down, so
+        one bmm computes each slice's activations and another its partial output; summing the
+        S partial outputs replaces the transpose copies a column split alone would need.
+        """
+        inter = self.intermediate
+        if inter % splits:
+            return
+        gate_up = self.gate_up_proj.weight.detach().t()  # [H, 2I]
+        hidden = gate_up.shape[0]
+        gate = gate_up[:, :inter].reshape(hidden, splits, -1)
+        up = gate_up[:, inter:].reshape(hidden, splits, -1)
+        self.split_gate_up = torch.cat([gate, up], dim=-1).transpose(0, 1).contiguous()
+        self.split_down = self.down_proj.weight.detach().t().reshape(splits, -1, hidden).contiguous()
+        self.gate_up_proj.weight = None
+        self.down_proj.weight = None
 
     def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
         """Rows of gate_up_proj holding gate (0) or up (1): (start, size)."""
         return int(shard_id) * self.intermediate, self.intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.split_gate_up is not None:
+            splits, hidden, width = self.split_gate_up.shape
+            y = torch.bmm(x.unsqueeze(0).expand(splits, -1, -1), self.split_gate_up)
+            act = F.silu(y[..., : width // 2]) * y[..., width // 2 :]
+            return torch.bmm(act, self.split_down).sum(dim=0)
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
