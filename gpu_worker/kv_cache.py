@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine_core.config import EngineConfig
@@ -57,8 +59,9 @@ def _cuda_free_bytes(config: EngineConfig, device: torch.device) -> int:
 
 
 def allocate_kv_caches(arch: ModelArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                       device: torch.device, tensor_parallel_size: int = 1) -> list[torch.Tensor]:
-    """One [2, num_blocks, block_size, kv_heads, head_dim] tensor per layer."""
+                       device: torch.device, cache_shape: Callable[[int, int, int, int], tuple[int, ...]],
+                       tensor_parallel_size: int = 1) -> list[torch.Tensor]:
+    """One zeroed cache tensor per layer, in the attention backend's layout (cache_shape)."""
     kv_heads = arch.num_key_value_heads // tensor_parallel_size
-    return [torch.zeros(2, num_blocks, block_size, kv_heads, arch.head_dim, dtype=dtype,
-                        device=device) for _ in range(arch.num_hidden_layers)]
+    shape = cache_shape(num_blocks, block_size, kv_heads, arch.head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_hidden_layers)]

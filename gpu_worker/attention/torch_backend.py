@@ -79,6 +79,12 @@ class TorchAttentionBackend:
 
     name = "torch"
 
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
+                       head_dim: int) -> tuple[int, ...]:
+        """The kernels' layout, [2, num_blocks, block_size, kv_heads, head_dim]."""
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
     def build(self, step: StepBatch, device_batch: DeviceBatch, device: torch.device) -> TorchAttnMetadata:
         """Precompute gather indices and masks for the whole step."""
         q_lens = step.query_lens

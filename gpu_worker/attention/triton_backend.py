@@ -14,6 +14,12 @@ class TritonAttentionBackend:
 
     name = "triton"
 
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
+                       head_dim: int) -> tuple[int, ...]:
+        """The kernels' layout: [2, num_blocks, block_size, kv_heads, head_dim]."""
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
     def build(self, step: StepBatch, device_batch: DeviceBatch, device: torch.device) -> DeviceBatch:
         """The kernels read the device batch directly."""
         return device_batch
