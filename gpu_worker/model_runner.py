@@ -50,7 +50,8 @@ class ModelRunner:
         """Allocate the KV cache and bind each layer's slice to its attention module."""
         assert self.model is not None, "load_model() first"
         self.kv_caches = allocate_kv_caches(self.arch, num_blocks, self.block_size, self.dtype,
-                                            self.device)
+                                            self.device, self.backend.kv_cache_shape,
+                                            self.config.parallel.tensor_parallel_size)
         for attn, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
             attn.kv_cache = cache
 
