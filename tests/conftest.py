@@ -1,4 +1,4 @@
-"""Run the Triton kernels under the interpreter when no GPU is present."""
+"""Test-session set-up: Triton kernels run under the interpreter when no GPU is present."""
 
 from __future__ import annotations
 
