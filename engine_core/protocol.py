@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import msgspec
 
@@ -70,3 +71,102 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
+
+
+# ---- The wire protocol of the engine core process (docs/protocol.md) ----
+
+# Bumped on any change a peer of the previous version would misread.
+PROTOCOL_VERSION = 1
+
+
+class RequestType(enum.IntEnum):
+    """First frame (one byte) of a client -> engine core message; the payload frame follows."""
+
+    HELLO = 0
+    ADD = 1
+    ABORT = 2
+    UTILITY = 3
+
+
+class OutputType(enum.IntEnum):
+    """First frame (one byte) of an engine core -> client message; the payload frame follows."""
+
+    READY = 0
+    OUTPUTS = 1
+    UTILITY = 2
+    ERROR = 3
+    DEAD = 4
+
+
+class ClientHello(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A client's first message; answered with EngineCoreReady, or ERROR on a version mismatch."""
+
+    protocol_version: int
+    client_name: str = ""
+
+
+class EngineCoreReady(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """The engine core's answer to HELLO: what a client needs to know about the loaded model."""
+
+    protocol_version: int
+    model_name: str
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    vocab_size: int
+    eos_token_ids: list[int] = []
+
+
+class UtilityRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Call a named engine core method between steps; call_id pairs the call with its output."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
+
+
+class UtilityOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """The result of a utility call, or the error that stopped it."""
+
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+class RequestError(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A request the engine core refused; request_id is "" when the frame named none."""
+
+    request_id: str
+    message: str
+
+
+class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Sent to every known client just before the engine core exits on a fatal error."""
+
+    message: str
+
+
+# The payload type of each message type, for typed decoders on either side.
+REQUEST_PAYLOADS: dict[RequestType, Any] = {
+    RequestType.HELLO: ClientHello,
+    RequestType.ADD: EngineCoreRequest,
+    RequestType.ABORT: list[str],
+    RequestType.UTILITY: UtilityRequest,
+}
+OUTPUT_PAYLOADS: dict[OutputType, Any] = {
+    OutputType.READY: EngineCoreReady,
+    OutputType.OUTPUTS: EngineCoreOutputs,
+    OutputType.UTILITY: UtilityOutput,
+    OutputType.ERROR: RequestError,
+    OutputType.DEAD: EngineDead,
+}
+
+
+def request_decoders() -> dict[int, msgspec.msgpack.Decoder]:
+    """A typed msgpack decoder per request type (one set per thread)."""
+    return {t.value: msgspec.msgpack.Decoder(p) for t, p in REQUEST_PAYLOADS.items()}
+
+
+def output_decoders() -> dict[int, msgspec.msgpack.Decoder]:
+    """A typed msgpack decoder per output type (one set per thread)."""
+    return {t.value: msgspec.msgpack.Decoder(p) for t, p in OUTPUT_PAYLOADS.items()}

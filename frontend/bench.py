@@ -133,14 +133,14 @@ def bench_prefix_shared(args: argparse.Namespace) -> dict[str, Any]:
         prompts = [{"prompt_token_ids": prefix + t} for t in tails]
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=32)
         elapsed = _timed(lambda: llm.generate(prompts, params, use_tqdm=False))
-        totals = llm.engine_core.totals
-        stats = (totals.prefix_cache_queries, totals.prefix_cache_hits)
+        totals = llm.get_engine_stats()
+        stats = (totals["prefix_cache_queries"], totals["prefix_cache_hits"])
         key = "caching_on" if caching else "caching_off"
         results[key] = {"seconds": round(elapsed, 2),
                         "total_tok_s": round(64 * (544 + 32) / elapsed, 1),
                         "output_tok_s": round(64 * 32 / elapsed, 1),
                         "prefix_cache_hit_rate": round(stats[1] / stats[0], 3) if stats[0] else 0.0}
-        llm.engine_core.shutdown()
+        llm.shutdown()
         del llm
     results["speedup"] = round(results["caching_off"]["seconds"] / results["caching_on"]["seconds"], 2)
     return results

@@ -1,4 +1,4 @@
-"""The `engine` command: generate, bench."""
+"""The `engine` command: generate, bench, core."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def _core(args: argparse.Namespace) -> int:
+    from engine_core.core_proc import run_engine_core
+
+    return run_engine_core(args.listen, engine_kwargs(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="engine", description="LLM inference engine")
@@ -59,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output-json", help="also write the figures to this file")
     add_engine_args(bench)
     bench.set_defaults(func=_bench)
+
+    core = sub.add_parser("core", help="run the engine core alone (headless) on a ZeroMQ address; "
+                                       "protocol: docs/protocol.md")
+    core.add_argument("--listen", required=True,
+                      help="address to bind: tcp://HOST:PORT (port * picks a free one) or "
+                           "ipc:///path/to/socket")
+    add_engine_args(core)
+    core.set_defaults(func=_core)
     return parser
 
 

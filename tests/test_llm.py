@@ -32,7 +32,8 @@ def test_chunked_prefill_matches_transformers():
 
 
 def test_preemption_matches_transformers():
-    llm = LLM(max_model_len=512, num_gpu_blocks_override=40, enable_prefix_caching=False)
+    llm = LLM(max_model_len=512, num_gpu_blocks_override=40, enable_prefix_caching=False,
+              engine_process=False)
     _assert_matches_hf(llm, prompt_ids())
     assert llm.engine_core.totals.num_preemptions > 0, "the KV cache should force preemption"
 
@@ -43,12 +44,12 @@ def test_prefix_caching_matches_transformers():
     shared = ids["p14"]
     prompts = {f"s{i}": shared + ids[f"p{i}"] for i in range(4)}
     _assert_matches_hf(llm, {"s0": prompts["s0"]})  # fills the cache
-    totals = llm.engine_core.totals
-    hits_before = totals.prefix_cache_hits
+    hits_before = llm.get_engine_stats()["prefix_cache_hits"]
     _assert_matches_hf(llm, prompts)
+    totals = llm.get_engine_stats()
     # Every prompt finds at least the shared prefix's full blocks in the cache.
-    assert totals.prefix_cache_hits - hits_before >= 4 * (len(shared) // 16) * 16
-    assert totals.prefix_cache_queries >= totals.prefix_cache_hits
+    assert totals["prefix_cache_hits"] - hits_before >= 4 * (len(shared) // 16) * 16
+    assert totals["prefix_cache_queries"] >= totals["prefix_cache_hits"]
 
 
 def test_n_returns_distinct_samples(llm):
@@ -152,4 +153,4 @@ def test_invalid_requests_raise_before_scheduling(llm):
     # A bad prompt in a batch schedules nothing: the engine is idle afterwards.
     with pytest.raises(ValueError):
         llm.generate(["fine", [1, 2, 10**6]], use_tqdm=False)
-    assert llm.engine_core.scheduler.get_num_unfinished_requests() == 0
+    assert llm.get_engine_stats()["num_unfinished_requests"] == 0

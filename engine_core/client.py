@@ -1,0 +1,280 @@
+"""Clients of an engine core process (docs/protocol.md): blocking and asyncio.
+
+Each connects a DEALER socket to the engine core's ROUTER, either at a given address or to a
+child engine core it starts itself, and completes the HELLO/READY handshake before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import time
+import weakref
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from engine_core.core_launcher import CoreProcess
+from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutputs,
+                                  EngineCoreReady, EngineCoreRequest, OutputType, RequestError,
+                                  RequestType, UtilityOutput, UtilityRequest, output_decoders)
+
+# How often a client waiting for messages checks that its child engine core still runs.
+_LIVENESS_POLL_S = 0.2
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core reported a fatal error or its process exited."""
+
+
+class EngineRequestError(ValueError):
+    """The engine core refused a request (request_id is "" when it could not name one)."""
+
+    def __init__(self, request_id: str, message: str) -> None:
+        super().__init__(f"request {request_id!r}: {message}" if request_id else message)
+        self.request_id = request_id
+
+
+class UtilityCallError(RuntimeError):
+    """A utility call failed inside the engine core."""
+
+
+class _ClientBase:
+    """What both clients share: the child process, the codec and the liveness check."""
+
+    def __init__(self, ctx: zmq.Context, address: str | None,
+                 engine_args: dict[str, Any] | None) -> None:
+        self.process = CoreProcess(engine_args or {}) if address is None else None
+        self.address = self.process.address if self.process is not None else address
+        self.ready: EngineCoreReady | None = None
+        self._ctx = ctx
+        self._socket = ctx.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, 0)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._socket.connect(self.address)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoders = output_decoders()
+        self._call_ids = itertools.count()
+        self._dead: str | None = None
+        self._finalizer = weakref.finalize(self, _close, self._socket, ctx, self.process)
+
+    def shutdown(self) -> None:
+        """Close the socket and stop the child engine core, if this client started one."""
+        self._finalizer()
+
+    def _frames(self, kind: RequestType, msg: Any) -> list[bytes]:
+        return [bytes([kind]), self._encoder.encode(msg)]
+
+    def _decode(self, frames: list[bytes]) -> tuple[OutputType, Any]:
+        kind = OutputType(frames[0][0])
+        msg = self._decoders[kind].decode(frames[1])
+        if kind == OutputType.DEAD:
+            self._dead = f"the engine core died: {msg.message}"
+            raise EngineDeadError(self._dead)
+        return kind, msg
+
+    def _check_alive(self) -> None:
+        if self._dead is None and self.process is not None:
+            code = self.process.exit_code()
+            if code is not None:
+                self._dead = f"the engine core process exited with code {code}" + (
+                    "" if self.ready else " during start-up (its log is above)")
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+
+
+def _close(socket: zmq.Socket, ctx: zmq.Context, process: CoreProcess | None) -> None:
+    socket.close(linger=0)
+    ctx.term()
+    if process is not None:
+        process.terminate()
+
+
+def _handshake_error(msg: RequestError) -> ConnectionError:
+    return ConnectionError(f"the engine core refused the connection: {msg.message}")
+
+
+class EngineCoreClient(_ClientBase):
+    """Blocking client: connects to address, or starts a child engine core given engine_args."""
+
+    def __init__(self, address: str | None = None, engine_args: dict[str, Any] | None = None, *,
+                 startup_timeout: float = 300.0, client_name: str = "") -> None:
+        super().__init__(zmq.Context(), address, engine_args)
+        self._outputs: collections.deque[EngineCoreOutputs | RequestError] = collections.deque()
+        self._results: dict[int, UtilityOutput] = {}
+        try:
+            self._send(RequestType.HELLO, ClientHello(PROTOCOL_VERSION, client_name))
+            deadline = time.monotonic() + startup_timeout
+            while self.ready is None:
+                if not self._pump(deadline):
+                    raise TimeoutError(f"the engine core at {self.address} did not answer "
+                                       f"within {startup_timeout} s")
+                if self._outputs:
+                    raise _handshake_error(self._outputs[0])  # type: ignore[arg-type]
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def __enter__(self) -> EngineCoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Send a request; its outputs (or an EngineRequestError) come from get_output()."""
+        self._send(RequestType.ADD, request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Abort requests of this client; each ends with an ABORT output."""
+        self._send(RequestType.ABORT, request_ids)
+
+    def get_output(self, timeout: float | None = None) -> EngineCoreOutputs:
+        """The next step's outputs for this client; EngineRequestError for a refused request."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._outputs:
+            if not self._pump(deadline):
+                raise TimeoutError(f"no output within {timeout} s")
+        item = self._outputs.popleft()
+        if isinstance(item, RequestError):
+            raise EngineRequestError(item.request_id, item.message)
+        return item
+
+    def call_utility(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """Run a utility method in the engine core between steps and return its result."""
+        call_id = next(self._call_ids)
+        self._send(RequestType.UTILITY, UtilityRequest(call_id, method, list(args)))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while call_id not in self._results:
+            if not self._pump(deadline):
+                raise TimeoutError(f"utility call {method!r} got no answer within {timeout} s")
+        out = self._results.pop(call_id)
+        if out.error is not None:
+            raise UtilityCallError(f"{method}: {out.error}")
+        return out.result
+
+    def _send(self, kind: RequestType, msg: Any) -> None:
+        self._check_alive()
+        self._socket.send_multipart(self._frames(kind, msg), copy=False)
+
+    def _pump(self, deadline: float | None) -> bool:
+        """Receive and file one message; False when none came before deadline (monotonic)."""
+        while True:
+            wait = _LIVENESS_POLL_S if deadline is None else \
+                min(_LIVENESS_POLL_S, deadline - time.monotonic())
+            if self._socket.poll(max(0, int(wait * 1000))):
+                kind, msg = self._decode(self._socket.recv_multipart())
+                if kind == OutputType.READY:
+                    self.ready = msg
+                elif kind == OutputType.UTILITY:
+                    self._results[msg.call_id] = msg
+                else:
+                    self._outputs.append(msg)
+                return True
+            self._check_alive()
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+
+class AsyncEngineCoreClient(_ClientBase):
+    """asyncio client; build it with `await AsyncEngineCoreClient.create(...)`."""
+
+    def __init__(self, address: str | None = None,
+                 engine_args: dict[str, Any] | None = None) -> None:
+        super().__init__(zmq.asyncio.Context(), address, engine_args)
+        self._outputs: asyncio.Queue[EngineCoreOutputs | RequestError | BaseException] = \
+            asyncio.Queue()
+        self._calls: dict[int, asyncio.Future[UtilityOutput]] = {}
+        self._ready: asyncio.Future[EngineCoreReady] = asyncio.get_running_loop().create_future()
+        self._failure: BaseException | None = None
+        self._reader = asyncio.create_task(self._read_loop())
+
+    @classmethod
+    async def create(cls, address: str | None = None, engine_args: dict[str, Any] | None = None,
+                     *, startup_timeout: float = 300.0,
+                     client_name: str = "") -> AsyncEngineCoreClient:
+        """Connect (or start a child engine core) and wait for its READY."""
+        client = cls(address, engine_args)
+        try:
+            await client._send(RequestType.HELLO, ClientHello(PROTOCOL_VERSION, client_name))
+            try:
+                client.ready = await asyncio.wait_for(client._ready, startup_timeout)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"the engine core at {client.address} did not answer "
+                                   f"within {startup_timeout} s") from None
+        except BaseException:
+            client.shutdown()
+            raise
+        return client
+
+    async def add_request(self, request: EngineCoreRequest) -> None:
+        """Send a request; its outputs (or an EngineRequestError) come from get_output()."""
+        await self._send(RequestType.ADD, request)
+
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        """Abort requests of this client; each ends with an ABORT output."""
+        await self._send(RequestType.ABORT, request_ids)
+
+    async def get_output(self) -> EngineCoreOutputs:
+        """The next step's outputs for this client; EngineRequestError for a refused request."""
+        item = await self._outputs.get()
+        if isinstance(item, BaseException):
+            self._outputs.put_nowait(item)  # every later caller sees the failure too
+            raise item
+        if isinstance(item, RequestError):
+            raise EngineRequestError(item.request_id, item.message)
+        return item
+
+    async def call_utility(self, method: str, *args: Any) -> Any:
+        """Run a utility method in the engine core between steps and return its result."""
+        call_id = next(self._call_ids)
+        future = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        await self._send(RequestType.UTILITY, UtilityRequest(call_id, method, list(args)))
+        out = await future
+        if out.error is not None:
+            raise UtilityCallError(f"{method}: {out.error}")
+        return out.result
+
+    def shutdown(self) -> None:
+        """Stop reading, close the socket and stop the child engine core, if any."""
+        self._reader.cancel()
+        super().shutdown()
+
+    async def _send(self, kind: RequestType, msg: Any) -> None:
+        if self._failure is not None:
+            raise self._failure
+        self._check_alive()
+        await self._socket.send_multipart(self._frames(kind, msg), copy=False)
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                if not await self._socket.poll(int(_LIVENESS_POLL_S * 1000)):
+                    self._check_alive()
+                    continue
+                kind, msg = self._decode(await self._socket.recv_multipart())
+                if kind == OutputType.READY:
+                    self._ready.set_result(msg)
+                elif kind == OutputType.UTILITY:
+                    call = self._calls.pop(msg.call_id, None)
+                    if call is not None and not call.done():
+                        call.set_result(msg)
+                elif kind == OutputType.ERROR and not self._ready.done():
+                    self._ready.set_exception(_handshake_error(msg))
+                else:
+                    self._outputs.put_nowait(msg)
+        except Exception as e:
+            self._fail(e)
+
+    def _fail(self, error: BaseException) -> None:
+        self._failure = error
+        waiters = [self._ready, *self._calls.values()]
+        self._calls.clear()
+        for future in waiters:
+            if not future.done():
+                future.set_exception(error)
+        self._outputs.put_nowait(error)

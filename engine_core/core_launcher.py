@@ -1,0 +1,49 @@
+"""Start an engine core as a child process on a private ipc:// address."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# The directory holding the engine_core package, so the child imports this very copy.
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class CoreProcess:
+    """A child `python -m engine_core.core_proc` that exits when this process dies."""
+
+    def __init__(self, engine_args: dict[str, Any]) -> None:
+        self._dir = tempfile.mkdtemp(prefix="engine-core-")
+        self.address = f"ipc://{self._dir}/core.sock"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "engine_core.core_proc", "--listen", self.address,
+             "--parent-pid", str(os.getpid()), "--engine-args", json.dumps(engine_args)],
+            env=env)
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self.popen.pid
+
+    def exit_code(self) -> int | None:
+        """The child's exit status, or None while it runs."""
+        return self.popen.poll()
+
+    def terminate(self, timeout: float = 10.0) -> None:
+        """SIGTERM the child, SIGKILL it after timeout seconds, and remove its socket directory."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,314 @@
+"""The engine core process: EngineCore's busy loop behind one ZeroMQ ROUTER socket.
+
+Threads: the I/O thread owns the ROUTER (ZeroMQ sockets are single-threaded): it receives,
+decodes and validates client frames, answers HELLO and refusals itself, queues the rest for the
+busy loop, and sends what the output thread encoded. The busy loop (the caller of run()) drains
+its queue, blocks only when there is no work, steps the engine and runs utility calls between
+steps. The output thread encodes outside the busy loop, so encoding overlaps the next step.
+Wire format and handshake: docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import msgspec
+import zmq
+
+from engine_core.engine_core import EngineCore
+from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutput,
+                                  EngineCoreOutputs, EngineCoreReady, EngineCoreRequest,
+                                  EngineDead, OutputType, RequestError, RequestType,
+                                  UtilityOutput, UtilityRequest, request_decoders)
+from engine_core.utilities import engine_utilities
+from engine_core.validation import validate_request
+
+logger = logging.getLogger("engine_core.proc")
+
+_STOP = object()
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_BROADCAST = b""  # ZeroMQ routing ids are never empty, so b"" can mean "every known client".
+
+
+class EngineCoreProc:
+    """Serves one EngineCore to any number of DEALER clients on a bound ROUTER socket."""
+
+    def __init__(self, engine: EngineCore, address: str) -> None:
+        self.engine = engine
+        config = engine.config
+        assert config.arch is not None
+        self.ready = EngineCoreReady(
+            PROTOCOL_VERSION, config.model.served_model_name or "", config.max_model_len,
+            engine.num_blocks, config.cache.block_size, config.arch.vocab_size,
+            list(config.arch.eos_token_ids))
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        # Unbounded queues: a dropped output would silently lose tokens of a request.
+        self._router.setsockopt(zmq.SNDHWM, 0)
+        self._router.setsockopt(zmq.RCVHWM, 0)
+        self._router.setsockopt(zmq.LINGER, 2000)
+        self._router.bind(address)
+        self.address = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        wake = f"inproc://engine-core-out-{id(self)}"
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.bind(wake)
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 1000)
+        self._push.connect(wake)
+        self._inputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._owners: dict[str, bytes] = {}  # live request id -> client identity (busy loop only)
+        self._utilities = engine_utilities(engine)
+
+    def run(self) -> int:
+        """Serve until shutdown() (exit code 0) or a fatal engine error (exit code 1)."""
+        threads = [threading.Thread(target=self._io_loop, name="engine-core-io", daemon=True),
+                   threading.Thread(target=self._output_loop, name="engine-core-out", daemon=True)]
+        for t in threads:
+            t.start()
+        logger.info("engine core serving on %s", self.address)
+        code = 0
+        try:
+            self._busy_loop()
+        except Exception as e:
+            logger.exception("engine core failed; telling clients and exiting")
+            self._outputs.put((_BROADCAST, OutputType.DEAD, EngineDead(f"{type(e).__name__}: {e}")))
+            code = 1
+        self._outputs.put(_STOP)
+        for t in threads:
+            t.join(timeout=5)
+        if not any(t.is_alive() for t in threads):  # term() would wait for their sockets
+            self._ctx.term()
+        self.engine.shutdown()
+        return code
+
+    def shutdown(self) -> None:
+        """Ask the busy loop to stop after its current step; safe from a signal handler."""
+        self._inputs.put(_STOP)  # SimpleQueue.put is reentrant
+
+    # ---- busy loop ----
+
+    def _busy_loop(self) -> None:
+        while True:
+            items = [] if self.engine.has_unfinished_requests() else [self._inputs.get()]
+            items += _drain(self._inputs)
+            for item in items:
+                if item is _STOP:
+                    return
+                self._handle(*item)
+            if self.engine.has_unfinished_requests():
+                self._step()
+
+    def _handle(self, identity: bytes, kind: RequestType, msg: Any) -> None:
+        if kind == RequestType.ADD:
+            if msg.request_id in self._owners:
+                self._send(identity, OutputType.ERROR, RequestError(
+                    msg.request_id, f"request id {msg.request_id!r} is already in use"))
+                return
+            try:
+                self.engine.add_request(msg)
+            except ValueError as e:
+                self._send(identity, OutputType.ERROR, RequestError(msg.request_id, str(e)))
+                return
+            self._owners[msg.request_id] = identity
+        elif kind == RequestType.ABORT:
+            # A client may abort only its own requests.
+            self.engine.abort_requests([r for r in msg if self._owners.get(r) == identity])
+        else:
+            self._send(identity, OutputType.UTILITY, self._call_utility(msg))
+
+    def _call_utility(self, call: UtilityRequest) -> UtilityOutput:
+        fn = self._utilities.get(call.method)
+        if fn is None:
+            return UtilityOutput(call.call_id, error=f"unknown utility method {call.method!r}; "
+                                 f"known: {', '.join(sorted(self._utilities))}")
+        try:
+            return UtilityOutput(call.call_id, result=fn(*call.args))
+        except Exception as e:
+            return UtilityOutput(call.call_id, error=f"{type(e).__name__}: {e}")
+
+    def _step(self) -> None:
+        step = self.engine.step()
+        per_client: dict[bytes, list[EngineCoreOutput]] = {}
+        for out in step.outputs:
+            owner = self._owners.pop(out.request_id, None) if out.finished else \
+                self._owners.get(out.request_id)
+            if owner is not None:
+                per_client.setdefault(owner, []).append(out)
+        for identity, outs in per_client.items():
+            self._send(identity, OutputType.OUTPUTS,
+                       EngineCoreOutputs(outs, step.scheduler_stats, step.timestamp))
+
+    def _send(self, identity: bytes, kind: OutputType, msg: Any) -> None:
+        self._outputs.put((identity, kind, msg))
+
+    # ---- output thread: encode, hand to the I/O thread ----
+
+    def _output_loop(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        while True:
+            item = self._outputs.get()
+            if item is _STOP:
+                self._push.send(b"")
+                self._push.close()
+                return
+            identity, kind, msg = item
+            try:
+                payload = encoder.encode(msg)
+            except Exception:  # e.g. a utility result msgpack cannot hold; keep serving
+                logger.exception("could not encode a %s message; dropped it", kind.name)
+                continue
+            self._push.send_multipart([identity, bytes([kind]), payload], copy=False)
+
+    # ---- I/O thread: the only user of the ROUTER socket ----
+
+    def _io_loop(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        decoders = request_decoders()
+        clients: set[bytes] = set()
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._pull, zmq.POLLIN)
+        while True:
+            ready = dict(poller.poll())
+            if self._pull in ready:
+                frames = self._pull.recv_multipart(copy=False)
+                if len(frames) == 1:
+                    break
+                targets = clients if frames[0].bytes == _BROADCAST else (frames[0].bytes,)
+                for identity in targets:
+                    self._router.send_multipart([identity, *frames[1:]], copy=False)
+            if self._router in ready:
+                frames = self._router.recv_multipart()
+                try:
+                    reply = self._receive(frames, decoders, clients)
+                except Exception:  # a frame must never stop the I/O thread
+                    logger.exception("dropped a frame from client %r", frames[0])
+                    continue
+                if reply is not None:
+                    kind, msg = reply
+                    self._router.send_multipart([frames[0], bytes([kind]), encoder.encode(msg)])
+        self._pull.close()
+        self._router.close()
+
+    def _receive(self, frames: list[bytes], decoders: dict[int, msgspec.msgpack.Decoder],
+                 clients: set[bytes]) -> tuple[OutputType, Any] | None:
+        """Decode and check one client message; returns the reply to send at once, if any."""
+        identity, body = frames[0], frames[1:]
+        if len(body) != 2 or len(body[0]) != 1 or body[0][0] not in decoders:
+            logger.warning("client %r sent a frame that is not [type byte, payload]", identity)
+            return OutputType.ERROR, RequestError(
+                "", "malformed message: expected two frames [type byte 0-3, msgpack payload]")
+        kind, payload = RequestType(body[0][0]), body[1]
+        try:
+            msg = decoders[kind].decode(payload)
+        except Exception as e:  # DecodeError, ValidationError, RecursionError on deep nesting...
+            logger.warning("client %r sent a malformed %s payload: %s", identity, kind.name, e)
+            return _malformed_reply(kind, payload, f"malformed {kind.name} payload: {e}")
+        if kind == RequestType.HELLO:
+            assert isinstance(msg, ClientHello)
+            if msg.protocol_version != PROTOCOL_VERSION:
+                return OutputType.ERROR, RequestError(
+                    "", f"protocol version mismatch: the engine core speaks version "
+                    f"{PROTOCOL_VERSION}, the client {msg.protocol_version}")
+            clients.add(identity)
+            return OutputType.READY, self.ready
+        clients.add(identity)
+        if kind == RequestType.ADD:
+            assert isinstance(msg, EngineCoreRequest)
+            try:
+                validate_request(msg, self.engine.config)
+            except ValueError as e:
+                return OutputType.ERROR, RequestError(msg.request_id, str(e))
+        self._inputs.put((identity, kind, msg))
+        return None
+
+
+def _malformed_reply(kind: RequestType, payload: bytes, message: str) -> tuple[OutputType, Any]:
+    """An error for a payload that did not decode, naming its request or call when it can."""
+    try:
+        raw = msgspec.msgpack.decode(payload)
+    except Exception:
+        raw = None
+    first = raw[0] if isinstance(raw, list) and raw else None
+    if kind == RequestType.UTILITY and isinstance(first, int) and not isinstance(first, bool):
+        return OutputType.UTILITY, UtilityOutput(first, error=message)
+    request_id = first if kind == RequestType.ADD and isinstance(first, str) else ""
+    return OutputType.ERROR, RequestError(request_id, message)
+
+
+def _drain(q: queue.SimpleQueue[Any]) -> list[Any]:
+    items = []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
+
+
+def run_engine_core(address: str, engine_args: dict[str, Any],
+                    parent_pid: int | None = None) -> int:
+    """Load the model, serve on address until SIGTERM/SIGINT or parent death; the exit code."""
+    from engine_core.config import engine_config_from_kwargs
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        with open("/proc/self/comm", "w") as f:  # the name ps and top show
+            f.write("engine-core")
+    except OSError:
+        pass
+    # A Python signal handler runs only in the main thread, and not while the busy loop waits
+    # on its queue for a signal that landed on another thread; so every thread (all start
+    # after this line and inherit the mask) blocks the stop signals and one thread sigwaits.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    proc: EngineCoreProc | None = None
+
+    def stop(reason: str, exit_code: int) -> None:
+        logger.info("%s; stopping", reason)
+        if proc is None:  # still loading the model: nothing to drain
+            os._exit(exit_code)
+        proc.shutdown()
+
+    def on_signal() -> None:
+        sig = signal.sigwait(_STOP_SIGNALS)
+        stop(f"got {signal.Signals(sig).name}", 128 + sig)
+
+    def on_parent_exit(parent: int) -> None:
+        while os.getppid() == parent:  # we are re-parented once it is gone
+            time.sleep(0.5)
+        stop(f"parent process {parent} exited", 1)
+        time.sleep(10)
+        os._exit(1)  # the current step did not end in time; nobody is listening anyway
+
+    threading.Thread(target=on_signal, name="engine-core-signals", daemon=True).start()
+    if parent_pid is not None:
+        threading.Thread(target=on_parent_exit, args=(parent_pid,), name="engine-core-parent",
+                         daemon=True).start()
+    engine = EngineCore(engine_config_from_kwargs(**engine_args).resolve())
+    proc = EngineCoreProc(engine, address)
+    return proc.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m engine_core.core_proc`: how a client starts its child engine core."""
+    parser = argparse.ArgumentParser(prog="python -m engine_core.core_proc")
+    parser.add_argument("--listen", required=True, help="ZeroMQ address to bind, e.g. ipc:///tmp/x")
+    parser.add_argument("--engine-args", default="{}",
+                        help="EngineConfig keyword arguments as JSON")
+    parser.add_argument("--parent-pid", type=int,
+                        help="exit when this process is no longer our parent")
+    args = parser.parse_args(argv)
+    return run_engine_core(args.listen, json.loads(args.engine_args), args.parent_pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
