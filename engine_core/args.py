@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine_core.config import BLOCK_SIZES, DEVICES, DTYPES, HASH_ALGOS, LOAD_FORMATS
+from engine_core.config import BLOCK_SIZES, DEVICES, DTYPES, EXECUTOR_BACKENDS, HASH_ALGOS, LOAD_FORMATS
 
 
 def _context_length(value: str) -> int:
@@ -49,6 +49,9 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     ],
     "parallel": [
         ("--tensor-parallel-size", "tensor_parallel_size", dict(type=int, help="devices per model (default 1)")),
+        ("--distributed-executor-backend", "distributed_executor_backend",
+         dict(choices=EXECUTOR_BACKENDS,
+              help="uni: worker in the engine process; mp: one process per rank (default: mp when TP > 1)")),
     ],
     "load": [
         ("--load-format", "load_format", dict(choices=LOAD_FORMATS, help="dummy: random weights")),

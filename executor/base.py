@@ -16,12 +16,11 @@ class Executor(ABC):
 
     @staticmethod
     def create(config: EngineConfig) -> Executor:
-        """The executor the configuration calls for."""
-        if config.parallel.tensor_parallel_size > 1:
-            raise NotImplementedError(
-                "tensor_parallel_size > 1 needs the multiprocess executor, which this version "
-                "does not have yet; use tensor_parallel_size=1"
-            )
+        """One worker process per rank (backend 'mp'), or the worker in this process ('uni')."""
+        if config.parallel.executor_backend == "mp":
+            from executor.multiproc import MultiprocExecutor
+
+            return MultiprocExecutor(config)
         from executor.uniproc import UniProcExecutor
 
         return UniProcExecutor(config)

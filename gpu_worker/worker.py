@@ -6,13 +6,15 @@ import torch
 
 from engine_core.config import EngineConfig
 from gpu_worker.model_runner import ModelRunner
+from gpu_worker.parallel.group import destroy_tensor_parallel, init_tensor_parallel
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
 
 class Worker:
-    """One rank: pick the device, load the model, size and allocate the KV cache, run steps."""
+    """One rank: its device, its tensor-parallel group, its model shard and its KV cache share."""
 
-    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+    def __init__(self, config: EngineConfig, rank: int = 0,
+                 distributed_init_method: str = "") -> None:
         self.config = config
         self.rank = rank
         if config.device_type == "cuda":
@@ -20,6 +22,11 @@ class Worker:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
+        world_size = config.parallel.tensor_parallel_size
+        if world_size > 1 and not distributed_init_method:
+            raise ValueError("tensor_parallel_size > 1 needs a distributed_init_method")
+        init_tensor_parallel(rank, world_size, distributed_init_method, self.device)
+        # Every rank seeds alike, so the ranks' samplers draw the same tokens from the same logits.
         torch.manual_seed(config.model.seed)
         self.runner = ModelRunner(config, self.device)
 
@@ -38,3 +45,7 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step."""
         return self.runner.execute_model(scheduler_output)
+
+    def shutdown(self) -> None:
+        """Leave the tensor-parallel group."""
+        destroy_tensor_parallel()

@@ -32,13 +32,17 @@ class Linear(nn.Module):
                              .transpose(0, 1).contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.project(x, self.bias)
+
+    def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ W^T + bias in whichever layout W is held."""
         if self.split_weight is None:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, bias)
         splits, in_features, _ = self.split_weight.shape
         rows = x.reshape(-1, in_features)
         y = torch.bmm(rows.unsqueeze(0).expand(splits, -1, -1), self.split_weight)
         y = y.transpose(0, 1).reshape(*x.shape[:-1], -1)
-        return y if self.bias is None else y + self.bias
+        return y if bias is None else y + bias
 
 
 class Embedding(nn.Module):

@@ -10,34 +10,44 @@ from torch import nn
 
 from engine_core.model_arch import ModelArchConfig
 from gpu_worker.layers.attention import Attention
-from gpu_worker.layers.linear import Embedding, Linear
 from gpu_worker.layers.norm import RMSNorm
 from gpu_worker.layers.rotary import RotaryEmbedding
 from gpu_worker.models.weights import StackedShard, load_named_weights
+from gpu_worker.parallel.group import tp_all_reduce
+from gpu_worker.parallel.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
+                                        VocabParallelEmbedding, divide)
 
 
 class LlamaAttention(nn.Module):
-    """Self-attention with fused QKV projection, rotary embeddings and GQA."""
+    """Self-attention with fused QKV projection, rotary embeddings and GQA.
+
+    Under tensor parallelism each rank owns num_heads / TP query heads and num_kv_heads / TP KV
+    heads: its qkv_proj rows are [its q heads, its k heads, its v heads], and o_proj sums the
+    ranks' partial outputs.
+    """
 
     qkv_bias = False
     qk_norm = False
 
     def __init__(self, cfg: ModelArchConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.num_heads = divide(heads, "num_attention_heads")
+        self.num_kv_heads = divide(kv_heads, "num_key_value_heads")
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
-                               bias=self.qkv_bias or cfg.attention_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias and not self.qkv_bias)
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, (heads + 2 * kv_heads) * cfg.head_dim,
+                                             bias=self.qkv_bias or cfg.attention_bias)
+        self.o_proj = RowParallelLinear(heads * cfg.head_dim, cfg.hidden_size,
+                                        bias=cfg.attention_bias and not self.qkv_bias)
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
 
     def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
-        """Rows of qkv_proj holding q, k or v: (start, size)."""
+        """Rows of this rank's qkv_proj holding q, k or v: (start, size)."""
         return {"q": (0, self.q_size), "k": (self.q_size, self.kv_size),
                 "v": (self.q_size + self.kv_size, self.kv_size)}[shard_id]
 
@@ -60,13 +70,17 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward with fused gate and up projections."""
+    """SwiGLU feed-forward with fused gate and up projections.
+
+    Under tensor parallelism each rank owns intermediate_size / TP columns of gate and of up and
+    the matching rows of down; the ranks' partial outputs are summed.
+    """
 
     def __init__(self, cfg: ModelArchConfig) -> None:
         super().__init__()
-        self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.intermediate = divide(cfg.intermediate_size, "intermediate_size")
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
         self.split_gate_up: torch.Tensor | None = None
         self.split_down: torch.Tensor | None = None
 
@@ -75,7 +89,8 @@ class LlamaMLP(nn.Module):
 
         Thread s holds gate and up columns [s*I/S, (s+1)*I/S) and the matching rows of down, so
         one bmm computes each slice's activations and another its partial output; summing the
-        S partial outputs replaces the transpose copies a column split alone would need.
+        S partial outputs replaces the transpose copies a column split alone would need. Under
+        tensor parallelism I is this rank's share, and the sum over ranks follows the sum over S.
         """
         inter = self.intermediate
         if inter % splits:
@@ -90,7 +105,7 @@ class LlamaMLP(nn.Module):
         self.down_proj.weight = None
 
     def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
-        """Rows of gate_up_proj holding gate (0) or up (1): (start, size)."""
+        """Rows of this rank's gate_up_proj holding gate (0) or up (1): (start, size)."""
         return int(shard_id) * self.intermediate, self.intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,7 +113,7 @@ class LlamaMLP(nn.Module):
             splits, hidden, width = self.split_gate_up.shape
             y = torch.bmm(x.unsqueeze(0).expand(splits, -1, -1), self.split_gate_up)
             act = F.silu(y[..., : width // 2]) * y[..., width // 2 :]
-            return torch.bmm(act, self.split_down).sum(dim=0)
+            return tp_all_reduce(torch.bmm(act, self.split_down).sum(dim=0))
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -131,7 +146,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, cfg: ModelArchConfig, layer_cls: type[LlamaDecoderLayer]) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layer_cls(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -152,7 +167,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = LlamaModel(cfg, self.layer_cls)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,

@@ -1,4 +1,4 @@
-"""Copying checkpoint tensors into a model whose projections are fused."""
+"""Copying checkpoint tensors into a model whose projections are fused and may be split by rank."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+
+from gpu_worker.parallel.group import tp_rank, tp_world_size
 
 
 class StackedShard(NamedTuple):
@@ -23,7 +25,10 @@ class WeightLoadError(ValueError):
 
 def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, str, torch.Tensor]],
                        stacked: Iterable[StackedShard], skip: tuple[str, ...] = ()) -> None:
-    """Copy every (file, name, tensor) into model; refuse unknown, misshapen or missing tensors."""
+    """Copy every (file, name, tensor) into model; refuse unknown, misshapen or missing tensors.
+
+    A parameter split across tensor-parallel ranks (tp_dim set) receives this rank's slice.
+    """
     params = dict(model.named_parameters())
     stacked = tuple(stacked)
     pending = {name: _expected_shards(name, stacked) for name in params}
@@ -43,9 +48,11 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, str, torch
             owner = model.get_submodule(target.rsplit(".", 2)[0])
             start, size = owner.shard_slice(shard.shard_id)
             dest = dest.narrow(0, start, size)
-        if tuple(tensor.shape) != tuple(dest.shape):
+        expected = _checkpoint_shape(param, dest)
+        if tuple(tensor.shape) != expected:
             raise WeightLoadError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                  f"the model expects {tuple(dest.shape)}")
+                                  f"the model expects {expected}")
+        tensor, dest = _rank_slice(param, tensor, dest)
         dest.copy_(tensor)
         pending[target].discard(shard.shard_id if shard else None)
     # Name what is missing as the checkpoint would (k_proj, not the fused qkv_proj).
@@ -55,6 +62,32 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, str, torch
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         where = ", ".join(sources) or "checkpoint"
         raise WeightLoadError(f"{where}: checkpoint is missing tensors: {shown}")
+
+
+def _checkpoint_shape(param: torch.Tensor, dest: torch.Tensor) -> tuple[int, ...]:
+    """The shape of dest's checkpoint tensor: this rank's slice scaled back to all ranks."""
+    shape = list(dest.shape)
+    dim = getattr(param, "tp_dim", None)
+    if dim is not None:
+        shape[dim] = getattr(param, "tp_full_size", shape[dim] * tp_world_size())
+    return tuple(shape)
+
+
+def _rank_slice(param: torch.Tensor, tensor: torch.Tensor,
+                dest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's part of a checkpoint tensor and the part of dest it fills.
+
+    Ranks hold equal slices; where the size does not divide (the vocabulary), the last rank's
+    slice runs past the tensor's end; its padding rows are never used (ids and logits past
+    the vocabulary are cut off).
+    """
+    dim = getattr(param, "tp_dim", None)
+    if dim is None or tp_world_size() == 1:
+        return tensor, dest
+    per_rank = dest.shape[dim]
+    start = tp_rank() * per_rank
+    size = max(0, min(per_rank, tensor.shape[dim] - start))
+    return tensor.narrow(dim, start, size), dest.narrow(dim, 0, size)
 
 
 def _expected_shards(param_name: str, stacked: tuple[StackedShard, ...]) -> set[str | int | None]:
