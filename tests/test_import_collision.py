@@ -48,9 +48,12 @@ assert not is_kernels_available(), "transformers mistakes our `kernels` package 
 
 import frontend, kernels, kernels.reference, metrics  # noqa: E401,F811
 
-for module in (kernels, kernels.reference, frontend, metrics):
-    path = Path(module.__file__).resolve()
-    assert path.is_relative_to(repo), f"{module.__name__} is not ours: {path}"
+# Ours: each sits beside engine_core/ in one project checkout (the installed one, which in a
+# scratch clone may differ from the clone that runs the test).
+roots = {Path(m.__file__).resolve().parent.parent
+         for m in (kernels, kernels.reference, frontend, metrics)}
+assert len(roots) == 1 and (roots.pop() / "engine_core" / "engine_core.py").is_file(), \
+    f"not this project's packages: {[m.__file__ for m in (kernels, frontend, metrics)]}"
 assert callable(kernels.reference.paged_attention_ref)
 
 model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
