@@ -16,9 +16,13 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 class CoreProcess:
-    """A child `python -m engine_core.core_proc` that exits when this process dies."""
+    """A child `python -m engine_core.core_proc` that exits when this process dies.
 
-    def __init__(self, engine_args: dict[str, Any]) -> None:
+    own_process_group keeps terminal signals (Ctrl-C) away from it, for a supervisor that
+    stops its children in its own order.
+    """
+
+    def __init__(self, engine_args: dict[str, Any], *, own_process_group: bool = False) -> None:
         self._dir = tempfile.mkdtemp(prefix="engine-core-")
         self.address = f"ipc://{self._dir}/core.sock"
         env = dict(os.environ)
@@ -26,7 +30,7 @@ class CoreProcess:
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "engine_core.core_proc", "--listen", self.address,
              "--parent-pid", str(os.getpid()), "--engine-args", json.dumps(engine_args)],
-            env=env)
+            env=env, start_new_session=own_process_group)
 
     @property
     def pid(self) -> int:

@@ -25,6 +25,7 @@ import msgspec
 import zmq
 
 from engine_core.engine_core import EngineCore
+from engine_core.process_name import set_process_name
 from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutput,
                                   EngineCoreOutputs, EngineCoreReady, EngineCoreRequest,
                                   EngineDead, OutputType, RequestError, RequestType,
@@ -261,11 +262,7 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
     from engine_core.config import engine_config_from_kwargs
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        with open("/proc/self/comm", "w") as f:  # the name ps and top show
-            f.write("engine-core")
-    except OSError:
-        pass
+    set_process_name("engine-core")
     # A Python signal handler runs only in the main thread, and not while the busy loop waits
     # on its queue for a signal that landed on another thread; so every thread (all start
     # after this line and inherit the mask) blocks the stop signals and one thread sigwaits.

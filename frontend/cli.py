@@ -1,4 +1,4 @@
-"""The `engine` command: generate, bench, core."""
+"""The `engine` command: generate, bench, core, serve."""
 
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ def _core(args: argparse.Namespace) -> int:
     return run_engine_core(args.listen, engine_kwargs(args))
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from frontend.launcher import serve
+
+    return serve(engine_kwargs(args), args.tokenizer_workers, args.tokenizer_listen,
+                 args.shutdown_timeout, args.startup_timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="engine", description="LLM inference engine")
@@ -73,6 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
                            "ipc:///path/to/socket")
     add_engine_args(core)
     core.set_defaults(func=_core)
+
+    srv = sub.add_parser("serve", help="run the engine core and tokenizer processes; clients "
+                                       "connect to the tokenizer processes (docs/serve.md)")
+    srv.add_argument("--tokenizer-workers", type=int, default=1, metavar="M",
+                     help="tokenizer processes (default 1)")
+    srv.add_argument("--tokenizer-listen", action="append", metavar="ADDR",
+                     help="address a tokenizer process binds, once per worker (default: "
+                          "ipc:// sockets in a temporary directory)")
+    srv.add_argument("--shutdown-timeout", type=float, default=10.0,
+                     help="seconds in-flight requests may take to finish on SIGTERM/SIGINT")
+    srv.add_argument("--startup-timeout", type=float, default=600.0,
+                     help="seconds every process may take to report ready")
+    add_engine_args(srv)
+    srv.set_defaults(func=_serve)
     return parser
 
 

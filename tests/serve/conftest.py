@@ -1,0 +1,124 @@
+"""Fixtures: `engine serve` as a child process, and a tiny random model with a real tokenizer."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_worker.loader.default_model import resolve_model_path
+from tests.tiny_models import make_tiny_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+class Server:
+    """A running `engine serve`: its process, addresses and captured output."""
+
+    def __init__(self, args: list[str], timeout: float = 120.0) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "frontend.cli", "serve", *args], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.stdout: queue.Queue[str | None] = queue.Queue()
+        self.stderr_lines: list[str] = []
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout.put),
+                         daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr_lines.append),
+                         daemon=True).start()
+        self.core_address = ""
+        self.tokenizer_addresses: list[str] = []
+        self.ready = self._wait_ready(timeout)
+
+    @staticmethod
+    def _pump(stream, sink) -> None:
+        for line in stream:
+            sink(line)
+        sink(None)
+
+    def _wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.stdout.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"engine serve not ready in {timeout} s: {self.stderr}")
+            if line is None:
+                return False  # exited during start-up
+            if m := re.match(r"engine core listening on (\S+):", line):
+                self.core_address = m.group(1)
+            if m := re.match(r"tokenizer \d+ listening on (\S+)", line):
+                self.tokenizer_addresses.append(m.group(1))
+            if line.startswith("engine serve: ready"):
+                return True
+
+    @property
+    def stderr(self) -> str:
+        return "".join(line for line in self.stderr_lines if line)
+
+    def children(self) -> dict[int, str]:
+        """pid -> /proc/<pid>/comm of each live child of the launcher."""
+        found = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                if ppid == self.proc.pid:
+                    found[int(entry)] = Path(f"/proc/{entry}/comm").read_text().strip()
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    def stop(self) -> int:
+        """SIGTERM the launcher and return its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+def pid_gone(pid: int) -> bool:
+    """True when pid no longer runs (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def wait_until(condition, timeout: float = 10.0) -> bool:
+    """Poll condition() until it is true or timeout seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random llama with the default model's tokenizer (so vocab_size is 49152)."""
+    path = make_tiny_model(tmp_path_factory.mktemp("serve") / "tiny", vocab_size=49152)
+    source = resolve_model_path(None)
+    for name in _TOKENIZER_FILES:
+        shutil.copy(source / name, path / name)
+    return path
+
+
+@pytest.fixture
+def tiny_args(tiny_model) -> list[str]:
+    """Engine flags for the tiny model on the CPU."""
+    return ["--model", str(tiny_model), "--device", "cpu", "--kv-cache-memory", "16MiB",
+            "--max-model-len", "256"]

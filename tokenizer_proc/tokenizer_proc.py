@@ -1,0 +1,320 @@
+"""The tokenizer process: API servers' requests in (text, token ids or chat), token ids to the
+engine core, text deltas back.
+
+One ROUTER socket serves every API server; the identity a request came from owns it, so its
+deltas go back there without a lookup service. An AsyncEngineCoreClient talks to the engine
+core. Protocol: tokenizer_proc/protocol.py and docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from engine_core.client import AsyncEngineCoreClient, EngineDeadError, EngineRequestError
+from engine_core.config import EngineConfig
+from engine_core.process_name import set_process_name
+from engine_core.protocol import EngineCoreRequest
+from engine_core.validation import validate_request
+from tokenizer_proc.output_processor import child_sampling_params
+from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, ApiOutputType, ApiRequestType,
+                                     GenerateRequest, RequestDelta, RequestError, TokenizerReady,
+                                     api_request_decoders)
+from tokenizer_proc.streams import DeltaStreams
+from tokenizer_proc.tokenizer import apply_chat_template
+
+logger = logging.getLogger("tokenizer_proc")
+
+_WATCH_INTERVAL_S = 0.5
+
+
+def process_name(index: int) -> str:
+    """The tokenizer process's name in /proc/<pid>/comm (the kernel keeps at most 15 bytes)."""
+    return f"engine-tok-{index}"
+
+
+class TokenizerProc:
+    """Serves API servers on a bound ROUTER socket, forwarding to one engine core."""
+
+    def __init__(self, index: int, config: EngineConfig, tokenizer: Any,
+                 engine: AsyncEngineCoreClient, listen: str) -> None:
+        assert engine.ready is not None
+        self.config = config
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.ready = TokenizerReady(TOKENIZER_PROTOCOL_VERSION, index, engine.ready.model_name,
+                                    engine.ready.max_model_len, engine.ready.vocab_size)
+        self.streams = DeltaStreams(tokenizer)
+        self._ctx = zmq.asyncio.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        # Unbounded queues: a dropped delta would silently lose text.
+        self._router.setsockopt(zmq.SNDHWM, 0)
+        self._router.setsockopt(zmq.RCVHWM, 0)
+        self._router.setsockopt(zmq.LINGER, 1000)
+        self._router.bind(listen)
+        self.address = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoders = api_request_decoders()
+        self._draining = False
+        self._engine_dead: str | None = None
+
+    async def serve(self, stop: asyncio.Event, drain_timeout: float,
+                    engine_pid: int | None = None) -> None:
+        """Serve until stop is set, then refuse new requests and drain for up to drain_timeout s."""
+        engine_task = asyncio.create_task(self._engine_loop())
+        tasks = [asyncio.create_task(self._api_loop()), engine_task]
+        if engine_pid is not None:
+            tasks.append(asyncio.create_task(self._watch_engine(engine_pid, engine_task)))
+        logger.info("tokenizer %d serving on %s", self.ready.worker_index, self.address)
+        await stop.wait()
+        self._draining = True
+        deadline = time.monotonic() + drain_timeout
+        while len(self.streams) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if len(self.streams):
+            logger.warning("%d requests still running after %s s; aborting them",
+                           len(self.streams), drain_timeout)
+            await self._fail_all("the server is shutting down", 503, abort=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._router.close(linger=1000)
+        self.engine.shutdown()
+
+    # ---- API servers -> engine core ----
+
+    async def _api_loop(self) -> None:
+        while True:
+            frames = await self._router.recv_multipart()
+            try:
+                await self._on_message(frames[0], frames[1:])
+            except EngineDeadError as e:
+                await self._on_engine_dead(str(e))
+            except Exception:  # a frame must never stop the process
+                logger.exception("dropped a frame from API server %r", frames[0])
+
+    async def _on_message(self, identity: bytes, body: list[bytes]) -> None:
+        if len(body) != 2 or len(body[0]) != 1 or body[0][0] not in self._decoders:
+            await self._error(identity, "", "malformed message: expected two frames "
+                              "[type byte 0-2, msgpack payload]")
+            return
+        kind = ApiRequestType(body[0][0])
+        try:
+            msg = self._decoders[kind].decode(body[1])
+        except Exception as e:  # DecodeError, ValidationError (bad SamplingParams too)
+            request_id = _first_str(body[1]) if kind == ApiRequestType.GENERATE else ""
+            await self._error(identity, request_id, f"malformed {kind.name} payload: {e}")
+            return
+        if kind == ApiRequestType.HELLO:
+            if msg.protocol_version != TOKENIZER_PROTOCOL_VERSION:
+                await self._error(identity, "", "protocol version mismatch: the tokenizer "
+                                  f"process speaks version {TOKENIZER_PROTOCOL_VERSION}, the "
+                                  f"client {msg.protocol_version}")
+            else:
+                await self._send(identity, ApiOutputType.READY, self.ready)
+        elif kind == ApiRequestType.GENERATE:
+            await self._generate(identity, msg)
+        else:
+            child_ids = [c for r in msg.request_ids for c in self.streams.remove(r, identity)]
+            if child_ids and self._engine_dead is None:
+                await self.engine.abort_requests(child_ids)
+
+    async def _generate(self, identity: bytes, req: GenerateRequest) -> None:
+        request_id = req.request_id
+        if self._engine_dead is not None:
+            await self._error(identity, request_id, self._engine_dead, 503)
+            return
+        if self._draining:
+            await self._error(identity, request_id, "the server is shutting down", 503)
+            return
+        if request_id in self.streams:
+            await self._error(identity, request_id, f"request id {request_id!r} is already in use")
+            return
+        params = req.sampling_params
+        try:
+            prompt_ids = self._prompt_token_ids(req)
+            request = EngineCoreRequest(request_id, prompt_ids, params,
+                                        req.arrival_time or time.time(), req.priority,
+                                        req.cache_salt, req.api_server_index)
+            validate_request(request, self.config)
+        except Exception as e:  # ValueError, a chat template's own errors, bad message shapes
+            await self._error(identity, request_id, f"{e}")
+            return
+        child_ids = self.streams.add(request_id, identity, prompt_ids, params)
+        for index, child_id in enumerate(child_ids):
+            child = request if len(child_ids) == 1 else msgspec.structs.replace(
+                request, request_id=child_id,
+                sampling_params=child_sampling_params(params, index))
+            await self.engine.add_request(child)
+
+    def _prompt_token_ids(self, req: GenerateRequest) -> list[int]:
+        given = [name for name in ("prompt", "prompt_token_ids", "messages")
+                 if getattr(req, name) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of prompt, prompt_token_ids and messages; got "
+                             f"{', '.join(given) or 'none'}")
+        if req.prompt is not None:
+            return self.tokenizer(req.prompt).input_ids
+        if req.prompt_token_ids is not None:
+            return req.prompt_token_ids
+        return apply_chat_template(self.tokenizer, req.messages or [],
+                                   add_generation_prompt=req.add_generation_prompt,
+                                   continue_final_message=req.continue_final_message,
+                                   chat_template=req.chat_template)
+
+    # ---- engine core -> API servers ----
+
+    async def _engine_loop(self) -> None:
+        try:
+            while True:
+                await self._forward_step()
+        except EngineDeadError as e:
+            await self._on_engine_dead(str(e))
+
+    async def _forward_step(self) -> None:
+        try:
+            step = await self.engine.get_output()
+        except EngineRequestError as e:
+            await self._on_refused(e)
+            return
+        deltas, to_abort = self.streams.process(step.outputs)
+        if to_abort:
+            await self.engine.abort_requests(to_abort)
+        per_owner: dict[bytes, list[RequestDelta]] = {}
+        for owner, delta in deltas:
+            per_owner.setdefault(owner, []).append(delta)
+        for owner, batch in per_owner.items():
+            await self._send(owner, ApiOutputType.DELTAS, batch)
+
+    async def _on_refused(self, e: EngineRequestError) -> None:
+        entry = self.streams.owner_of_child(e.request_id)
+        if entry is None:
+            return
+        request_id, owner = entry
+        others = [c for c in self.streams.remove(request_id) if c != e.request_id]
+        if others:
+            await self.engine.abort_requests(others)
+        await self._error(owner, request_id, str(e))
+
+    async def _watch_engine(self, pid: int, engine_task: asyncio.Task[None]) -> None:
+        while _alive(pid):
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+        engine_task.cancel()
+        await self._on_engine_dead(f"the engine core process {pid} exited")
+
+    async def _on_engine_dead(self, message: str) -> None:
+        if self._engine_dead is None:
+            logger.error("%s; failing every request", message)
+            self._engine_dead = message
+            await self._fail_all(message, 503, abort=False)
+
+    async def _fail_all(self, message: str, status: int, abort: bool) -> None:
+        child_ids = []
+        for request_id, owner in self.streams.live():
+            child_ids += self.streams.remove(request_id)
+            await self._error(owner, request_id, message, status)
+        if abort and child_ids and self._engine_dead is None:
+            await self.engine.abort_requests(child_ids)
+
+    async def _error(self, identity: bytes, request_id: str, message: str,
+                     status: int = 400) -> None:
+        await self._send(identity, ApiOutputType.ERROR, RequestError(request_id, message, status))
+
+    async def _send(self, identity: bytes, kind: ApiOutputType, msg: Any) -> None:
+        await self._router.send_multipart([identity, bytes([kind]), self._encoder.encode(msg)])
+
+
+def _first_str(payload: bytes) -> str:
+    """The first array item of a payload that did not decode as its type, when it is a str."""
+    try:
+        raw = msgspec.msgpack.decode(payload)
+    except Exception:
+        return ""
+    return raw[0] if isinstance(raw, list) and raw and isinstance(raw[0], str) else ""
+
+
+def _alive(pid: int) -> bool:
+    """True while pid runs (a zombie, exited but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The state follows the parenthesised name, which may itself hold spaces.
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent_pid:  # we are re-parented once it is gone
+            time.sleep(_WATCH_INTERVAL_S)
+        logger.info("parent process %d exited; exiting", parent_pid)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tokenizer-parent", daemon=True).start()
+
+
+async def run_tokenizer_proc(index: int, listen: str, engine_address: str,
+                             engine_args: dict[str, Any], engine_pid: int | None = None,
+                             drain_timeout: float = 10.0) -> int:
+    """Load the tokenizer, connect to the engine core, serve until SIGTERM/SIGINT; the exit code."""
+    from engine_core.config import engine_config_from_kwargs
+    from tokenizer_proc.tokenizer import load_tokenizer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    config = engine_config_from_kwargs(**engine_args).resolve()
+    tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
+    connect = asyncio.create_task(AsyncEngineCoreClient.create(
+        engine_address, client_name=f"tokenizer-{index}"))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([connect, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if not connect.done():  # stopped while the engine core was still loading
+        connect.cancel()
+        return 0
+    stopping.cancel()
+    engine = connect.result()
+    # The engine core's own limit wins over what our copy of the arguments resolved to.
+    config.model.max_model_len = engine.ready.max_model_len
+    proc = TokenizerProc(index, config, tokenizer, engine, listen)
+    await proc.serve(stop, drain_timeout, engine_pid)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tokenizer_proc.tokenizer_proc`: how the launcher starts a tokenizer process."""
+    parser = argparse.ArgumentParser(prog="python -m tokenizer_proc.tokenizer_proc")
+    parser.add_argument("--index", type=int, default=0, help="this worker's index")
+    parser.add_argument("--listen", required=True, help="ZeroMQ address to bind for API servers")
+    parser.add_argument("--engine-address", required=True, help="the engine core's address")
+    parser.add_argument("--engine-args", default="{}", help="EngineConfig keyword arguments as JSON")
+    parser.add_argument("--engine-pid", type=int, help="fail requests when this process exits")
+    parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="seconds in-flight requests may take to finish after SIGTERM")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    set_process_name(process_name(args.index))
+    if args.parent_pid is not None:
+        _exit_with_parent(args.parent_pid)
+    return asyncio.run(run_tokenizer_proc(args.index, args.listen, args.engine_address,
+                                          json.loads(args.engine_args), args.engine_pid,
+                                          args.shutdown_timeout))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
