@@ -89,7 +89,7 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Workload offline-mixed: 64 requests at once, prompts 32..256, outputs 16..128 tokens."""
     from frontend.llm import LLM
 
-    llm = LLM(**engine_kwargs(args))
+    llm = LLM(engine_process=not args.in_process, **engine_kwargs(args))
     rng = np.random.default_rng(0)
     prompt_lens = rng.integers(32, 257, 64)
     output_lens = rng.integers(16, 129, 64).tolist()
@@ -103,6 +103,7 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
     gflops = _matmul_gflops()
     result: dict[str, Any] = {
         "workload": "offline-mixed", "machine": _machine(), "model": llm.config.model_path,
+        "engine_core": "in-process" if args.in_process else "own process",
         "dtype": llm.config.torch_dtype_name, "requests": len(prompts), "prompt_tokens": n_in,
         "output_tokens": n_out, "engine_seconds": round(elapsed, 2),
         "engine_output_tok_s": round(n_out / elapsed, 1),
@@ -165,10 +166,60 @@ def bench_single_stream(args: argparse.Namespace) -> dict[str, Any]:
             "runs": [round(r, 2) for r in runs]}
 
 
+def _null_model_dir() -> str:
+    """A 2-layer, hidden-64 random model with the default tokenizer (written once to the cache)."""
+    import shutil
+
+    from gpu_worker.loader.default_model import cache_root, resolve_model_path
+
+    target = cache_root() / "models" / "null-model"
+    if not (target / "config.json").is_file():
+        source = resolve_model_path(None)
+        config = json.loads((source / "config.json").read_text())
+        config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        tmp = target.with_name("null-model.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                     "special_tokens_map.json", "generation_config.json"):
+            if (source / name).is_file():
+                shutil.copy(source / name, tmp / name)
+        tmp.rename(target)
+    return str(target)
+
+
+def bench_null_model(args: argparse.Namespace) -> dict[str, Any]:
+    """Workload null-model: 256 concurrent requests (16 in, 128 out) on a tiny random model,
+    with the engine core in-process and in its own process over ZeroMQ."""
+    from frontend.llm import LLM
+
+    kwargs = {**engine_kwargs(args), "model": _null_model_dir(), "load_format": "dummy",
+              "max_num_seqs": 256, "max_model_len": 256}
+    result: dict[str, Any] = {"workload": "null-model", "machine": _machine()}
+    rng = np.random.default_rng(0)
+    for label, own_process in (("in_process", False), ("zmq", True)):
+        llm = LLM(engine_process=own_process, **kwargs)
+        prompts = _random_prompts(llm.get_tokenizer(), rng, np.full(256, 16))
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=128)
+        llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], params, use_tqdm=False)
+        runs = [_timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                            use_tqdm=False)) for _ in range(args.runs)]
+        seconds = statistics.median(runs)
+        # Every request fits one batch: one prefill step, then one step per further token.
+        result[label] = {"seconds": round(seconds, 3), "output_tok_s": round(256 * 128 / seconds, 1),
+                         "ms_per_step": round(seconds / 128 * 1e3, 2)}
+        llm.shutdown()
+    result["zmq_fraction_of_in_process"] = round(
+        result["zmq"]["output_tok_s"] / result["in_process"]["output_tok_s"], 3)
+    return result
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """Run the chosen workload and print its figures as JSON."""
     fn = {"throughput": bench_throughput, "prefix-shared": bench_prefix_shared,
-          "single-stream": bench_single_stream}[args.workload]
+          "single-stream": bench_single_stream, "null-model": bench_null_model}[args.workload]
     result = fn(args)
     text = json.dumps(result, indent=2)
     print(text)

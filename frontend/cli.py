@@ -66,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
 
     bench = sub.add_parser("bench", help="run a benchmark workload of shared/BENCHMARKS.md")
-    bench.add_argument("workload", choices=("throughput", "prefix-shared", "single-stream"))
+    bench.add_argument("workload",
+                       choices=("throughput", "prefix-shared", "single-stream", "null-model"))
+    bench.add_argument("--in-process", action="store_true",
+                       help="run the engine core in this process (default: its own process)")
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     bench.add_argument("--runs", type=int, default=3, help="repetitions (single-stream)")
     bench.add_argument("--output-json", help="also write the figures to this file")

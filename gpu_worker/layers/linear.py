@@ -7,6 +7,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+# Row count from which F.linear beats the split layout plus its output copy (measured on the
+# 49152 x 576 output projection: 64 rows, 26.6 ms against 23.2 + 7.6 ms).
+_MANY_ROWS = 32
+
+
 class Linear(nn.Module):
     """y = x @ W^T (+ b); W is [out_features, in_features] as in Hugging Face checkpoints.
 
@@ -36,10 +41,12 @@ class Linear(nn.Module):
 
     def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ W^T + bias in whichever layout W is held."""
-        if self.split_weight is None:
+        rows = x.reshape(-1, x.shape[-1])
+        # With many rows the split layout's output transpose costs more than it saves; use W
+        # itself when it is still held (a weight tied to the embedding is).
+        if self.split_weight is None or (self.weight is not None and rows.shape[0] >= _MANY_ROWS):
             return F.linear(x, self.weight, bias)
-        splits, in_features, _ = self.split_weight.shape
-        rows = x.reshape(-1, in_features)
+        splits = self.split_weight.shape[0]
         y = torch.bmm(rows.unsqueeze(0).expand(splits, -1, -1), self.split_weight)
         y = y.transpose(0, 1).reshape(*x.shape[:-1], -1)
         return y if bias is None else y + bias
