@@ -1,0 +1,91 @@
+"""`engine serve` with tensor parallelism: idle cost of the whole process tree, and a worker
+killed mid-generation failing its requests and the launcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from engine_core.sampling_params import SamplingParams
+from tests.serve.conftest import Server, pid_gone, wait_until
+from tokenizer_proc.client import BlockingTokenizerClient, TokenizerRequestError
+from tokenizer_proc.protocol import GenerateRequest
+
+LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> process name of every process below root."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+        names[int(entry.name)] = name
+    found, frontier = {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found[pid] = names[pid]
+                frontier.append(pid)
+    return found
+
+
+def _cpu_seconds(pids) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return total
+
+
+@pytest.fixture
+def tp2_server(tiny_args):
+    server = Server([*tiny_args, "--tensor-parallel-size", "2"])
+    assert server.ready, server.stderr
+    yield server
+    if server.proc.poll() is None:
+        server.stop()
+
+
+def test_idle_process_tree_uses_under_2_percent_of_a_core(tp2_server):
+    tree = _descendants(tp2_server.proc.pid)
+    assert {"engine-core", "engine-tok-0", "engine-worker-0", "engine-worker-1"} <= set(tree.values())
+    pids = [tp2_server.proc.pid, *tree]
+    time.sleep(2)  # let start-up settle
+    before = _cpu_seconds(pids)
+    time.sleep(10)
+    used = _cpu_seconds(pids) - before
+    assert used < 0.2, f"idle engine processes used {used:.2f} CPU seconds in 10 s"
+
+
+def test_worker_killed_mid_generation_fails_requests_and_launcher(tp2_server):
+    client = BlockingTokenizerClient(tp2_server.tokenizer_addresses)
+    tree = _descendants(tp2_server.proc.pid)
+    worker = next(pid for pid, name in tree.items() if name == "engine-worker-1")
+    try:
+        client.send(GenerateRequest("doomed", LONG, prompt="Hello"))
+        next(client.deltas("doomed"))
+        os.kill(worker, signal.SIGKILL)
+        with pytest.raises(TokenizerRequestError) as err:
+            list(client.deltas("doomed", timeout=20))
+        assert err.value.status == 503
+    finally:
+        client.close()
+    assert tp2_server.proc.wait(timeout=30) == 1, tp2_server.stderr
+    assert "engine-core" in tp2_server.stderr
+    assert wait_until(lambda: all(pid_gone(pid) for pid in tree), timeout=10)
