@@ -31,7 +31,6 @@ from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutpu
                                   EngineDead, OutputType, RequestError, RequestType,
                                   UtilityOutput, UtilityRequest, request_decoders)
 from engine_core.utilities import engine_utilities
-from engine_core.validation import validate_request
 
 logger = logging.getLogger("engine_core.proc")
 
@@ -227,7 +226,8 @@ class EngineCoreProc:
         if kind == RequestType.ADD:
             assert isinstance(msg, EngineCoreRequest)
             try:
-                validate_request(msg, self.engine.config)
+                # Validation and block hashing here, off the busy loop.
+                msg = self.engine.make_request(msg)
             except ValueError as e:
                 return OutputType.ERROR, RequestError(msg.request_id, str(e))
         self._inputs.put((identity, kind, msg))

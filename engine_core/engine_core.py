@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from engine_core.config import EngineConfig
 from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from engine_core.request import RequestStatus
+from engine_core.request import Request, RequestStatus
 from engine_core.scheduler import Scheduler
 from engine_core.validation import validate_request
 from executor.base import Executor
@@ -43,9 +43,20 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.num_blocks, eos)
         self.totals = StatTotals()
 
-    def add_request(self, request: EngineCoreRequest) -> None:
-        """Validate and queue a request; raises InvalidRequestError (a ValueError) on bad input."""
+    def make_request(self, request: EngineCoreRequest) -> Request:
+        """Validate a request and compute its prefix-cache block hashes.
+
+        Safe to call from another thread (the engine core process's input thread), so hashing
+        overlaps the busy loop; raises InvalidRequestError (a ValueError) on bad input.
+        """
         validate_request(request, self.config)
+        return Request.from_engine_core_request(request, self.scheduler.eos_token_id,
+                                                self.scheduler.block_hasher)
+
+    def add_request(self, request: EngineCoreRequest | Request) -> None:
+        """Queue a request (an EngineCoreRequest goes through make_request first)."""
+        if isinstance(request, EngineCoreRequest):
+            request = self.make_request(request)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
