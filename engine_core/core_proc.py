@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -29,7 +30,8 @@ from engine_core.process_name import set_process_name
 from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutput,
                                   EngineCoreOutputs, EngineCoreReady, EngineCoreRequest,
                                   EngineDead, OutputType, RequestError, RequestType,
-                                  UtilityOutput, UtilityRequest, request_decoders)
+                                  SchedulerStats, UtilityOutput, UtilityRequest,
+                                  request_decoders)
 from engine_core.utilities import engine_utilities
 
 logger = logging.getLogger("engine_core.proc")
@@ -42,8 +44,10 @@ _BROADCAST = b""  # ZeroMQ routing ids are never empty, so b"" can mean "every k
 class EngineCoreProc:
     """Serves one EngineCore to any number of DEALER clients on a bound ROUTER socket."""
 
-    def __init__(self, engine: EngineCore, address: str) -> None:
+    def __init__(self, engine: EngineCore, address: str,
+                 on_stats: Callable[[SchedulerStats], None] | None = None) -> None:
         self.engine = engine
+        self._on_stats = on_stats
         config = engine.config
         assert config.arch is not None
         self.ready = EngineCoreReady(
@@ -138,6 +142,8 @@ class EngineCoreProc:
 
     def _step(self) -> None:
         step = self.engine.step()
+        if self._on_stats is not None and step.scheduler_stats is not None:
+            self._on_stats(step.scheduler_stats)
         per_client: dict[bytes, list[EngineCoreOutput]] = {}
         for out in step.outputs:
             owner = self._owners.pop(out.request_id, None) if out.finished else \
@@ -260,6 +266,7 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
                     parent_pid: int | None = None) -> int:
     """Load the model, serve on address until SIGTERM/SIGINT or parent death; the exit code."""
     from engine_core.config import engine_config_from_kwargs
+    from metrics.engine_stats import EngineStatsRecorder
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     set_process_name("engine-core")
@@ -291,7 +298,8 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
         threading.Thread(target=on_parent_exit, args=(parent_pid,), name="engine-core-parent",
                          daemon=True).start()
     engine = EngineCore(engine_config_from_kwargs(**engine_args).resolve())
-    proc = EngineCoreProc(engine, address)
+    recorder = EngineStatsRecorder(engine.config.model.served_model_name or "")
+    proc = EngineCoreProc(engine, address, on_stats=recorder.record)
     return proc.run()
 
 

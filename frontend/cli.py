@@ -44,7 +44,8 @@ def _serve(args: argparse.Namespace) -> int:
     from frontend.launcher import serve
 
     return serve(engine_kwargs(args), args.tokenizer_workers, args.tokenizer_listen,
-                 args.shutdown_timeout, args.startup_timeout)
+                 args.shutdown_timeout, args.startup_timeout, args.api_server_count, args.host,
+                 args.port, args.api_key, args.max_request_body)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,8 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(core)
     core.set_defaults(func=_core)
 
-    srv = sub.add_parser("serve", help="run the engine core and tokenizer processes; clients "
-                                       "connect to the tokenizer processes (docs/serve.md)")
+    srv = sub.add_parser("serve", help="run the OpenAI-compatible HTTP API servers, the "
+                                       "tokenizer processes and the engine core (docs/serve.md)")
+    srv.add_argument("--host", default="127.0.0.1", help="address the API servers listen on "
+                     "(default 127.0.0.1; 0.0.0.0 for every interface)")
+    srv.add_argument("--port", type=int, default=8000,
+                     help="HTTP port (default 8000; 0 picks a free one)")
+    srv.add_argument("--api-key", default=None,
+                     help="require 'Authorization: Bearer KEY' (default: from $ENGINE_API_KEY; "
+                          "/health, /metrics and /version stay open)")
+    srv.add_argument("--api-server-count", type=int, default=1, metavar="N",
+                     help="API server processes sharing the port with SO_REUSEPORT (default 1; "
+                          "0: none, clients speak to the tokenizer processes)")
+    srv.add_argument("--max-request-body", type=int, default=16 * 1024 * 1024, metavar="BYTES",
+                     help="largest request body; larger ones get 413 (default 16 MiB)")
     srv.add_argument("--tokenizer-workers", type=int, default=1, metavar="M",
                      help="tokenizer processes (default 1)")
     srv.add_argument("--tokenizer-listen", action="append", metavar="ADDR",

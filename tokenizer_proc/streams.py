@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine_core.protocol import EngineCoreOutput
 from engine_core.sampling_params import SamplingParams
@@ -10,6 +12,9 @@ from gpu_worker.protocol import LogprobsLists
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
 from tokenizer_proc.output_processor import child_request_ids
 from tokenizer_proc.protocol import PositionLogprobs, RequestDelta, TokenLogprob
+
+if TYPE_CHECKING:
+    from metrics.request_stats import RequestStatsRecorder
 
 
 @dataclass
@@ -28,8 +33,9 @@ class _Stream:
 class DeltaStreams:
     """Live requests of one tokenizer process, keyed by request id and by engine (child) id."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, stats: RequestStatsRecorder | None = None) -> None:
         self.tokenizer = tokenizer
+        self.stats = stats
         self._streams: dict[str, _Stream] = {}
         self._children: dict[str, _Stream] = {}
 
@@ -40,26 +46,33 @@ class DeltaStreams:
         return request_id in self._streams
 
     def add(self, request_id: str, owner: bytes, prompt_token_ids: list[int],
-            params: SamplingParams) -> list[str]:
+            params: SamplingParams, arrival_time: float = 0.0) -> list[str]:
         """Track a request; returns the engine request ids of its n completions."""
         stream = _Stream(request_id, owner, params, len(prompt_token_ids))
         child_ids = child_request_ids(request_id, params.n)
         for index, child_id in enumerate(child_ids):
+            if self.stats is not None:
+                self.stats.on_arrival(child_id, arrival_time or time.time())
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params)
             stream.detokenizers[child_id] = (index, detok)
             self._children[child_id] = stream
         self._streams[request_id] = stream
         return child_ids
 
-    def process(self, outputs: list[EngineCoreOutput]) -> tuple[list[tuple[bytes, RequestDelta]],
-                                                                 list[str]]:
+    def process(self, outputs: list[EngineCoreOutput], engine_timestamp: float = 0.0
+                ) -> tuple[list[tuple[bytes, RequestDelta]], list[str]]:
         """One step's outputs: the deltas with their owners, and engine ids to abort (stop strings)."""
         deltas: list[tuple[bytes, RequestDelta]] = []
         to_abort: list[str] = []
+        now = time.time()
+        if self.stats is not None:
+            self.stats.on_step(engine_timestamp or now)
         for out in outputs:
             stream = self._children.get(out.request_id)
             if stream is None:
                 continue  # forgotten after a stop string or an abort
+            if self.stats is not None:
+                self.stats.on_tokens(out.request_id, len(out.new_token_ids), now)
             index, detok = stream.detokenizers[out.request_id]
             stop = detok.update(out.new_token_ids, out.finished)
             finish_reason, stop_reason = None, None
@@ -83,6 +96,9 @@ class DeltaStreams:
             deltas.append((stream.owner, delta))
             if finish_reason is not None:
                 self._finish_child(out.request_id)
+                if self.stats is not None:
+                    self.stats.on_finish(out.request_id, finish_reason, stream.num_prompt_tokens,
+                                         now)
         return deltas, to_abort
 
     def remove(self, request_id: str, owner: bytes | None = None) -> list[str]:
@@ -92,8 +108,11 @@ class DeltaStreams:
             return []
         del self._streams[request_id]
         live = [c for c in stream.detokenizers if c in self._children]
+        now = time.time()
         for child_id in live:
             del self._children[child_id]
+            if self.stats is not None:
+                self.stats.on_finish(child_id, "abort", stream.num_prompt_tokens, now)
         return live
 
     def owner_of_child(self, child_id: str) -> tuple[str, bytes] | None:

@@ -28,6 +28,7 @@ from engine_core.config import EngineConfig
 from engine_core.process_name import set_process_name
 from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import validate_request
+from metrics.request_stats import RequestStatsRecorder
 from tokenizer_proc.output_processor import child_sampling_params
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, ApiOutputType, ApiRequestType,
                                      GenerateRequest, RequestDelta, RequestError, TokenizerReady,
@@ -56,7 +57,8 @@ class TokenizerProc:
         self.engine = engine
         self.ready = TokenizerReady(TOKENIZER_PROTOCOL_VERSION, index, engine.ready.model_name,
                                     engine.ready.max_model_len, engine.ready.vocab_size)
-        self.streams = DeltaStreams(tokenizer)
+        self.streams = DeltaStreams(tokenizer, RequestStatsRecorder(engine.ready.model_name,
+                                                                    engine.ready.max_model_len))
         self._ctx = zmq.asyncio.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         # Unbounded queues: a dropped delta would silently lose text.
@@ -152,7 +154,7 @@ class TokenizerProc:
         except Exception as e:  # ValueError, a chat template's own errors, bad message shapes
             await self._error(identity, request_id, f"{e}")
             return
-        child_ids = self.streams.add(request_id, identity, prompt_ids, params)
+        child_ids = self.streams.add(request_id, identity, prompt_ids, params, request.arrival_time)
         for index, child_id in enumerate(child_ids):
             child = request if len(child_ids) == 1 else msgspec.structs.replace(
                 request, request_id=child_id,
@@ -189,7 +191,7 @@ class TokenizerProc:
         except EngineRequestError as e:
             await self._on_refused(e)
             return
-        deltas, to_abort = self.streams.process(step.outputs)
+        deltas, to_abort = self.streams.process(step.outputs, step.timestamp)
         if to_abort:
             await self.engine.abort_requests(to_abort)
         per_owner: dict[bytes, list[RequestDelta]] = {}

@@ -27,6 +27,8 @@ class Server:
     """A running `engine serve`: its process, addresses and captured output."""
 
     def __init__(self, args: list[str], timeout: float = 120.0) -> None:
+        if "--port" not in args:  # a free port, so servers never collide
+            args = [*args, "--port", "0"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "frontend.cli", "serve", *args], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -38,6 +40,7 @@ class Server:
                          daemon=True).start()
         self.core_address = ""
         self.tokenizer_addresses: list[str] = []
+        self.api_url = ""  # http://host:port of the API servers, when there are any
         self.ready = self._wait_ready(timeout)
 
     @staticmethod
@@ -59,6 +62,8 @@ class Server:
                 self.core_address = m.group(1)
             if m := re.match(r"tokenizer \d+ listening on (\S+)", line):
                 self.tokenizer_addresses.append(m.group(1))
+            if m := re.match(r"API servers? \(\d+\) listening on (\S+)", line):
+                self.api_url = m.group(1)
             if line.startswith("engine serve: ready"):
                 return True
 

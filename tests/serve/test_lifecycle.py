@@ -20,7 +20,7 @@ def _started(args: list[str]) -> tuple[Server, BlockingTokenizerClient, dict[int
     server = Server(args)
     assert server.ready, server.stderr
     children = server.children()
-    assert sorted(children.values()) == ["engine-core", "engine-tok-0"]
+    assert sorted(children.values()) == ["engine-api-0", "engine-core", "engine-tok-0"]
     return server, BlockingTokenizerClient(server.tokenizer_addresses), children
 
 

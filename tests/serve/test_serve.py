@@ -137,7 +137,8 @@ def test_malformed_frames_get_errors(server):
 
 
 def test_process_names(server):
-    assert sorted(server.children().values()) == ["engine-core", "engine-tok-0", "engine-tok-1"]
+    assert sorted(server.children().values()) == ["engine-api-0", "engine-core", "engine-tok-0",
+                                                       "engine-tok-1"]
 
 
 def test_async_client_streams_and_aborts(server, core):

@@ -1,0 +1,352 @@
+"""The OpenAI-compatible HTTP API server: an aiohttp app on uvloop.
+
+`engine serve` starts --api-server-count of them (`engine-api-<i>`) after the tokenizer
+processes; they share one port with SO_REUSEPORT, and each connects a TokenizerClient to every
+tokenizer process. Endpoints: docs/serve.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from importlib import metadata
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from engine_core.process_name import set_process_name
+from frontend.errors import ApiError, bad_request, error_response, from_decode_error
+from frontend.openai_protocol import (REQUEST_STRUCTS, RESPONSE_STRUCTS, ChatCompletionRequest,
+                                      CompletionRequest, DetokenizeRequest, DetokenizeResponse,
+                                      ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+                                      VersionResponse)
+from frontend.serving import ServingContext, json_response
+from frontend.serving_chat import chat_messages, create_chat_completion
+from frontend.serving_completions import create_completion
+from metrics.exposition import render_metrics
+
+logger = logging.getLogger("api_server")
+
+DEFAULT_MAX_REQUEST_BODY = 16 * 1024 * 1024
+# Paths answered without an API key.
+OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
+_WATCH_INTERVAL_S = 0.5
+
+CTX = web.AppKey("ctx", ServingContext)
+STATE = web.AppKey("state", dict)
+
+
+def process_name(index: int) -> str:
+    """The API server's name in /proc/<pid>/comm."""
+    return f"engine-api-{index}"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("engine")
+    except metadata.PackageNotFoundError:
+        return "0.1.0"
+
+
+# ---- middlewares ----
+
+
+@web.middleware
+async def _errors(request: web.Request, handler) -> web.StreamResponse:
+    """Every error in OpenAI's shape."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e.status, e.message, e.param)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[STATE]["max_body"]
+        return error_response(413, f"the request body is larger than the limit of {limit} bytes")
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        message = {404: f"no route for {request.method} {request.path}",
+                   405: f"method {request.method} is not allowed on {request.path}"}
+        return error_response(e.status, message.get(e.status, e.reason))
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        logger.exception("%s %s failed", request.method, request.path)
+        return error_response(500, f"internal error: {e}")
+
+
+@web.middleware
+async def _auth(request: web.Request, handler) -> web.StreamResponse:
+    key: str | None = request.app[STATE]["api_key"]
+    if key is None or request.path in OPEN_PATHS or request.method == "OPTIONS":
+        return await handler(request)
+    given = request.headers.get("Authorization", "")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        return error_response(401, "invalid or missing API key (send Authorization: Bearer "
+                                   "<key>)")
+    return await handler(request)
+
+
+# ---- handlers ----
+
+
+async def _decode(request: web.Request, struct: type) -> Any:
+    body = await request.read()
+    try:
+        return msgspec.json.decode(body, type=struct)
+    except msgspec.MsgspecError as e:
+        raise from_decode_error(e) from None
+
+
+def _check_available(request: web.Request) -> None:
+    state = request.app[STATE]
+    if state["draining"]:
+        raise ApiError(503, "the server is shutting down")
+    if not state["engine_alive"]():
+        raise ApiError(503, "the engine core is not running")
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state["draining"] or not state["engine_alive"]():
+        return error_response(503, "the engine is not available")
+    return web.Response(status=200)
+
+
+async def version(request: web.Request) -> web.Response:
+    return json_response(VersionResponse(version=_version()))
+
+
+async def models(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    return json_response(ModelList(data=[ModelCard(id=ctx.model_name, root=ctx.model_root,
+                                                   max_model_len=ctx.max_model_len)]))
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    req = await _decode(request, CompletionRequest)
+    _check_available(request)
+    return await create_completion(request.app[CTX], req, request)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    req = await _decode(request, ChatCompletionRequest)
+    _check_available(request)
+    return await create_chat_completion(request.app[CTX], req, request)
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    from tokenizer_proc.tokenizer import apply_chat_template
+
+    req = await _decode(request, TokenizeRequest)
+    ctx = request.app[CTX]
+    ctx.check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("give exactly one of prompt and messages", "prompt")
+    try:
+        if req.prompt is not None:
+            ids = ctx.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
+        else:
+            ids = apply_chat_template(ctx.tokenizer, chat_messages(req.messages),
+                                      add_generation_prompt=req.add_generation_prompt,
+                                      continue_final_message=req.continue_final_message)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    strs = ctx.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+    return json_response(TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len,
+                                          tokens=ids, token_strs=strs))
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    req = await _decode(request, DetokenizeRequest)
+    ctx = request.app[CTX]
+    ctx.check_model(req.model)
+    bad = [t for t in req.tokens if not 0 <= t < ctx.vocab_size]
+    if bad:
+        raise bad_request(f"token ids out of range [0, {ctx.vocab_size}): {bad[:10]}", "tokens")
+    return json_response(DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens)))
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The OpenAPI 3.1 description of the endpoints, from the msgspec Structs."""
+    structs = [*REQUEST_STRUCTS, *RESPONSE_STRUCTS]
+    _, components = msgspec.json.schema_components(
+        structs, ref_template="#/components/schemas/{name}")
+
+    def ref(name: str) -> dict:
+        return {"$ref": f"#/components/schemas/{name}"}
+
+    def body(name: str) -> dict:
+        return {"required": True, "content": {"application/json": {"schema": ref(name)}}}
+
+    def answer(name: str | None, sse: bool = False) -> dict:
+        ok: dict[str, Any] = {"description": "OK"}
+        if name is not None:
+            ok["content"] = {"application/json": {"schema": ref(name)}}
+            if sse:
+                ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+        err = {"description": "error", "content": {"application/json": {
+            "schema": ref("ErrorResponse")}}}
+        return {"200": ok, "400": err, "401": err, "404": err, "413": err, "503": err}
+
+    paths = {
+        "/health": {"get": {"summary": "200 while the engine serves, 503 otherwise",
+                            "responses": answer(None)}},
+        "/version": {"get": {"responses": answer("VersionResponse")}},
+        "/v1/models": {"get": {"responses": answer("ModelList")}},
+        "/v1/completions": {"post": {"requestBody": body("CompletionRequest"),
+                                     "responses": answer("CompletionResponse", sse=True)}},
+        "/v1/chat/completions": {"post": {
+            "requestBody": body("ChatCompletionRequest"),
+            "responses": answer("ChatCompletionResponse", sse=True)}},
+        "/tokenize": {"post": {"requestBody": body("TokenizeRequest"),
+                               "responses": answer("TokenizeResponse")}},
+        "/detokenize": {"post": {"requestBody": body("DetokenizeRequest"),
+                                 "responses": answer("DetokenizeResponse")}},
+    }
+    return {"openapi": "3.1.0", "info": {"title": "engine OpenAI-compatible API",
+                                         "version": _version()},
+            "paths": paths, "components": {"schemas": components}}
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return json_response(request.app[STATE]["openapi"])
+
+
+def build_app(ctx: ServingContext, *, api_key: str | None = None,
+              max_body: int = DEFAULT_MAX_REQUEST_BODY,
+              engine_alive=lambda: True) -> web.Application:
+    """The aiohttp application of one API server."""
+    app = web.Application(middlewares=[_errors, _auth], client_max_size=max_body)
+    app[CTX] = ctx
+    app[STATE] = {"api_key": api_key, "max_body": max_body, "draining": False,
+                  "engine_alive": engine_alive, "openapi": openapi_schema()}
+    app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/metrics", metrics)  # open without an API key (OPEN_PATHS)
+    return app
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus exposition: one view over every engine process (multiprocess mode)."""
+    body, content_type = render_metrics()
+    # aiohttp wants the charset apart from the media type.
+    media_type, _, params = content_type.partition(";")
+    charset = params.split("charset=")[-1].strip() if "charset=" in params else None
+    return web.Response(body=body, content_type=media_type.strip(), charset=charset)
+
+
+# ---- the process ----
+
+
+def reuseport_socket(host: str, port: int, listen: bool = True) -> socket.socket:
+    """A TCP socket bound to host:port with SO_REUSEPORT (N API servers share one port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    if listen:
+        sock.listen(1024)
+        sock.setblocking(False)
+    return sock
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(_WATCH_INTERVAL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="api-parent", daemon=True).start()
+
+
+async def run_api_server(args: argparse.Namespace) -> int:
+    from engine_core.config import engine_config_from_kwargs
+    from tokenizer_proc.client import TokenizerClient
+    from tokenizer_proc.tokenizer import load_tokenizer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    config = engine_config_from_kwargs(**json.loads(args.engine_args)).resolve()
+    tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
+    client = await TokenizerClient.create(args.tokenizer_address,
+                                          client_name=process_name(args.index))
+    ready = client.ready[0]
+    ctx = ServingContext(ready.model_name, ready.max_model_len, ready.vocab_size, client,
+                         tokenizer, args.index, str(config.model_path))
+    app = build_app(ctx, api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
+                    max_body=args.max_request_body,
+                    engine_alive=lambda: _alive(args.engine_pid))
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=args.shutdown_timeout)
+    await runner.setup()
+    site = web.SockSite(runner, reuseport_socket(args.host, args.port))
+    await site.start()
+    logger.info("API server %d serving on http://%s:%d", args.index, args.host, args.port)
+    if args.ready_file:
+        with open(args.ready_file, "w") as f:
+            f.write(str(os.getpid()))
+    await stop.wait()
+    app[STATE]["draining"] = True
+    await runner.cleanup()  # stops accepting; waits for in-flight requests (shutdown_timeout)
+    client.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m frontend.api_server`: how the launcher starts an API server."""
+    parser = argparse.ArgumentParser(prog="python -m frontend.api_server")
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--tokenizer-address", action="append", required=True)
+    parser.add_argument("--engine-args", default="{}")
+    parser.add_argument("--engine-pid", type=int)
+    parser.add_argument("--parent-pid", type=int)
+    parser.add_argument("--api-key")
+    parser.add_argument("--max-request-body", type=int, default=DEFAULT_MAX_REQUEST_BODY)
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0)
+    parser.add_argument("--ready-file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    set_process_name(process_name(args.index))
+    if args.parent_pid is not None:
+        _exit_with_parent(args.parent_pid)
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(run_api_server(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""What completions and chat completions share: the served model, sampling parameters, the
+TokenizerClient streams of several prompts, and server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from engine_core.sampling_params import SamplingParams
+from frontend.errors import ApiError, bad_request, error_body
+from frontend.openai_protocol import UsageInfo, _SamplingFields
+from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
+from tokenizer_proc.protocol import GenerateRequest, RequestDelta, TokenLogprob
+
+_ENCODER = msgspec.json.Encoder()
+
+
+@dataclass
+class ServingContext:
+    """One API server's view of the engine."""
+
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    client: TokenizerClient
+    tokenizer: Any
+    api_server_index: int = 0
+    model_root: str | None = None
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+
+def request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int | None = None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
+    """SamplingParams from a request's fields; 400 naming the field on an invalid value."""
+    kwargs: dict[str, Any] = dict(
+        n=req.n, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens,
+        stop=[req.stop] if isinstance(req.stop, str) else (req.stop or None),
+        stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs, skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output)
+    for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty"):
+        if getattr(req, name) is not None:
+            kwargs[name] = getattr(req, name)
+    if req.logit_bias:
+        kwargs["logit_bias"] = {int(k): v for k, v in req.logit_bias.items()}
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as e:
+        message = str(e)
+        param = message.split(" ", 1)[0]
+        raise bad_request(message, param if param in kwargs else None) from None
+
+
+async def merged_deltas(ctx: ServingContext, requests: list[GenerateRequest]
+                        ) -> AsyncIterator[tuple[int, RequestDelta]]:
+    """(prompt index, delta) of every request, as they come; closing it aborts them all.
+
+    A refusal by the tokenizer process raises ApiError with its status.
+    """
+    if len(requests) == 1:
+        gen = ctx.client.generate(requests[0])
+        try:
+            async with contextlib.aclosing(gen):
+                async for delta in gen:
+                    yield 0, delta
+        except TokenizerRequestError as e:
+            raise ApiError(e.status, str(e)) from None
+        return
+    queue: asyncio.Queue[tuple[int, RequestDelta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, request: GenerateRequest) -> None:
+        gen = ctx.client.generate(request)
+        try:
+            async with contextlib.aclosing(gen):
+                async for delta in gen:
+                    queue.put_nowait((index, delta))
+            queue.put_nowait((index, None))
+        except TokenizerRequestError as e:
+            queue.put_nowait((index, ApiError(e.status, str(e))))
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+    try:
+        done = 0
+        while done < len(tasks):
+            index, item = await queue.get()
+            if item is None:
+                done += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def top_entries(position: list[TokenLogprob], k: int) -> list[TokenLogprob]:
+    """The top-k candidates of one position, most likely first."""
+    ranked = [e for e in position if e.rank is not None and e.rank <= k]
+    ranked.sort(key=lambda e: e.rank)
+    seen, out = set(), []
+    for e in ranked:
+        if e.token_id not in seen:
+            seen.add(e.token_id)
+            out.append(e)
+    return out[:k]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=_ENCODER.encode(obj), content_type="application/json")
+
+
+async def stream_sse(http_request: web.Request, events: AsyncIterator[Any]) -> web.StreamResponse:
+    """Send events as server-sent events, then `data: [DONE]`.
+
+    The first event is awaited before the headers go out, so a request refused at once gets a
+    plain HTTP error. A later error is sent as an error event; a client that goes away closes
+    events, which aborts the request.
+    """
+    async with contextlib.aclosing(events):
+        first = await anext(events, None)  # ApiError propagates: a normal error response
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(http_request)
+        try:
+            if first is not None:
+                await response.write(b"data: " + _ENCODER.encode(first) + b"\n\n")
+                async for event in events:
+                    await response.write(b"data: " + _ENCODER.encode(event) + b"\n\n")
+        except ApiError as e:
+            await response.write(b"data: " + _ENCODER.encode(e.body()) + b"\n\n")
+        except ConnectionError:  # the client went away; aclosing aborts the request
+            return response
+        except Exception as e:  # noqa: BLE001 - the stream must end with an error event
+            await response.write(b"data: " + _ENCODER.encode(error_body(500, str(e))) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    return response

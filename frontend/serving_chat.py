@@ -1,0 +1,145 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from frontend.errors import bad_request
+from frontend.openai_protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk,
+                                      ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
+                                      ChatLogprob, ChatMessage, ChatResponseMessage,
+                                      ChatStreamChoice, TopLogprob, check_unsupported)
+from frontend.serving import (ServingContext, json_response, merged_deltas, request_id,
+                              sampling_params, stream_sse, top_entries, usage)
+from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
+
+ROLES = ("system", "user", "assistant")
+
+
+def chat_messages(messages: list[ChatMessage], field: str = "messages") -> list[dict[str, Any]]:
+    """OpenAI messages as the dicts the tokenizer process renders; 400 naming what is refused."""
+    if not messages:
+        raise bad_request("messages must not be empty", field)
+    out = []
+    for i, m in enumerate(messages):
+        where = f"{field}[{i}]"
+        if m.role not in ROLES:
+            raise bad_request(f"unsupported role {m.role!r} in {where}; supported: "
+                              f"{', '.join(ROLES)}", f"{where}.role")
+        for name in ("tool_calls", "tool_call_id"):
+            if getattr(m, name) is not None:
+                raise bad_request(f"{name} is not supported: this server has no tool calling",
+                                  f"{where}.{name}")
+        content: Any = m.content
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise bad_request(f"unsupported content part type {part.type!r}; only "
+                                      "'text' parts are supported", f"{where}.content[{j}].type")
+                parts.append({"type": "text", "text": part.text})
+            content = parts
+        msg: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
+        if m.name is not None:
+            msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def _logprobs(positions: list[PositionLogprobs], k: int) -> ChatChoiceLogprobs:
+    content = []
+    for position in positions:
+        sampled = position[0]
+        token = sampled.decoded_token or ""
+        content.append(ChatLogprob(
+            token=token, logprob=sampled.logprob, bytes=list(token.encode()),
+            top_logprobs=[TopLogprob(token=e.decoded_token or "", logprob=e.logprob,
+                                     bytes=list((e.decoded_token or "").encode()))
+                          for e in top_entries(position, k)]))
+    return ChatChoiceLogprobs(content=content)
+
+
+async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest,
+                                 http_request: web.Request) -> web.StreamResponse:
+    check_unsupported(req)
+    ctx.check_model(req.model)
+    messages = chat_messages(req.messages)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+    if req.top_logprobs is not None and req.top_logprobs < 0:
+        raise bad_request(f"top_logprobs must be non-negative, got {req.top_logprobs}",
+                          "top_logprobs")
+    if req.add_generation_prompt and req.continue_final_message:
+        raise bad_request("add_generation_prompt and continue_final_message are mutually "
+                          "exclusive; set add_generation_prompt to false", "continue_final_message")
+    k = (req.top_logprobs or 0) if req.logprobs else None
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
+        else req.max_tokens
+    params = sampling_params(req, max_tokens, logprobs=k)
+    base_id = request_id("chatcmpl")
+    request = GenerateRequest(base_id, params, messages=messages,
+                              add_generation_prompt=req.add_generation_prompt,
+                              continue_final_message=req.continue_final_message,
+                              api_server_index=ctx.api_server_index, cache_salt=req.cache_salt,
+                              priority=req.priority, arrival_time=time.time())
+    created = int(time.time())
+    counts = {"prompt": 0, "completion": 0}
+
+    def account(delta) -> None:
+        counts["prompt"] = delta.num_prompt_tokens
+        counts["completion"] += len(delta.token_ids)
+
+    def current_usage():
+        return usage(counts["prompt"], counts["completion"])
+
+    deltas = merged_deltas(ctx, [request])
+    if req.stream:
+        opts = req.stream_options
+
+        def chunk(choices: list[ChatStreamChoice], with_usage: bool = False):
+            return ChatCompletionChunk(id=base_id, created=created, model=ctx.model_name,
+                                       choices=choices,
+                                       usage=current_usage() if with_usage else None)
+
+        async def events() -> AsyncIterator[ChatCompletionChunk]:
+            continuous = bool(opts and opts.continuous_usage_stats)
+            first = True
+            async for _, delta in deltas:
+                account(delta)
+                if first:  # the role, in its own first chunk per choice, as OpenAI sends it
+                    first = False
+                    for i in range(req.n):
+                        yield chunk([ChatStreamChoice(
+                            index=i, delta=ChatDelta(role="assistant", content=""))], continuous)
+                yield chunk([ChatStreamChoice(
+                    index=delta.index, delta=ChatDelta(content=delta.text),
+                    logprobs=_logprobs(delta.logprobs or [], k) if k is not None else None,
+                    finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)],
+                    continuous)
+            if opts and opts.include_usage:
+                yield chunk([], True)
+
+        return await stream_sse(http_request, events())
+
+    texts: dict[int, list[str]] = {}
+    logprobs: dict[int, list] = {}
+    finish: dict[int, tuple] = {}
+    async with contextlib.aclosing(deltas):  # a client gone (handler cancelled) aborts
+        async for _, delta in deltas:
+            account(delta)
+            texts.setdefault(delta.index, []).append(delta.text)
+            logprobs.setdefault(delta.index, []).extend(delta.logprobs or [])
+            if delta.finish_reason is not None:
+                finish[delta.index] = (delta.finish_reason, delta.stop_reason)
+    choices = [ChatChoice(index=i, message=ChatResponseMessage(content="".join(texts[i])),
+                          logprobs=_logprobs(logprobs[i], k) if k is not None else None,
+                          finish_reason=finish.get(i, (None, None))[0],
+                          stop_reason=finish.get(i, (None, None))[1])
+               for i in sorted(texts)]
+    return json_response(ChatCompletionResponse(id=base_id, created=created, model=ctx.model_name,
+                                                choices=choices, usage=current_usage()))

@@ -1,0 +1,125 @@
+"""vLLM-named Prometheus metrics, created once per process (multiprocess-safe when
+PROMETHEUS_MULTIPROC_DIR is set before prometheus_client is first imported)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge, Histogram
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0]
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+
+_LABELS = ["model_name"]
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """[1, 2, 5, 10, 20, 50, ...] up to max_value, as vLLM builds token-count buckets."""
+    buckets: list[int] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return buckets
+            buckets.append(value)
+        exponent += 1
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """Metrics the engine core process writes, from SchedulerStats."""
+
+    num_requests_running: Gauge
+    num_requests_waiting: Gauge
+    kv_cache_usage_perc: Gauge
+    prefix_cache_queries: Counter
+    prefix_cache_hits: Counter
+    num_preemptions: Counter
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    iteration_tokens: Histogram
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Metrics the tokenizer processes write, from each request's timeline."""
+
+    request_success: Counter
+    time_to_first_token: Histogram
+    inter_token_latency: Histogram
+    e2e_request_latency: Histogram
+    request_queue_time: Histogram
+    request_prefill_time: Histogram
+    request_decode_time: Histogram
+    request_prompt_tokens: Histogram
+    request_generation_tokens: Histogram
+
+
+_engine_metrics: EngineMetrics | None = None
+_request_metrics: RequestMetrics | None = None
+
+
+def _gauge(name: str, doc: str) -> Gauge:
+    # One engine core writes each series; 'live' drops a dead engine's last value once the
+    # launcher calls mark_process_dead(pid).
+    return Gauge(name, doc, _LABELS, multiprocess_mode="livemostrecent")
+
+
+def engine_metrics() -> EngineMetrics:
+    """This process's engine metrics (created on first call: a name may be registered once)."""
+    global _engine_metrics
+    if _engine_metrics is None:
+        _engine_metrics = EngineMetrics(
+            _gauge("vllm:num_requests_running", "Number of requests in model execution batches."),
+            _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+            _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+            Counter("vllm:prefix_cache_queries",
+                    "Prefix cache queries, in terms of number of queried tokens.", _LABELS),
+            Counter("vllm:prefix_cache_hits",
+                    "Prefix cache hits, in terms of number of cached tokens.", _LABELS),
+            Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                    _LABELS),
+            Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", _LABELS),
+            Counter("vllm:generation_tokens", "Number of generation tokens processed.", _LABELS),
+            Histogram("vllm:iteration_tokens_total",
+                      "Histogram of number of tokens per engine_step.", _LABELS,
+                      buckets=ITERATION_TOKEN_BUCKETS))
+    return _engine_metrics
+
+
+def request_metrics(max_model_len: int) -> RequestMetrics:
+    """This process's request metrics; token buckets reach max_model_len (first call's value)."""
+    global _request_metrics
+    if _request_metrics is None:
+        token_buckets = build_1_2_5_buckets(max_model_len)
+        _request_metrics = RequestMetrics(
+            Counter("vllm:request_success", "Count of successfully processed requests.",
+                    [*_LABELS, "finished_reason"]),
+            Histogram("vllm:time_to_first_token_seconds",
+                      "Histogram of time to first token in seconds.", _LABELS,
+                      buckets=TTFT_BUCKETS),
+            Histogram("vllm:inter_token_latency_seconds",
+                      "Histogram of inter-token latency in seconds.", _LABELS, buckets=ITL_BUCKETS),
+            Histogram("vllm:e2e_request_latency_seconds",
+                      "Histogram of e2e request latency in seconds.", _LABELS,
+                      buckets=REQUEST_LATENCY_BUCKETS),
+            Histogram("vllm:request_queue_time_seconds",
+                      "Histogram of time spent in WAITING phase for request.", _LABELS,
+                      buckets=REQUEST_LATENCY_BUCKETS),
+            Histogram("vllm:request_prefill_time_seconds",
+                      "Histogram of time spent in PREFILL phase for request.", _LABELS,
+                      buckets=REQUEST_LATENCY_BUCKETS),
+            Histogram("vllm:request_decode_time_seconds",
+                      "Histogram of time spent in DECODE phase for request.", _LABELS,
+                      buckets=REQUEST_LATENCY_BUCKETS),
+            Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                      _LABELS, buckets=token_buckets),
+            Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                      _LABELS, buckets=token_buckets))
+    return _request_metrics
