@@ -26,7 +26,7 @@ import msgspec
 import zmq
 
 from engine_core.engine_core import EngineCore
-from engine_core.process_name import set_process_name
+from engine_core.process_lifecycle import set_process_name
 from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutput,
                                   EngineCoreOutputs, EngineCoreReady, EngineCoreRequest,
                                   EngineDead, OutputType, RequestError, RequestType,

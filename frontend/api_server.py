@@ -16,15 +16,13 @@ import os
 import signal
 import socket
 import sys
-import threading
-import time
 from importlib import metadata
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from engine_core.process_name import set_process_name
+from engine_core.process_lifecycle import exit_with_parent, pid_alive, set_process_name
 from frontend.errors import ApiError, bad_request, error_response, from_decode_error
 from frontend.openai_protocol import (REQUEST_STRUCTS, RESPONSE_STRUCTS, ChatCompletionRequest,
                                       CompletionRequest, DetokenizeRequest, DetokenizeResponse,
@@ -40,7 +38,6 @@ logger = logging.getLogger("api_server")
 DEFAULT_MAX_REQUEST_BODY = 16 * 1024 * 1024
 # Paths answered without an API key.
 OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
-_WATCH_INTERVAL_S = 0.5
 
 CTX = web.AppKey("ctx", ServingContext)
 STATE = web.AppKey("state", dict)
@@ -268,25 +265,6 @@ def reuseport_socket(host: str, port: int, listen: bool = True) -> socket.socket
     return sock
 
 
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(_WATCH_INTERVAL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="api-parent", daemon=True).start()
-
-
 async def run_api_server(args: argparse.Namespace) -> int:
     from engine_core.config import engine_config_from_kwargs
     from tokenizer_proc.client import TokenizerClient
@@ -305,7 +283,7 @@ async def run_api_server(args: argparse.Namespace) -> int:
                          tokenizer, args.index, str(config.model_path))
     app = build_app(ctx, api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
                     max_body=args.max_request_body,
-                    engine_alive=lambda: _alive(args.engine_pid))
+                    engine_alive=lambda: args.engine_pid is None or pid_alive(args.engine_pid))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=args.shutdown_timeout)
     await runner.setup()
@@ -341,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     set_process_name(process_name(args.index))
     if args.parent_pid is not None:
-        _exit_with_parent(args.parent_pid)
+        exit_with_parent(args.parent_pid)
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

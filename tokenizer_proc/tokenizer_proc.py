@@ -12,10 +12,8 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -25,7 +23,7 @@ import zmq.asyncio
 
 from engine_core.client import AsyncEngineCoreClient, EngineDeadError, EngineRequestError
 from engine_core.config import EngineConfig
-from engine_core.process_name import set_process_name
+from engine_core.process_lifecycle import exit_with_parent, pid_alive, set_process_name
 from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import validate_request
 from metrics.request_stats import RequestStatsRecorder
@@ -211,7 +209,7 @@ class TokenizerProc:
         await self._error(owner, request_id, str(e))
 
     async def _watch_engine(self, pid: int, engine_task: asyncio.Task[None]) -> None:
-        while _alive(pid):
+        while pid_alive(pid):
             await asyncio.sleep(_WATCH_INTERVAL_S)
         engine_task.cancel()
         await self._on_engine_dead(f"the engine core process {pid} exited")
@@ -245,26 +243,6 @@ def _first_str(payload: bytes) -> str:
     except Exception:
         return ""
     return raw[0] if isinstance(raw, list) and raw and isinstance(raw[0], str) else ""
-
-
-def _alive(pid: int) -> bool:
-    """True while pid runs (a zombie, exited but not yet reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            # The state follows the parenthesised name, which may itself hold spaces.
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    def watch() -> None:
-        while os.getppid() == parent_pid:  # we are re-parented once it is gone
-            time.sleep(_WATCH_INTERVAL_S)
-        logger.info("parent process %d exited; exiting", parent_pid)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="tokenizer-parent", daemon=True).start()
 
 
 async def run_tokenizer_proc(index: int, listen: str, engine_address: str,
@@ -312,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     set_process_name(process_name(args.index))
     if args.parent_pid is not None:
-        _exit_with_parent(args.parent_pid)
+        exit_with_parent(args.parent_pid)
     return asyncio.run(run_tokenizer_proc(args.index, args.listen, args.engine_address,
                                           json.loads(args.engine_args), args.engine_pid,
                                           args.shutdown_timeout))
