@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from engine_core.args import add_engine_args, engine_kwargs
+from frontend import bench_serve
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -67,15 +68,24 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
 
     bench = sub.add_parser("bench", help="run a benchmark workload of shared/BENCHMARKS.md")
-    bench.add_argument("workload",
-                       choices=("throughput", "prefix-shared", "single-stream", "null-model"))
-    bench.add_argument("--in-process", action="store_true",
-                       help="run the engine core in this process (default: its own process)")
-    bench.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
-    bench.add_argument("--runs", type=int, default=3, help="repetitions (single-stream)")
-    bench.add_argument("--output-json", help="also write the figures to this file")
-    add_engine_args(bench)
-    bench.set_defaults(func=_bench)
+    workloads = bench.add_subparsers(dest="workload", required=True)
+    for name, text in (("throughput", "offline-mixed, against transformers"),
+                       ("prefix-shared", "prefix caching on and off"),
+                       ("single-stream", "one request's decode speed"),
+                       ("null-model", "engine overhead, in-process and over ZeroMQ")):
+        offline = workloads.add_parser(name, help=text)
+        offline.add_argument("--in-process", action="store_true",
+                             help="run the engine core in this process (default: its own process)")
+        offline.add_argument("--no-hf", action="store_true",
+                             help="skip the transformers comparison")
+        offline.add_argument("--runs", type=int, default=3, help="repetitions")
+        offline.add_argument("--output-json", help="also write the figures to this file")
+        add_engine_args(offline)
+        offline.set_defaults(func=_bench)
+    serve = workloads.add_parser("serve", help="serving-poisson over HTTP against any "
+                                               "OpenAI-compatible server")
+    bench_serve.add_arguments(serve)
+    serve.set_defaults(func=bench_serve.main)
 
     core = sub.add_parser("core", help="run the engine core alone (headless) on a ZeroMQ address; "
                                        "protocol: docs/protocol.md")
