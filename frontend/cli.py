@@ -97,26 +97,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="run the OpenAI-compatible HTTP API servers, the "
                                        "tokenizer processes and the engine core (docs/serve.md)")
-    srv.add_argument("--host", default="127.0.0.1", help="address the API servers listen on "
+    http = srv.add_argument_group("HTTP server options")
+    procs = srv.add_argument_group("process options")
+    http.add_argument("--host", default="127.0.0.1", help="address the API servers listen on "
                      "(default 127.0.0.1; 0.0.0.0 for every interface)")
-    srv.add_argument("--port", type=int, default=8000,
+    http.add_argument("--port", type=int, default=8000,
                      help="HTTP port (default 8000; 0 picks a free one)")
-    srv.add_argument("--api-key", default=None,
+    http.add_argument("--api-key", default=None,
                      help="require 'Authorization: Bearer KEY' (default: from $ENGINE_API_KEY; "
                           "/health, /metrics and /version stay open)")
-    srv.add_argument("--api-server-count", type=int, default=1, metavar="N",
+    http.add_argument("--api-server-count", type=int, default=1, metavar="N",
                      help="API server processes sharing the port with SO_REUSEPORT (default 1; "
                           "0: none, clients speak to the tokenizer processes)")
-    srv.add_argument("--max-request-body", type=int, default=16 * 1024 * 1024, metavar="BYTES",
+    http.add_argument("--max-request-body", type=int, default=16 * 1024 * 1024, metavar="BYTES",
                      help="largest request body; larger ones get 413 (default 16 MiB)")
-    srv.add_argument("--tokenizer-workers", type=int, default=1, metavar="M",
+    procs.add_argument("--tokenizer-workers", type=int, default=1, metavar="M",
                      help="tokenizer processes (default 1)")
-    srv.add_argument("--tokenizer-listen", action="append", metavar="ADDR",
+    procs.add_argument("--tokenizer-listen", action="append", metavar="ADDR",
                      help="address a tokenizer process binds, once per worker (default: "
                           "ipc:// sockets in a temporary directory)")
-    srv.add_argument("--shutdown-timeout", type=float, default=10.0,
+    procs.add_argument("--shutdown-timeout", type=float, default=10.0,
                      help="seconds in-flight requests may take to finish on SIGTERM/SIGINT")
-    srv.add_argument("--startup-timeout", type=float, default=600.0,
+    procs.add_argument("--startup-timeout", type=float, default=600.0,
                      help="seconds every process may take to report ready")
     add_engine_args(srv)
     srv.set_defaults(func=_serve)
