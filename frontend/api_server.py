@@ -103,6 +103,8 @@ async def _decode(request: web.Request, struct: type) -> Any:
         return msgspec.json.decode(body, type=struct)
     except msgspec.MsgspecError as e:
         raise from_decode_error(e) from None
+    except UnicodeDecodeError as e:  # msgspec's error for a string that is not UTF-8
+        raise bad_request(f"the request body is not valid UTF-8: {e}") from None
 
 
 def _check_available(request: web.Request) -> None:
@@ -237,7 +239,13 @@ def build_app(ctx: ServingContext, *, api_key: str | None = None,
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/metrics", metrics)  # open without an API key (OPEN_PATHS)
+    app.on_response_prepare.append(_mark_server)
     return app
+
+
+async def _mark_server(request: web.Request, response: web.StreamResponse) -> None:
+    """Name the API server process that answered (X-Engine-Api-Server: its --index)."""
+    response.headers["X-Engine-Api-Server"] = str(request.app[CTX].api_server_index)
 
 
 async def metrics(request: web.Request) -> web.Response:

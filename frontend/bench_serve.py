@@ -1,5 +1,8 @@
 """`engine bench serve`: workload serving-poisson against any OpenAI-compatible server.
 
+The `engine` command imports this module for its flags, so heavy imports (numpy, aiohttp) wait
+for run(): `engine core` must block its stop signals before any library starts threads.
+
 Streams /v1/completions requests (random token-id prompts, EOS ignored, greedy) arriving as a
 Poisson process at --rate requests/s (inf: all at once) and reports time to first token,
 inter-token latency and end-to-end latency percentiles, output tokens/s and the request rate
@@ -14,9 +17,6 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
-
 
 @dataclass
 class RequestResult:
@@ -59,6 +59,8 @@ async def _one(session, url: str, headers: dict[str, str], body: dict[str, Any])
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
+    import numpy as np
+
     if not values:
         return {}
     arr = np.array(values) * 1e3
@@ -69,6 +71,7 @@ def _percentiles(values: list[float]) -> dict[str, float]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Send the workload and summarise it."""
     import aiohttp
+    import numpy as np
 
     rng = np.random.default_rng(args.seed)
     prompt_lens = rng.integers(args.prompt_len[0], args.prompt_len[1] + 1, args.num_prompts)

@@ -39,6 +39,11 @@ class ServingContext:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
 
+# The most choices one request may ask for (OpenAI's limit): each is a sequence in the engine.
+MAX_N = 128
+_INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
+
+
 def request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -59,6 +64,13 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int 
             kwargs[name] = getattr(req, name)
     if req.logit_bias:
         kwargs["logit_bias"] = {int(k): v for k, v in req.logit_bias.items()}
+    if not 1 <= req.n <= MAX_N:
+        raise bad_request(f"n must be in [1, {MAX_N}], got {req.n}", "n")
+    for name, value in kwargs.items():  # the IPC encoder takes 64-bit integers only
+        values = value if isinstance(value, list) else \
+            list(value) if isinstance(value, dict) else [value]
+        if any(type(v) is int and not _INT64_MIN <= v <= _INT64_MAX for v in values):
+            raise bad_request(f"{name} is out of the 64-bit integer range", name)
     try:
         return SamplingParams(**kwargs)
     except ValueError as e:

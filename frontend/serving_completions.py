@@ -16,6 +16,14 @@ from frontend.serving import (ServingContext, json_response, merged_deltas, requ
 from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 
 
+def _token_ids(ids: list[int]) -> list[int]:
+    """ids, refused with 400 beyond 64 bits (the IPC encoder's limit; the tokenizer process
+    checks the vocabulary range)."""
+    if any(not -2**63 <= t < 2**63 for t in ids):
+        raise bad_request("token ids must be in the vocabulary range", "prompt")
+    return list(ids)
+
+
 def _prompts(prompt) -> list[str | list[int]]:
     """The prompt field as a list of prompts: each a string or a list of token ids."""
     if isinstance(prompt, str):
@@ -23,11 +31,11 @@ def _prompts(prompt) -> list[str | list[int]]:
     if not prompt:
         raise bad_request("prompt must not be empty", "prompt")
     if all(isinstance(p, int) for p in prompt):
-        return [list(prompt)]
+        return [_token_ids(prompt)]
     if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
         if any(isinstance(p, list) and not p for p in prompt):
             raise bad_request("a token-id prompt must not be empty", "prompt")
-        return list(prompt)
+        return [_token_ids(p) if isinstance(p, list) else p for p in prompt]
     raise bad_request("prompt must be a string, a list of strings, a list of token ids or a "
                       "list of lists of token ids", "prompt")
 
