@@ -38,3 +38,12 @@ def exit_with_parent(parent_pid: int, interval_s: float = 0.5) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def start_child_process(name: str, parent_pid: int | None) -> None:
+    """Common start of a launched process: log format, process name, exit when the parent goes."""
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    set_process_name(name)
+    if parent_pid is not None:
+        exit_with_parent(parent_pid)

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from engine_core.process_lifecycle import exit_with_parent, pid_alive, set_process_name
+from engine_core.process_lifecycle import pid_alive, start_child_process
 from frontend.errors import ApiError, bad_request, error_response, from_decode_error
 from frontend.openai_protocol import (REQUEST_STRUCTS, RESPONSE_STRUCTS, ChatCompletionRequest,
                                       CompletionRequest, DetokenizeRequest, DetokenizeResponse,
@@ -323,11 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
     parser.add_argument("--ready-file")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    set_process_name(process_name(args.index))
-    if args.parent_pid is not None:
-        exit_with_parent(args.parent_pid)
+    start_child_process(process_name(args.index), args.parent_pid)
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

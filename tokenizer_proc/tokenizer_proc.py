@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from engine_core.client import AsyncEngineCoreClient, EngineDeadError, EngineRequestError
 from engine_core.config import EngineConfig
-from engine_core.process_lifecycle import exit_with_parent, pid_alive, set_process_name
+from engine_core.process_lifecycle import pid_alive, start_child_process
 from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import validate_request
 from metrics.request_stats import RequestStatsRecorder
@@ -286,11 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests may take to finish after SIGTERM")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    set_process_name(process_name(args.index))
-    if args.parent_pid is not None:
-        exit_with_parent(args.parent_pid)
+    start_child_process(process_name(args.index), args.parent_pid)
     return asyncio.run(run_tokenizer_proc(args.index, args.listen, args.engine_address,
                                           json.loads(args.engine_args), args.engine_pid,
                                           args.shutdown_timeout))

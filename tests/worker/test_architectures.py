@@ -130,8 +130,8 @@ def test_prompts_split_into_chunks(case, chunk):
     _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
 
 
-def test_last_position_logits_match_transformers(case, monkeypatch):
-    runner, driver, prompts, _, _, ref_last = case
+def _capture_logits(runner, monkeypatch) -> list[torch.Tensor]:
+    """Record a copy of every logits tensor the runner's model computes."""
     captured: list[torch.Tensor] = []
     compute_logits = runner.model.compute_logits
 
@@ -141,6 +141,12 @@ def test_last_position_logits_match_transformers(case, monkeypatch):
         return logits
 
     monkeypatch.setattr(runner.model, "compute_logits", capture)
+    return captured
+
+
+def test_last_position_logits_match_transformers(case, monkeypatch):
+    runner, driver, prompts, _, _, ref_last = case
+    captured = _capture_logits(runner, monkeypatch)
     driver.run(prompts, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1), 1)
     assert len(captured) == 1 and captured[0].shape == (len(prompts), runner.arch.vocab_size)
     for row, req_id in enumerate(prompts):
@@ -176,15 +182,7 @@ def test_dummy_load_format_needs_only_config(tmp_path, monkeypatch):
     assert sorted(p.name for p in model_dir.iterdir()) == ["config.json"]
 
     runner, driver = make_runner(model_dir, load_format="dummy", kv_cache_memory="4MiB")
-    captured: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-
-    def capture(hidden):
-        logits = compute_logits(hidden)
-        captured.append(logits.clone())
-        return logits
-
-    monkeypatch.setattr(runner.model, "compute_logits", capture)
+    captured = _capture_logits(runner, monkeypatch)
     prompts = _prompts(runner.arch.vocab_size)
     outputs = driver.run(prompts, GREEDY, 4, chunk=8)
     assert all(len(o) == 4 and all(0 <= t < 512 for t in o) for o in outputs.values())
