@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels import cpu_ops
+
 
 class RMSNorm(nn.Module):
     """y = x / rms(x) * weight, computed in fp32."""
@@ -23,6 +25,8 @@ class RMSNorm(nn.Module):
     def forward_with_residual(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (norm(x + residual), x + residual)."""
+        """Return (norm(x + residual), x + residual); may update residual in place."""
+        if cpu_ops.applies(x) and x.is_contiguous() and residual.is_contiguous():
+            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
         residual = x + residual
         return self.forward(residual), residual

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels import cpu_ops
+
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
@@ -51,3 +53,10 @@ class RotaryEmbedding(nn.Module):
         """x: [T, heads, head_dim] -> rotated copy."""
         x1, x2 = x[..., : self.half], x[..., self.half :]
         return x * cos + torch.cat((x2, x1), dim=-1) * sin
+
+    def apply_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate x [T, heads, head_dim] in place (one fused pass on the CPU in fp32); returns x."""
+        if cpu_ops.applies(x) and x.stride(1) == x.shape[2] and x.stride(2) == 1:
+            return cpu_ops.rotary_(x, cos, sin)
+        x.copy_(self.apply(x, cos, sin))
+        return x

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine_core.model_arch import ModelArchConfig
+from kernels import cpu_ops
 from gpu_worker.layers.attention import Attention
 from gpu_worker.layers.norm import RMSNorm
 from gpu_worker.layers.rotary import RotaryEmbedding
@@ -64,7 +65,7 @@ class LlamaAttention(nn.Module):
         else:
             # q and k rotate together: one set of ops instead of two.
             qk = qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, self.head_dim)
-            q, k = rotary.apply(qk, cos, sin).split([heads, kv_heads], dim=1)
+            q, k = rotary.apply_(qk, cos, sin).split([heads, kv_heads], dim=1)
         out = self.attn(q, k, v)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -112,10 +113,16 @@ class LlamaMLP(nn.Module):
         if self.split_gate_up is not None:
             splits, hidden, width = self.split_gate_up.shape
             y = torch.bmm(x.unsqueeze(0).expand(splits, -1, -1), self.split_gate_up)
-            act = F.silu(y[..., : width // 2]) * y[..., width // 2 :]
-            return tp_all_reduce(torch.bmm(act, self.split_down).sum(dim=0))
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            return tp_all_reduce(torch.bmm(_silu_and_mul(y), self.split_down).sum(dim=0))
+        return self.down_proj(_silu_and_mul(self.gate_up_proj(x)))
+
+
+def _silu_and_mul(y: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for y = [..., gate | up]: one fused pass on the CPU in fp32."""
+    if cpu_ops.applies(y):
+        return cpu_ops.silu_and_mul(y)
+    gate, up = y.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class LlamaDecoderLayer(nn.Module):

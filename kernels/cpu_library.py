@@ -1,0 +1,93 @@
+"""Builds the C kernels in kernels/cpu/ once per machine and loads them with ctypes.
+
+The library is compiled with the system C compiler (-O3 -march=native, OpenMP) into the engine's
+cache, keyed by the sources, the flags, the compiler and the CPU, so a second start loads it at
+once. It links the libgomp torch has already loaded, so its threads are torch's threads. When no
+compiler is found or the build fails, load() returns None and callers keep their torch path;
+ENGINE_CPU_KERNELS=0 forces that path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_SOURCES = sorted((Path(__file__).parent / "cpu").glob("*.c"))
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+
+_I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
+_SIGNATURES = {
+    "paged_attention_f32": (ctypes.c_int, [_P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I32, _I32,
+                                           _I32, _I32, _I32, _F32, _I32]),
+    "silu_and_mul_f32": (None, [_P, _I64, _P, _I64, _I64, _I64, _I32]),
+    "add_rms_norm_f32": (None, [_P, _P, _P, _P, _I64, _I64, _F32, _I32]),
+    "rotary_f32": (None, [_P, _I64, _I64, _I32, _I32, _P, _P, _I32]),
+}
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _cpu_id() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ENGINE_CACHE_DIR") or Path.home() / ".cache" / "engine"
+    return Path(root) / "kernels"
+
+
+def _build(cc: str) -> Path:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256()
+    for part in [*(p.read_bytes() for p in _SOURCES), " ".join(_FLAGS).encode(), version.encode(),
+                 _cpu_id().encode()]:
+        key.update(part)
+    target = _cache_dir() / f"libenginecpu-{key.hexdigest()[:16]}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        result = subprocess.run([cc, *_FLAGS, "-o", str(out), *map(str, _SOURCES), "-lm"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{cc} failed:\n{result.stderr[-2000:]}")
+        os.replace(out, target)  # atomic: concurrent builders each write a whole file
+    return target
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The kernel library, or None when it cannot be built here (callers then use torch ops)."""
+    if os.environ.get("ENGINE_CPU_KERNELS", "1") == "0":
+        return None
+    cc = _compiler()
+    if cc is None:
+        logger.warning("no C compiler found: CPU kernels disabled, using torch ops")
+        return None
+    import torch  # noqa: F401  (loads libgomp first, so the library shares torch's OpenMP runtime)
+
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+    except (OSError, RuntimeError) as e:
+        logger.warning("CPU kernels could not be built (%s); using torch ops", e)
+        return None
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib

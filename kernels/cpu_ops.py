@@ -1,0 +1,122 @@
+"""Tensor-level entry points of the C kernels (kernels/cpu/): fp32 CPU tensors only.
+
+Each function checks the layout it relies on and raises ValueError otherwise, so a caller can
+never hand the kernels memory they would misread. available() says whether the library loaded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu_library import load
+
+
+def available() -> bool:
+    """True when the C kernels are built and loaded on this machine."""
+    return load() is not None
+
+
+def _lib():
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available on this machine")
+    return lib
+
+
+def _check(t: torch.Tensor, name: str, dtype: torch.dtype = torch.float32) -> None:
+    if t.device.type != "cpu" or t.dtype != dtype:
+        raise ValueError(f"{name} must be a {dtype} CPU tensor, got {t.dtype} on {t.device}")
+
+
+def _rows(t: torch.Tensor, name: str) -> None:
+    """Every dimension but the first is packed (the first may have any stride)."""
+    expected = 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+        if size != 1 and stride != expected:
+            raise ValueError(f"{name} must be contiguous after its first dimension")
+        expected *= size
+
+
+def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    block_table: torch.Tensor, query_start_loc: torch.Tensor,
+                    seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal GQA attention of packed queries q [T, Hq, D] over paged caches
+    [num_blocks, block_size, Hkv, D], reading blocks in place; returns [T, Hq, D]."""
+    for t, name in ((q, "q"), (key_cache, "key_cache"), (value_cache, "value_cache")):
+        _check(t, name)
+    for t, name in ((block_table, "block_table"), (query_start_loc, "query_start_loc"),
+                    (seq_lens, "seq_lens")):
+        _check(t, name, torch.int32)
+    _rows(q, "q")
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous() and block_table.stride(1) == 1
+            and query_start_loc.is_contiguous() and seq_lens.is_contiguous()):
+        raise ValueError("caches, block_table rows, query_start_loc and seq_lens must be contiguous")
+    tokens, q_heads, head_dim = q.shape
+    _, block_size, kv_heads, cache_dim = key_cache.shape
+    if cache_dim != head_dim or q_heads % kv_heads:
+        raise ValueError(f"q {tuple(q.shape)} does not match caches {tuple(key_cache.shape)}")
+    if out is None:
+        out = torch.empty(tokens, q_heads, head_dim)
+    _rows(out, "out")
+    num_reqs = seq_lens.shape[0]
+    if num_reqs and tokens:
+        rc = _lib().paged_attention_f32(
+            q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0), key_cache.data_ptr(),
+            value_cache.data_ptr(), block_table.data_ptr(), block_table.stride(0),
+            query_start_loc.data_ptr(), seq_lens.data_ptr(), num_reqs, q_heads, kv_heads, head_dim,
+            block_size, scale, torch.get_num_threads())
+        if rc == -2:
+            raise ValueError(f"the CPU paged attention kernel supports head_dim 64 and 128, not {head_dim}")
+        if rc != 0:
+            raise MemoryError("paged_attention_f32 could not allocate its scratch memory")
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[..., :w]) * x[..., w:] for x [..., 2w]; returns a new [..., w] tensor."""
+    _check(x, "x")
+    width = x.shape[-1] // 2
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    if rows.stride(-1) != 1:
+        raise ValueError("x must be contiguous in its last dimension")
+    out = torch.empty(*x.shape[:-1], width)
+    _lib().silu_and_mul_f32(rows.data_ptr(), rows.stride(0), out.data_ptr(), width, rows.shape[0],
+                            width, torch.get_num_threads())
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual += x in place; returns (rms_norm(residual) * weight, residual)."""
+    for t, name in ((x, "x"), (residual, "residual"), (weight, "weight")):
+        _check(t, name)
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if x.shape != residual.shape or weight.shape != x.shape[-1:]:
+        raise ValueError(f"shapes differ: x {tuple(x.shape)}, residual {tuple(residual.shape)}, "
+                         f"weight {tuple(weight.shape)}")
+    out = torch.empty_like(x)
+    width = x.shape[-1]
+    _lib().add_rms_norm_f32(x.data_ptr(), residual.data_ptr(), out.data_ptr(), weight.data_ptr(),
+                            x.numel() // width if width else 0, width, eps, torch.get_num_threads())
+    return out, residual
+
+
+def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding in place on x [T, H, D] (heads packed; tokens any stride)
+    with per-token tables cos/sin [T, D] (or [T, 1, D]) whose sin has its first half negated."""
+    for t, name in ((x, "x"), (cos, "cos"), (sin, "sin")):
+        _check(t, name)
+    _rows(x, "x")
+    tokens, heads, head_dim = x.shape
+    if not (cos.is_contiguous() and sin.is_contiguous()) or cos.numel() != tokens * head_dim \
+            or sin.shape != cos.shape:
+        raise ValueError(f"rotary tables {tuple(cos.shape)} do not match x {tuple(x.shape)}")
+    _lib().rotary_f32(x.data_ptr(), x.stride(0), tokens, heads, head_dim, cos.data_ptr(),
+                      sin.data_ptr(), torch.get_num_threads())
+    return x
+
+
+def applies(x: torch.Tensor) -> bool:
+    """Whether the fused kernels can take this activation: fp32, on the CPU, library loaded."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and available()

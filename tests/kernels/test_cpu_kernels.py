@@ -1,0 +1,137 @@
+"""The C kernels (kernels/cpu/) against plain references: paged attention reading blocks in
+place, fused SiLU*mul, residual add + RMSNorm, and in-place rotary embedding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpu_worker.layers.rotary import RotaryEmbedding
+from kernels import cpu_ops
+from kernels.reference import paged_attention_ref
+from tests.kernels.test_paged_attention import make_batch
+
+pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+
+
+def _cpu_batch(requests, num_kv_heads, group, head_dim, block_size, seed=0):
+    batch = make_batch(requests, num_kv_heads, group, head_dim, block_size, torch.float32, seed)
+    return {name: t.cpu() for name, t in batch.items()}
+
+
+def _check_attention(batch, threads: int = 2) -> None:
+    scale = batch["query"].shape[-1] ** -0.5
+    expected = paged_attention_ref(**batch, scale=scale)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        actual = cpu_ops.paged_attention(batch["query"], batch["key_cache"], batch["value_cache"],
+                                         batch["block_table"], batch["query_start_loc"],
+                                         batch["seq_lens"], scale)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(actual, expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_decodes_and_chunks_match_reference(head_dim: int, group: int) -> None:
+    # (cached context, new queries): decodes at block boundaries, a fresh prompt spanning
+    # several query tiles, and a chunk after a long context.
+    requests = [(0, 1), (15, 1), (16, 1), (47, 1), (0, 70), (130, 37), (33, 2)]
+    _check_attention(_cpu_batch(requests, 2, group, head_dim, 16))
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 32, 64])
+def test_block_sizes_other_than_the_chunk(block_size: int) -> None:
+    requests = [(0, 1), (40, 1), (0, 45), (77, 19)]
+    _check_attention(_cpu_batch(requests, 3, 3, 64, block_size, seed=1))
+
+
+def test_single_thread_and_many_threads_agree() -> None:
+    batch = _cpu_batch([(100, 1)] * 5 + [(0, 33)], 3, 3, 64, 16, seed=2)
+    _check_attention(batch, threads=1)
+    _check_attention(batch, threads=4)
+
+
+def test_queries_may_be_a_strided_view() -> None:
+    """The model hands q as a view into its fused qkv rows."""
+    batch = _cpu_batch([(20, 1), (0, 9)], 3, 3, 64, 16, seed=3)
+    q = batch["query"]
+    wide = torch.randn(q.shape[0], q.shape[1] + 6, q.shape[2])
+    wide[:, : q.shape[1]] = q
+    batch["query"] = wide[:, : q.shape[1]]
+    assert not batch["query"].is_contiguous()
+    _check_attention(batch)
+
+
+def test_attention_refuses_what_it_would_misread() -> None:
+    batch = _cpu_batch([(0, 4)], 1, 1, 64, 16)
+    args = [batch["key_cache"], batch["value_cache"], batch["block_table"],
+            batch["query_start_loc"], batch["seq_lens"], 0.125]
+    with pytest.raises(ValueError, match="head_dim 64 and 128"):
+        small = _cpu_batch([(0, 4)], 1, 1, 32, 16)
+        cpu_ops.paged_attention(small["query"], small["key_cache"], small["value_cache"],
+                                *args[2:])
+    with pytest.raises(ValueError, match="float32"):
+        cpu_ops.paged_attention(batch["query"].double(), *args)
+    with pytest.raises(ValueError, match="int32"):
+        cpu_ops.paged_attention(batch["query"], args[0], args[1], args[2].long(), *args[3:])
+    heads = _cpu_batch([(0, 4)], 1, 3, 64, 16)
+    query = heads["query"].transpose(1, 2).contiguous().transpose(1, 2)  # heads not packed
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu_ops.paged_attention(query, *[heads[k] for k in ("key_cache", "value_cache",
+                                "block_table", "query_start_loc", "seq_lens")], 0.125)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_silu_and_mul(rows: int) -> None:
+    y = torch.randn(2, rows, 2 * 96) * 4
+    gate, up = y.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_ops.silu_and_mul(y), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 300])
+def test_add_rms_norm_updates_residual_in_place(rows: int) -> None:
+    x, residual, weight = torch.randn(rows, 576), torch.randn(rows, 576), torch.rand(576) + 0.5
+    total = x + residual
+    expected = F.rms_norm(total, (576,), weight, 1e-5)
+    out, res = cpu_ops.add_rms_norm(x, residual, weight, 1e-5)
+    assert res is residual
+    torch.testing.assert_close(residual, total)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="shapes differ"):
+        cpu_ops.add_rms_norm(x, residual[:, :100].contiguous(), weight, 1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_rotary_in_place_matches_rotate_half(head_dim: int) -> None:
+    rotary = RotaryEmbedding(head_dim, 4096, 10000.0)
+    positions = torch.tensor([0, 1, 5, 1000, 4095, 17])
+    cos, sin = rotary.cos_sin(positions, torch.float32)
+    qkv = torch.randn(6, 12 * head_dim)  # 6 tokens; q and k heads are the first 8 of 12
+    qk = qkv[:, : 8 * head_dim].view(6, 8, head_dim)
+    expected = rotary.apply(qk, cos, sin)
+    rest = qkv[:, 8 * head_dim :].clone()
+    assert cpu_ops.rotary_(qk, cos, sin) is qk
+    torch.testing.assert_close(qk, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(qkv[:, 8 * head_dim :], rest)  # v untouched
+
+
+def test_disabled_by_environment(monkeypatch) -> None:
+    from gpu_worker.attention.select import attention_backend
+    from kernels import cpu_library
+
+    assert attention_backend(torch.device("cpu"), torch.float32, 64).name == "cpu"
+    assert attention_backend(torch.device("cpu"), torch.float32, 80).name == "torch"
+    assert attention_backend(torch.device("cpu"), torch.bfloat16, 64).name == "torch"
+    monkeypatch.setenv("ENGINE_CPU_KERNELS", "0")
+    cpu_library.load.cache_clear()
+    try:
+        assert not cpu_ops.available()
+        assert attention_backend(torch.device("cpu"), torch.float32, 64).name == "torch"
+    finally:
+        monkeypatch.delenv("ENGINE_CPU_KERNELS")
+        cpu_library.load.cache_clear()
+    assert cpu_ops.available()
