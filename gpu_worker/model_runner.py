@@ -28,7 +28,8 @@ class ModelRunner:
         self.device = device
         self.dtype = torch_dtype(config.torch_dtype_name)
         self.block_size = config.cache.block_size
-        self.backend = attention_backend(device, self.dtype, self.arch.head_dim)
+        self.backend = attention_backend(device, self.dtype, self.arch.head_dim,
+                                         self.block_size)
         self.sampler = Sampler()
         self.requests: dict[str, RequestState] = {}
         self.input_batch = InputBatch(config.scheduler.max_num_seqs, config.max_model_len,

@@ -40,8 +40,10 @@ def _rows(t: torch.Tensor, name: str) -> None:
 def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_table: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal GQA attention of packed queries q [T, Hq, D] over paged caches
-    [num_blocks, block_size, Hkv, D], reading blocks in place; returns [T, Hq, D]."""
+    """Causal GQA attention of packed queries q [T, Hq, D] over the paged caches, reading blocks
+    in place; returns [T, Hq, D]. Caches in the CPU layout: key_cache [num_blocks, Hkv, D,
+    block_size] (each block's keys transposed), value_cache [num_blocks, Hkv, block_size, D];
+    block_size a multiple of 16, D 64 or 128."""
     for t, name in ((q, "q"), (key_cache, "key_cache"), (value_cache, "value_cache")):
         _check(t, name)
     for t, name in ((block_table, "block_table"), (query_start_loc, "query_start_loc"),
@@ -52,9 +54,11 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
             and query_start_loc.is_contiguous() and seq_lens.is_contiguous()):
         raise ValueError("caches, block_table rows, query_start_loc and seq_lens must be contiguous")
     tokens, q_heads, head_dim = q.shape
-    _, block_size, kv_heads, cache_dim = key_cache.shape
-    if cache_dim != head_dim or q_heads % kv_heads:
-        raise ValueError(f"q {tuple(q.shape)} does not match caches {tuple(key_cache.shape)}")
+    num_blocks, kv_heads, cache_dim, block_size = key_cache.shape
+    if (cache_dim != head_dim or q_heads % kv_heads
+            or value_cache.shape != (num_blocks, kv_heads, block_size, head_dim)):
+        raise ValueError(f"q {tuple(q.shape)} does not match caches {tuple(key_cache.shape)} "
+                         f"and {tuple(value_cache.shape)}")
     if out is None:
         out = torch.empty(tokens, q_heads, head_dim)
     _rows(out, "out")
@@ -66,10 +70,30 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
             query_start_loc.data_ptr(), seq_lens.data_ptr(), num_reqs, q_heads, kv_heads, head_dim,
             block_size, scale, torch.get_num_threads())
         if rc == -2:
-            raise ValueError(f"the CPU paged attention kernel supports head_dim 64 and 128, not {head_dim}")
+            raise ValueError(f"the CPU paged attention kernel takes head_dim 64 or 128 and a "
+                             f"block_size that is a multiple of 16, not {head_dim} and {block_size}")
         if rc != 0:
             raise MemoryError("paged_attention_f32 could not allocate its scratch memory")
     return out
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write token t's k/v [T, Hkv, D] into cache slot slot_mapping[t] (negative: skipped), in
+    the CPU layout paged_attention() reads."""
+    for t, name in ((k, "k"), (v, "v"), (key_cache, "key_cache"), (value_cache, "value_cache")):
+        _check(t, name)
+    _check(slot_mapping, "slot_mapping", torch.int64)
+    _rows(k, "k")
+    _rows(v, "v")
+    num_blocks, kv_heads, head_dim, block_size = key_cache.shape
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous() and slot_mapping.is_contiguous()):
+        raise ValueError("caches and slot_mapping must be contiguous")
+    if k.shape[1:] != (kv_heads, head_dim) or v.shape != k.shape or slot_mapping.shape[0] != k.shape[0]:
+        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match the cache")
+    _lib().write_kv_f32(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slot_mapping.data_ptr(),
+                        k.shape[0], key_cache.data_ptr(), value_cache.data_ptr(), kv_heads, head_dim,
+                        block_size, torch.get_num_threads())
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 K/V are written into the cache by slot mapping, then one kernel call attends every request of
 the step (decodes and prefill chunks alike) straight from its blocks: no gather, no padding.
+The cache keeps each block's keys transposed per KV head, so the kernel's score loop is plain
+vector FMAs (kernels/cpu/paged_attention.c).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
-from kernels.cpu_ops import paged_attention
+from kernels.cpu_ops import paged_attention, write_kv
 
 
 @dataclass(slots=True)
@@ -32,8 +34,15 @@ class CpuAttentionBackend:
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
                        head_dim: int) -> tuple[int, ...]:
-        """The kernels' layout, [2, num_blocks, block_size, kv_heads, head_dim]."""
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+        """[2, num_blocks, kv_heads, block_size, head_dim]; the key half is read as
+        [num_blocks, kv_heads, head_dim, block_size] (see split_cache)."""
+        return (2, num_blocks, num_kv_heads, block_size, head_dim)
+
+    @staticmethod
+    def split_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key_cache [N, Hkv, D, bs], value_cache [N, Hkv, bs, D]) views of one layer's cache."""
+        num_blocks, kv_heads, block_size, head_dim = kv_cache.shape[1:]
+        return kv_cache[0].view(num_blocks, kv_heads, head_dim, block_size), kv_cache[1]
 
     def build(self, step: StepBatch, device_batch: DeviceBatch, device: torch.device) -> CpuAttnMetadata:
         return CpuAttnMetadata(device_batch.slot_mapping, device_batch.block_table,
@@ -42,8 +51,7 @@ class CpuAttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: CpuAttnMetadata, scale: float) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; writes k/v into the cache, returns [T, Hq, D]."""
-        num_kv_heads, head_dim = k.shape[1], k.shape[2]
-        kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-        kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
-        return paged_attention(q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc,
+        key_cache, value_cache = self.split_cache(kv_cache)
+        write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        return paged_attention(q, key_cache, value_cache, meta.block_table, meta.query_start_loc,
                                meta.seq_lens, scale)

@@ -1,13 +1,16 @@
 /* Paged attention for fp32 CPU tensors, reading K/V where they lie in the block cache.
  *
+ * Cache layout (the CPU backend's): per block and KV head, keys transposed as [D, block_size] and
+ * values as [block_size, D]; block_size a multiple of 16. Then the scores of one query vector
+ * against 16 consecutive positions are D vector FMAs (no transposes, no horizontal sums), and
+ * each value row is one contiguous read.
+ *
  * One work item is (request, KV head, tile of query tokens): the tile's query vectors (its
  * tokens x the query heads sharing that KV head) walk the request's context once, 16 positions
  * at a time, with an online softmax (running max and sum per vector), so nothing is gathered
- * and nothing of size seq_len is materialised. Scores come from one of two loops: with few
- * vectors (decode) each K row is dotted with each query; with many (prefill tiles) the 16 K rows
- * are transposed once and each vector's 16 scores are one vector FMA per dimension. head_dim is
- * a compile-time constant (64 or 128) so accumulators stay in registers; GCC vector extensions
- * keep the code portable across x86 widths.
+ * and nothing of size seq_len is materialised. Vectors go through the score loop four at a time
+ * so each key load feeds four FMAs. head_dim is a compile-time constant (64 or 128) so the
+ * accumulators stay in registers; GCC vector extensions keep the code portable across x86 widths.
  * Queries are causal: query j of a request with q_len queries and seq_len tokens sits at position
  * seq_len - q_len + j and sees positions 0..itself.
  */
@@ -17,20 +20,14 @@
 #include <math.h>
 
 #define CHUNK 16          /* context positions per step of the online softmax */
-#define TILE_VECTORS 32   /* query vectors per work item in prefill tiles */
-#define FEW_VECTORS 6     /* at most this many: dot-product loop (decode); more: transposed loop */
+#define LANES 4           /* query vectors sharing each key load */
+#define TILE_VECTORS 32   /* query vectors per work item, at most (a multiple of LANES) */
 #define MASKED (-1e30f)   /* finite: the library is built with -ffast-math */
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
-static inline float hsum16(v16 v)
-{
-    float s = 0.0f;
-    for (int i = 0; i < 16; i++) s += v[i];
-    return s;
-}
 
 typedef struct {
     int32_t req;
@@ -52,15 +49,16 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
 {                                                                                                  \
     enum { V = D / 16 };                                                                           \
     const int32_t group = p->group, nvec = ntok * group;                                           \
-    const int64_t row = (int64_t)p->num_kv_heads * D; /* cache stride between positions */        \
-    float *restrict qs = scratch;                 /* [nvec, D] scaled queries */                   \
-    float *restrict acc = qs + nvec * D;          /* [nvec, D] */                                  \
-    float *restrict kt = acc + nvec * D;          /* [D, CHUNK] transposed keys */                 \
-    float *restrict s = kt + D * CHUNK;           /* [nvec, CHUNK] scores, then probabilities */  \
-    float *restrict m = s + nvec * CHUNK;         /* [nvec] running max */                         \
-    float *restrict l = m + nvec;                 /* [nvec] running sum */                         \
-    int32_t *restrict pos = (int32_t *)(l + nvec);/* [nvec] position of each vector */             \
-    const float *krow[CHUNK], *vrow[CHUNK];                                                        \
+    const int32_t padded = (nvec + LANES - 1) / LANES * LANES;                                     \
+    const int32_t bs = p->block_size;                                                              \
+    const int64_t head_elems = (int64_t)D * bs; /* one head's keys (or values) in one block */    \
+    float *restrict qs = scratch;                 /* [padded, D] scaled queries, zero padded */    \
+    float *restrict acc = qs + padded * D;        /* [nvec, D] */                                  \
+    float *restrict s = acc + padded * D;         /* [padded, CHUNK] scores, then probabilities */ \
+    float *restrict m = s + padded * CHUNK;       /* [nvec] running max */                         \
+    float *restrict l = m + padded;               /* [nvec] running sum */                         \
+    int32_t *restrict pos = (int32_t *)(l + padded); /* [nvec] position of each vector */          \
+    memset(qs, 0, sizeof(float) * padded * D);                                                     \
     for (int32_t t = 0; t < ntok; t++) {                                                           \
         const float *src = p->q + (int64_t)(q_start + first + t) * p->q_stride                     \
                            + (int64_t)kv_head * group * D;                                         \
@@ -76,35 +74,26 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
     const int32_t last = pos[nvec - 1];                                                            \
     for (int32_t start = 0; start <= last; start += CHUNK) {                                       \
         const int32_t n = (last + 1 - start) < CHUNK ? (last + 1 - start) : CHUNK;                 \
-        for (int32_t t = 0; t < n; t++) {                                                          \
-            const int32_t at = start + t, bs = p->block_size;                                      \
-            const int64_t off = ((int64_t)block_table[at / bs] * bs + at % bs) * row               \
-                                + (int64_t)kv_head * D;                                            \
-            krow[t] = p->k_cache + off;                                                            \
-            vrow[t] = p->v_cache + off;                                                            \
-        }                                                                                          \
-        if (nvec <= FEW_VECTORS) {                                                                 \
-            for (int32_t vi = 0; vi < nvec; vi++) {                                                \
-                v16 qv[V];                                                                         \
-                for (int j = 0; j < V; j++) qv[j] = load16(qs + vi * D + 16 * j);                  \
-                for (int32_t t = 0; t < n; t++) {                                                  \
-                    v16 prod = qv[0] * load16(krow[t]);                                            \
-                    for (int j = 1; j < V; j++) prod += qv[j] * load16(krow[t] + 16 * j);          \
-                    s[vi * CHUNK + t] = hsum16(prod);                                              \
+        const int64_t block = (int64_t)block_table[start / bs] * p->num_kv_heads + kv_head;        \
+        const float *kt = p->k_cache + block * head_elems + start % bs; /* [D] rows bs apart */    \
+        const float *vr = p->v_cache + block * head_elems + (int64_t)(start % bs) * D;            \
+        /* The next chunk usually lies in another block: fetch it while this one computes (the   \
+         * hardware prefetcher stops at block boundaries, and one core's misses are few). */    \
+        const int32_t next = start + CHUNK <= last ? start + CHUNK : start;                        \
+        const int64_t next_block = (int64_t)block_table[next / bs] * p->num_kv_heads + kv_head;    \
+        const float *kt_next = p->k_cache + next_block * head_elems + next % bs;                   \
+        const float *vr_next = p->v_cache + next_block * head_elems + (int64_t)(next % bs) * D;   \
+        for (int32_t v0 = 0; v0 < padded; v0 += LANES) {                                           \
+            v16 a[LANES] = {{0}};                                                                  \
+            for (int32_t d = 0; d < D; d++) {                                                      \
+                if (v0 == 0) {                                                                     \
+                    __builtin_prefetch(kt_next + (int64_t)d * bs);                                 \
+                    __builtin_prefetch(vr_next + (int64_t)d * 16); /* a line per d covers V */    \
                 }                                                                                  \
+                const v16 kv = load16(kt + (int64_t)d * bs);                                       \
+                for (int j = 0; j < LANES; j++) a[j] += qs[(v0 + j) * D + d] * kv;                 \
             }                                                                                      \
-        } else {                                                                                   \
-            for (int32_t t = 0; t < CHUNK; t++)                                                    \
-                for (int32_t d = 0; d < D; d++) kt[d * CHUNK + t] = t < n ? krow[t][d] : 0.0f;     \
-            for (int32_t vi = 0; vi < nvec; vi++) {                                                \
-                const float *qv = qs + vi * D;                                                     \
-                v16 a0 = {0}, a1 = {0};                                                            \
-                for (int32_t d = 0; d < D; d += 2) {                                               \
-                    a0 += qv[d] * load16(kt + d * CHUNK);                                          \
-                    a1 += qv[d + 1] * load16(kt + (d + 1) * CHUNK);                                \
-                }                                                                                  \
-                store16(s + vi * CHUNK, a0 + a1);                                                  \
-            }                                                                                      \
+            for (int j = 0; j < LANES; j++) store16(s + (v0 + j) * CHUNK, a[j]);                   \
         }                                                                                          \
         for (int32_t vi = 0; vi < nvec; vi++) {                                                    \
             const int32_t visible = pos[vi] - start + 1;                                           \
@@ -124,7 +113,7 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
             v16 av[V];                                                                             \
             for (int j = 0; j < V; j++) av[j] = load16(acc + vi * D + 16 * j) * alpha;             \
             for (int32_t t = 0; t < nv; t++)                                                       \
-                for (int j = 0; j < V; j++) av[j] += sv[t] * load16(vrow[t] + 16 * j);             \
+                for (int j = 0; j < V; j++) av[j] += sv[t] * load16(vr + t * D + 16 * j);          \
             for (int j = 0; j < V; j++) store16(acc + vi * D + 16 * j, av[j]);                     \
         }                                                                                          \
     }                                                                                              \
@@ -143,16 +132,16 @@ DEFINE_TILE(64)
 DEFINE_TILE(128)
 
 /* q: [T, Hq, D] rows q_stride apart (heads packed); out: [T, Hq, D] rows out_stride apart;
- * caches: [num_blocks, block_size, Hkv, D]; block_tables: [R, bt_stride]; query_start_loc:
- * [R + 1]; seq_lens: [R]. Returns 0; -1 when scratch memory ran out; -2 for a head_dim other
- * than 64 or 128. */
+ * caches in the layout above; block_tables: [R, bt_stride]; query_start_loc: [R + 1];
+ * seq_lens: [R]. Returns 0; -1 when scratch memory ran out; -2 for a head_dim other than 64 or
+ * 128 or a block_size that is not a multiple of 16. */
 int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t out_stride,
                         const float *k_cache, const float *v_cache, const int32_t *block_tables,
                         int64_t bt_stride, const int32_t *query_start_loc, const int32_t *seq_lens,
                         int32_t num_reqs, int32_t num_q_heads, int32_t num_kv_heads,
                         int32_t head_dim, int32_t block_size, float scale, int32_t num_threads)
 {
-    if (head_dim != 64 && head_dim != 128) return -2;
+    if ((head_dim != 64 && head_dim != 128) || block_size % CHUNK) return -2;
     const params_t p = {q, q_stride, out, out_stride, k_cache, v_cache,
                         num_q_heads / num_kv_heads, num_kv_heads, block_size, scale};
     const int32_t tile_tokens = p.group >= TILE_VECTORS ? 1 : TILE_VECTORS / p.group;
@@ -168,9 +157,8 @@ int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t ou
         const int32_t q_len = query_start_loc[r + 1] - query_start_loc[r];
         for (int32_t f = 0; f < q_len; f += tile_tokens) tiles[k++] = (tile_t){r, f};
     }
-    const int32_t max_vec = tile_tokens * p.group;
-    const size_t scratch_floats = (size_t)max_vec * (2 * head_dim + CHUNK + 3)
-                                  + (size_t)head_dim * CHUNK;
+    const int32_t max_vec = (tile_tokens * p.group + LANES - 1) / LANES * LANES;
+    const size_t scratch_floats = (size_t)max_vec * (2 * head_dim + CHUNK + 3);
     const int64_t num_items = num_tiles * num_kv_heads;
     int failed = 0;
     #pragma omp parallel num_threads(num_threads)
@@ -201,4 +189,30 @@ int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t ou
     }
     free(tiles);
     return failed ? -1 : 0;
+}
+
+/* Writes token t's key and value (k, v: [T, Hkv, D], rows k_stride / v_stride apart, heads
+ * packed) into cache slot slots[t] (block slot / block_size, offset slot % block_size) in the
+ * layout above; negative slots are skipped. */
+void write_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                  const int64_t *slots, int64_t tokens, float *k_cache, float *v_cache,
+                  int32_t num_kv_heads, int32_t head_dim, int32_t block_size, int32_t num_threads)
+{
+    const int64_t head_elems = (int64_t)head_dim * block_size;
+    #pragma omp parallel for num_threads(num_threads) schedule(static) if (tokens > 64)
+    for (int64_t t = 0; t < tokens; t++) {
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;
+        const int64_t block = slot / block_size, off = slot % block_size;
+        for (int32_t h = 0; h < num_kv_heads; h++) {
+            const float *kh = k + t * k_stride + (int64_t)h * head_dim;
+            const float *vh = v + t * v_stride + (int64_t)h * head_dim;
+            float *kc = k_cache + (block * num_kv_heads + h) * head_elems + off;
+            float *vc = v_cache + (block * num_kv_heads + h) * head_elems + off * head_dim;
+            for (int32_t d = 0; d < head_dim; d++) {
+                kc[(int64_t)d * block_size] = kh[d];
+                vc[d] = vh[d];
+            }
+        }
+    }
 }

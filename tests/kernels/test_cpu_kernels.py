@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from gpu_worker.layers.rotary import RotaryEmbedding
 from kernels import cpu_ops
-from kernels.reference import paged_attention_ref
+from kernels.reference import paged_attention_ref, write_kv_ref
 from tests.kernels.test_paged_attention import make_batch
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
@@ -20,13 +20,19 @@ def _cpu_batch(requests, num_kv_heads, group, head_dim, block_size, seed=0):
     return {name: t.cpu() for name, t in batch.items()}
 
 
+def _cpu_layout(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """[N, bs, Hkv, D] caches -> the CPU kernels' keys [N, Hkv, D, bs] and values [N, Hkv, bs, D]."""
+    return key_cache.permute(0, 2, 3, 1).contiguous(), value_cache.permute(0, 2, 1, 3).contiguous()
+
+
 def _check_attention(batch, threads: int = 2) -> None:
     scale = batch["query"].shape[-1] ** -0.5
     expected = paged_attention_ref(**batch, scale=scale)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        actual = cpu_ops.paged_attention(batch["query"], batch["key_cache"], batch["value_cache"],
+        actual = cpu_ops.paged_attention(batch["query"],
+                                         *_cpu_layout(batch["key_cache"], batch["value_cache"]),
                                          batch["block_table"], batch["query_start_loc"],
                                          batch["seq_lens"], scale)
     finally:
@@ -43,8 +49,8 @@ def test_decodes_and_chunks_match_reference(head_dim: int, group: int) -> None:
     _check_attention(_cpu_batch(requests, 2, group, head_dim, 16))
 
 
-@pytest.mark.parametrize("block_size", [1, 8, 32, 64])
-def test_block_sizes_other_than_the_chunk(block_size: int) -> None:
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_blocks_larger_than_the_chunk(block_size: int) -> None:
     requests = [(0, 1), (40, 1), (0, 45), (77, 19)]
     _check_attention(_cpu_batch(requests, 3, 3, 64, block_size, seed=1))
 
@@ -68,12 +74,13 @@ def test_queries_may_be_a_strided_view() -> None:
 
 def test_attention_refuses_what_it_would_misread() -> None:
     batch = _cpu_batch([(0, 4)], 1, 1, 64, 16)
-    args = [batch["key_cache"], batch["value_cache"], batch["block_table"],
+    args = [*_cpu_layout(batch["key_cache"], batch["value_cache"]), batch["block_table"],
             batch["query_start_loc"], batch["seq_lens"], 0.125]
-    with pytest.raises(ValueError, match="head_dim 64 and 128"):
-        small = _cpu_batch([(0, 4)], 1, 1, 32, 16)
-        cpu_ops.paged_attention(small["query"], small["key_cache"], small["value_cache"],
-                                *args[2:])
+    for head_dim, block_size in ((32, 16), (64, 8)):
+        small = _cpu_batch([(0, 4)], 1, 1, head_dim, block_size)
+        with pytest.raises(ValueError, match="head_dim 64 or 128 and a block_size"):
+            cpu_ops.paged_attention(small["query"], *_cpu_layout(small["key_cache"],
+                                    small["value_cache"]), *args[2:])
     with pytest.raises(ValueError, match="float32"):
         cpu_ops.paged_attention(batch["query"].double(), *args)
     with pytest.raises(ValueError, match="int32"):
@@ -81,8 +88,28 @@ def test_attention_refuses_what_it_would_misread() -> None:
     heads = _cpu_batch([(0, 4)], 1, 3, 64, 16)
     query = heads["query"].transpose(1, 2).contiguous().transpose(1, 2)  # heads not packed
     with pytest.raises(ValueError, match="contiguous"):
-        cpu_ops.paged_attention(query, *[heads[k] for k in ("key_cache", "value_cache",
-                                "block_table", "query_start_loc", "seq_lens")], 0.125)
+        cpu_ops.paged_attention(query, *_cpu_layout(heads["key_cache"], heads["value_cache"]),
+                                *[heads[k] for k in ("block_table", "query_start_loc", "seq_lens")],
+                                0.125)
+    with pytest.raises(ValueError, match="does not match caches"):
+        cpu_ops.paged_attention(batch["query"], batch["key_cache"], batch["value_cache"], *args[2:])
+
+
+def test_write_kv_matches_reference_then_attention_reads_it() -> None:
+    gen = torch.Generator().manual_seed(4)
+    num_blocks, block_size, kv_heads, head_dim = 6, 16, 3, 64
+    k, v = torch.randn(2, 40, kv_heads, head_dim, generator=gen)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:40]
+    slots[[3, 17]] = -1  # padding tokens are skipped
+    key_ref = torch.zeros(num_blocks, block_size, kv_heads, head_dim)
+    value_ref = torch.zeros_like(key_ref)
+    write_kv_ref(k, v, key_ref, value_ref, slots)
+    key_cache, value_cache = _cpu_layout(torch.zeros_like(key_ref), torch.zeros_like(value_ref))
+    cpu_ops.write_kv(k, v, key_cache, value_cache, slots)
+    expected_k, expected_v = _cpu_layout(key_ref, value_ref)
+    assert torch.equal(key_cache, expected_k) and torch.equal(value_cache, expected_v)
+    with pytest.raises(ValueError, match="int64"):
+        cpu_ops.write_kv(k, v, key_cache, value_cache, slots.int())
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])
@@ -126,6 +153,7 @@ def test_disabled_by_environment(monkeypatch) -> None:
     assert attention_backend(torch.device("cpu"), torch.float32, 64).name == "cpu"
     assert attention_backend(torch.device("cpu"), torch.float32, 80).name == "torch"
     assert attention_backend(torch.device("cpu"), torch.bfloat16, 64).name == "torch"
+    assert attention_backend(torch.device("cpu"), torch.float32, 64, block_size=8).name == "torch"
     monkeypatch.setenv("ENGINE_CPU_KERNELS", "0")
     cpu_library.load.cache_clear()
     try:
