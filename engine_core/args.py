@@ -44,7 +44,7 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "scheduler": [
         ("--max-num-seqs", "max_num_seqs", dict(type=int, help="most sequences in one step (default 256)")),
         ("--max-num-batched-tokens", "max_num_batched_tokens",
-         dict(type=int, help="token budget of one step (default 8192)")),
+         dict(type=int, help="token budget of one step (default 2048 on CPU, 8192 on GPU)")),
         ("--scheduling-policy", "scheduling_policy", dict(choices=("fcfs", "priority"))),
     ],
     "parallel": [

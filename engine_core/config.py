@@ -97,13 +97,14 @@ class SchedulerConfig:
     """Per-step limits of continuous batching."""
 
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    # None: resolve() picks by device (see default_batched_tokens).
+    max_num_batched_tokens: int | None = None
     scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ConfigError(
                 f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}"
             )
@@ -111,6 +112,14 @@ class SchedulerConfig:
             raise ConfigError(
                 f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
             )
+
+
+def default_batched_tokens(device_type: str) -> int:
+    """The per-step token budget when none is given: 8192 on a GPU; 2048 on the CPU, where a
+    step's GEMMs are already large at 2048 rows and bigger steps only add fresh ~100 MB
+    activations (offline-mixed measured 22.9 s at 8192 and 20.8 s at 2048) and longer waits for
+    the decodes sharing the step."""
+    return 2048 if device_type == "cpu" else 8192
 
 
 @dataclass(slots=True)
@@ -212,6 +221,8 @@ class EngineConfig:
                 f"max_model_len {self.model.max_model_len} exceeds the model's "
                 f"max_position_embeddings {limit}"
             )
+        if self.scheduler.max_num_batched_tokens is None:
+            self.scheduler.max_num_batched_tokens = default_batched_tokens(self.device_type)
         if self.model.served_model_name is None:
             self.model.served_model_name = self.model.model or "SmolLM2-135M-Instruct"
         heads, kv_heads = self.arch.num_attention_heads, self.arch.num_key_value_heads

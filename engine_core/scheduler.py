@@ -26,6 +26,7 @@ class Scheduler:
 
     def __init__(self, config: EngineConfig, num_blocks: int, eos_token_id: int | None) -> None:
         sched, cache = config.scheduler, config.cache
+        assert sched.max_num_batched_tokens is not None, "EngineConfig.resolve() not called"
         self.max_num_seqs = sched.max_num_seqs
         self.max_num_batched_tokens = sched.max_num_batched_tokens
         self.max_model_len = config.max_model_len

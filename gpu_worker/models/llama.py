@@ -110,11 +110,25 @@ class LlamaMLP(nn.Module):
         return int(shard_id) * self.intermediate, self.intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.split_gate_up is not None:
-            splits, hidden, width = self.split_gate_up.shape
-            y = torch.bmm(x.unsqueeze(0).expand(splits, -1, -1), self.split_gate_up)
-            return tp_all_reduce(torch.bmm(_silu_and_mul(y), self.split_down).sum(dim=0))
-        return self.down_proj(_silu_and_mul(self.gate_up_proj(x)))
+        if self.split_gate_up is None:
+            return self.down_proj(_silu_and_mul(self.gate_up_proj(x)))
+        if x.shape[0] <= _MLP_ROWS:
+            return tp_all_reduce(self._split_forward(x))
+        out = torch.empty_like(x)
+        for start in range(0, x.shape[0], _MLP_ROWS):
+            out[start : start + _MLP_ROWS] = self._split_forward(x[start : start + _MLP_ROWS])
+        return tp_all_reduce(out)
+
+    def _split_forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.bmm(x.unsqueeze(0).expand(self.split_gate_up.shape[0], -1, -1), self.split_gate_up)
+        return torch.bmm(_silu_and_mul(y), self.split_down).sum(dim=0)
+
+
+# Rows of one MLP pass on the CPU. Bigger steps go through in slices: the intermediate
+# activations of 8192 rows are ~100 MB, which glibc maps fresh (and the kernel zeroes) on every
+# call, while a 1024-row slice stays in reused, cache-warm memory (MLP of 4803 rows measured at
+# 185 GFLOP/s whole and 208 in 1024-row slices).
+_MLP_ROWS = 1024
 
 
 def _silu_and_mul(y: torch.Tensor) -> torch.Tensor:
