@@ -7,9 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 
-# Row count from which F.linear beats the split layout plus its output copy (measured on the
-# 49152 x 576 output projection: 64 rows, 26.6 ms against 23.2 + 7.6 ms).
-_MANY_ROWS = 32
+# Row count from which F.linear beats the split layout plus its output copy, measured on the
+# 49152 x 576 output projection (2 threads, dev box): split + copy 22.6 ms against 27.9 at 64
+# rows, 38.6 against 43.9 at 128, 190 against 89 at 256.
+_MANY_ROWS = 129
 
 
 class Linear(nn.Module):

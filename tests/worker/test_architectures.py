@@ -33,6 +33,9 @@ CASES = {
     "qwen2": ("qwen2", {}, False),  # biases on q, k, v
     "qwen3": ("qwen3", {}, False),  # RMSNorm on q and k heads
     "mistral": ("mistral", {}, False),
+    # Head sizes the CPU C attention kernel takes (64, 128); the others run the torch backend.
+    "qwen2-head64": ("qwen2", {"hidden_size": 256, "num_attention_heads": 4}, False),
+    "qwen3-head128": ("qwen3", {"head_dim": 128}, False),
     "llama-untied": ("llama", {"tie_word_embeddings": False}, False),
     "llama-tied": ("llama", {"tie_word_embeddings": True}, False),
     "llama-attention-bias": ("llama", {"attention_bias": True}, False),  # q/k/v and o biases
@@ -86,6 +89,10 @@ def case(request, tmp_path_factory):
         assert runner.arch.rope_scaling is not None
         assert runner.arch.rope_scaling["rope_type"] == overrides["rope_parameters"]["rope_type"]
     assert runner.arch.tie_word_embeddings == overrides.get("tie_word_embeddings", False)
+    from kernels.cpu_ops import available
+
+    if available():
+        assert runner.backend.name == ("cpu" if runner.arch.head_dim in (64, 128) else "torch")
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     # Like ignore_eos: keep generating past EOS without masking it.
