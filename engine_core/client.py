@@ -14,16 +14,19 @@ import weakref
 from typing import Any
 
 import msgspec
+import numpy as np
 import zmq
 import zmq.asyncio
 
 from engine_core.core_launcher import CoreProcess
+from engine_core.frames import INLINE_MAX_BYTES, FrameEncoder
 from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutputs,
                                   EngineCoreReady, EngineCoreRequest, OutputType, RequestError,
                                   RequestType, UtilityOutput, UtilityRequest, output_decoders)
 
 # How often a client waiting for messages checks that its child engine core still runs.
 _LIVENESS_POLL_S = 0.2
+_INT32 = np.iinfo(np.int32)
 
 
 class EngineDeadError(RuntimeError):
@@ -56,7 +59,7 @@ class _ClientBase:
         self._socket.setsockopt(zmq.SNDHWM, 0)
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.connect(self.address)
-        self._encoder = msgspec.msgpack.Encoder()
+        self._encoder = FrameEncoder()
         self._decoders = output_decoders()
         self._call_ids = itertools.count()
         self._dead: str | None = None
@@ -66,12 +69,13 @@ class _ClientBase:
         """Close the socket and stop the child engine core, if this client started one."""
         self._finalizer()
 
-    def _frames(self, kind: RequestType, msg: Any) -> list[bytes]:
-        return [bytes([kind]), self._encoder.encode(msg)]
+    def _frames(self, kind: RequestType, msg: Any) -> list[bytes | memoryview]:
+        return [bytes([kind]), *self._encoder.encode(msg)]
 
-    def _decode(self, frames: list[bytes]) -> tuple[OutputType, Any]:
-        kind = OutputType(frames[0][0])
-        msg = self._decoders[kind].decode(frames[1])
+    def _decode(self, frames: list[zmq.Frame]) -> tuple[OutputType, Any]:
+        kind = OutputType(frames[0].bytes[0])
+        # Arrays in the outputs are views of their frames (recv_multipart(copy=False)).
+        msg = self._decoders[kind].decode(frames[1].buffer, [f.buffer for f in frames[2:]])
         if kind == OutputType.DEAD:
             self._dead = f"the engine core died: {msg.message}"
             raise EngineDeadError(self._dead)
@@ -92,6 +96,22 @@ def _close(socket: zmq.Socket, ctx: zmq.Context, process: CoreProcess | None) ->
     ctx.term()
     if process is not None:
         process.terminate()
+
+
+def _with_prompt_array(request: EngineCoreRequest) -> EngineCoreRequest:
+    """request with a long prompt as an int32 array, which travels as a frame, not a list."""
+    ids = request.prompt_token_ids
+    if not isinstance(ids, list) or len(ids) * 4 < INLINE_MAX_BYTES:
+        return request
+    # Anything but int32-sized ints goes as the list, and the engine core says what is wrong.
+    try:
+        array = np.asarray(ids)
+    except ValueError:  # ragged nesting
+        return request
+    if array.dtype != np.int64 or array.ndim != 1 or array.min() < _INT32.min or \
+            array.max() > _INT32.max:
+        return request
+    return msgspec.structs.replace(request, prompt_token_ids=array.astype(np.int32))
 
 
 def _handshake_error(msg: RequestError) -> ConnectionError:
@@ -127,7 +147,7 @@ class EngineCoreClient(_ClientBase):
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Send a request; its outputs (or an EngineRequestError) come from get_output()."""
-        self._send(RequestType.ADD, request)
+        self._send(RequestType.ADD, _with_prompt_array(request))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests of this client; each ends with an ABORT output."""
@@ -167,7 +187,7 @@ class EngineCoreClient(_ClientBase):
             wait = _LIVENESS_POLL_S if deadline is None else \
                 min(_LIVENESS_POLL_S, deadline - time.monotonic())
             if self._socket.poll(max(0, int(wait * 1000))):
-                kind, msg = self._decode(self._socket.recv_multipart())
+                kind, msg = self._decode(self._socket.recv_multipart(copy=False))
                 if kind == OutputType.READY:
                     self.ready = msg
                 elif kind == OutputType.UTILITY:
@@ -213,7 +233,7 @@ class AsyncEngineCoreClient(_ClientBase):
 
     async def add_request(self, request: EngineCoreRequest) -> None:
         """Send a request; its outputs (or an EngineRequestError) come from get_output()."""
-        await self._send(RequestType.ADD, request)
+        await self._send(RequestType.ADD, _with_prompt_array(request))
 
     async def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests of this client; each ends with an ABORT output."""
@@ -256,7 +276,7 @@ class AsyncEngineCoreClient(_ClientBase):
                 if not await self._socket.poll(int(_LIVENESS_POLL_S * 1000)):
                     self._check_alive()
                     continue
-                kind, msg = self._decode(await self._socket.recv_multipart())
+                kind, msg = self._decode(await self._socket.recv_multipart(copy=False))
                 if kind == OutputType.READY:
                     self._ready.set_result(msg)
                 elif kind == OutputType.UTILITY:

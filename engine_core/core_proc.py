@@ -23,16 +23,19 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import numpy as np
 import zmq
 
 from engine_core.engine_core import EngineCore
+from engine_core.frames import INLINE_MAX_BYTES, FrameDecoder, FrameEncoder, tolist
 from engine_core.process_lifecycle import set_process_name
 from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutput,
                                   EngineCoreOutputs, EngineCoreReady, EngineCoreRequest,
-                                  EngineDead, OutputType, RequestError, RequestType,
+                                  EngineDead, Logprobs, OutputType, RequestError, RequestType,
                                   SchedulerStats, UtilityOutput, UtilityRequest,
                                   request_decoders)
 from engine_core.utilities import engine_utilities
+from gpu_worker.protocol import LogprobsLists
 
 logger = logging.getLogger("engine_core.proc")
 
@@ -160,7 +163,7 @@ class EngineCoreProc:
     # ---- output thread: encode, hand to the I/O thread ----
 
     def _output_loop(self) -> None:
-        encoder = msgspec.msgpack.Encoder()
+        encoder = FrameEncoder()
         while True:
             item = self._outputs.get()
             if item is _STOP:
@@ -169,16 +172,19 @@ class EngineCoreProc:
                 return
             identity, kind, msg = item
             try:
-                payload = encoder.encode(msg)
+                if kind == OutputType.OUTPUTS:
+                    _large_logprobs_as_arrays(msg)
+                frames = encoder.encode(msg)
             except Exception:  # e.g. a utility result msgpack cannot hold; keep serving
                 logger.exception("could not encode a %s message; dropped it", kind.name)
                 continue
-            self._push.send_multipart([identity, bytes([kind]), payload], copy=False)
+            # copy=False: array frames go out of the arrays' own memory, through the I/O thread.
+            self._push.send_multipart([identity, bytes([kind]), *frames], copy=False)
 
     # ---- I/O thread: the only user of the ROUTER socket ----
 
     def _io_loop(self) -> None:
-        encoder = msgspec.msgpack.Encoder()
+        encoder = FrameEncoder()
         decoders = request_decoders()
         clients: set[bytes] = set()
         poller = zmq.Poller()
@@ -194,29 +200,33 @@ class EngineCoreProc:
                 for identity in targets:
                     self._router.send_multipart([identity, *frames[1:]], copy=False)
             if self._router in ready:
-                frames = self._router.recv_multipart()
+                # copy=False: array frames are decoded as views of the received frames.
+                frames = self._router.recv_multipart(copy=False)
                 try:
                     reply = self._receive(frames, decoders, clients)
                 except Exception:  # a frame must never stop the I/O thread
-                    logger.exception("dropped a frame from client %r", frames[0])
+                    logger.exception("dropped a frame from client %r", frames[0].bytes)
                     continue
                 if reply is not None:
                     kind, msg = reply
-                    self._router.send_multipart([frames[0], bytes([kind]), encoder.encode(msg)])
+                    self._router.send_multipart([frames[0], bytes([kind]), *encoder.encode(msg)],
+                                                copy=False)
         self._pull.close()
         self._router.close()
 
-    def _receive(self, frames: list[bytes], decoders: dict[int, msgspec.msgpack.Decoder],
+    def _receive(self, frames: list[zmq.Frame], decoders: dict[int, FrameDecoder],
                  clients: set[bytes]) -> tuple[OutputType, Any] | None:
         """Decode and check one client message; returns the reply to send at once, if any."""
-        identity, body = frames[0], frames[1:]
-        if len(body) != 2 or len(body[0]) != 1 or body[0][0] not in decoders:
-            logger.warning("client %r sent a frame that is not [type byte, payload]", identity)
+        identity, body = frames[0].bytes, frames[1:]
+        if len(body) < 2 or len(body[0]) != 1 or body[0].bytes[0] not in decoders:
+            logger.warning("client %r sent a message that is not [type byte, payload, buffers]",
+                           identity)
             return OutputType.ERROR, RequestError(
-                "", "malformed message: expected two frames [type byte 0-3, msgpack payload]")
-        kind, payload = RequestType(body[0][0]), body[1]
+                "", "malformed message: expected frames [type byte 0-3, msgpack payload, "
+                "array buffers...]")
+        kind, payload = RequestType(body[0].bytes[0]), body[1].buffer
         try:
-            msg = decoders[kind].decode(payload)
+            msg = decoders[kind].decode(payload, [f.buffer for f in body[2:]])
         except Exception as e:  # DecodeError, ValidationError, RecursionError on deep nesting...
             logger.warning("client %r sent a malformed %s payload: %s", identity, kind.name, e)
             return _malformed_reply(kind, payload, f"malformed {kind.name} payload: {e}")
@@ -231,6 +241,8 @@ class EngineCoreProc:
         clients.add(identity)
         if kind == RequestType.ADD:
             assert isinstance(msg, EngineCoreRequest)
+            # The scheduler and the workers take token ids as a list.
+            msg.prompt_token_ids = tolist(msg.prompt_token_ids)
             try:
                 # Validation and block hashing here, off the busy loop.
                 msg = self.engine.make_request(msg)
@@ -240,7 +252,8 @@ class EngineCoreProc:
         return None
 
 
-def _malformed_reply(kind: RequestType, payload: bytes, message: str) -> tuple[OutputType, Any]:
+def _malformed_reply(kind: RequestType, payload: memoryview,
+                     message: str) -> tuple[OutputType, Any]:
     """An error for a payload that did not decode, naming its request or call when it can."""
     try:
         raw = msgspec.msgpack.decode(payload)
@@ -251,6 +264,23 @@ def _malformed_reply(kind: RequestType, payload: bytes, message: str) -> tuple[O
         return OutputType.UTILITY, UtilityOutput(first, error=message)
     request_id = first if kind == RequestType.ADD and isinstance(first, str) else ""
     return OutputType.ERROR, RequestError(request_id, message)
+
+
+def _large_logprobs_as_arrays(outputs: EngineCoreOutputs) -> None:
+    """Turn the worker's large logprob lists into arrays, which travel as frames, not lists."""
+    for out in outputs.outputs:
+        if out.new_logprobs is not None:
+            out.new_logprobs = _logprob_arrays(out.new_logprobs)
+        if out.new_prompt_logprobs is not None:
+            out.new_prompt_logprobs = _logprob_arrays(out.new_prompt_logprobs)
+
+
+def _logprob_arrays(lp: LogprobsLists) -> LogprobsLists | Logprobs:
+    # Every position of a request has the same number of candidates (the rows are rectangular).
+    if not lp.token_ids or len(lp.token_ids) * len(lp.token_ids[0]) * 4 < INLINE_MAX_BYTES:
+        return lp
+    return Logprobs(np.array(lp.token_ids, np.int32), np.array(lp.logprobs, np.float32),
+                    np.array(lp.ranks, np.int32))
 
 
 def _drain(q: queue.SimpleQueue[Any]) -> list[Any]:
@@ -265,15 +295,24 @@ def _drain(q: queue.SimpleQueue[Any]) -> list[Any]:
 def run_engine_core(address: str, engine_args: dict[str, Any],
                     parent_pid: int | None = None) -> int:
     """Load the model, serve on address until SIGTERM/SIGINT or parent death; the exit code."""
-    from engine_core.config import engine_config_from_kwargs
-    from metrics.engine_stats import EngineStatsRecorder
-
+    # First, so that no stop signal can take its default action (death by the signal) from
+    # here on: the handler's C part writes the signal's number to the wakeup pipe, whichever
+    # thread the kernel picked, even one a library started at import time, before the mask
+    # below; the signal thread reads it and stops cleanly.
+    wakeup_read, wakeup_write = os.pipe()
+    os.set_blocking(wakeup_write, False)
+    signal.set_wakeup_fd(wakeup_write, warn_on_full_buffer=False)
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, _on_stop_signal)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     set_process_name("engine-core")
     # A Python signal handler runs only in the main thread, and not while the busy loop waits
-    # on its queue for a signal that landed on another thread; so every thread (all start
-    # after this line and inherit the mask) blocks the stop signals and one thread sigwaits.
+    # on its queue; so every thread but the signal thread (all start after this line and
+    # inherit the mask) blocks the stop signals, and they land on the signal thread.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    from engine_core.config import engine_config_from_kwargs
+    from metrics.engine_stats import EngineStatsRecorder
+
     proc: EngineCoreProc | None = None
 
     def stop(reason: str, exit_code: int) -> None:
@@ -283,7 +322,8 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
         proc.shutdown()
 
     def on_signal() -> None:
-        sig = signal.sigwait(_STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        sig = os.read(wakeup_read, 1)[0]
         stop(f"got {signal.Signals(sig).name}", 128 + sig)
 
     def on_parent_exit(parent: int) -> None:
@@ -301,6 +341,10 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
     recorder = EngineStatsRecorder(engine.config.model.served_model_name or "")
     proc = EngineCoreProc(engine, address, on_stats=recorder.record)
     return proc.run()
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    """The Python half of the stop signals' handler: nothing, the wakeup pipe carries them."""
 
 
 def main(argv: list[str] | None = None) -> int:

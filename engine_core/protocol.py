@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
+from engine_core.frames import FloatMatrix, FrameDecoder, IntMatrix, IntVector
 from engine_core.sampling_params import SamplingParams
-from gpu_worker.protocol import LogprobsLists
 
 
 class FinishReason(enum.IntEnum):
@@ -26,7 +26,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     """A tokenized request for the engine core."""
 
     request_id: str
-    prompt_token_ids: list[int]
+    # A list, or an int array (the Python clients send long prompts so, as an extra frame);
+    # the engine core process turns an array into a list before anything else sees it.
+    prompt_token_ids: IntVector
     sampling_params: SamplingParams
     arrival_time: float = 0.0
     priority: int = 0
@@ -34,13 +36,24 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     client_index: int = 0
 
 
+# The wire form of gpu_worker's LogprobsLists (same fields): the engine core process sends large
+# ones as arrays in extra frames, so a client decodes lists or read-only numpy arrays.
+class Logprobs(msgspec.Struct, array_like=True, gc=False):
+    """Per position: [sampled, top-1, ..., top-K] ids and logprobs, and the sampled token's rank."""
+
+    token_ids: IntMatrix
+    logprobs: FloatMatrix
+    ranks: IntVector
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """What one step produced for one request."""
 
     request_id: str
     new_token_ids: list[int]
-    new_logprobs: LogprobsLists | None = None
-    new_prompt_logprobs: LogprobsLists | None = None
+    # The scheduler fills these with gpu_worker's LogprobsLists; clients decode Logprobs.
+    new_logprobs: Logprobs | None = None
+    new_prompt_logprobs: Logprobs | None = None
     finish_reason: FinishReason | None = None
     # The stop token id that ended the request (None for EOS, length and abort).
     stop_reason: int | str | None = None
@@ -76,11 +89,11 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
 # ---- The wire protocol of the engine core process (docs/protocol.md) ----
 
 # Bumped on any change a peer of the previous version would misread.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class RequestType(enum.IntEnum):
-    """First frame (one byte) of a client -> engine core message; the payload frame follows."""
+    """First frame (one byte) of a client -> engine core message; payload and buffers follow."""
 
     HELLO = 0
     ADD = 1
@@ -89,7 +102,7 @@ class RequestType(enum.IntEnum):
 
 
 class OutputType(enum.IntEnum):
-    """First frame (one byte) of an engine core -> client message; the payload frame follows."""
+    """First frame (one byte) of an engine core -> client message; payload and buffers follow."""
 
     READY = 0
     OUTPUTS = 1
@@ -162,11 +175,11 @@ OUTPUT_PAYLOADS: dict[OutputType, Any] = {
 }
 
 
-def request_decoders() -> dict[int, msgspec.msgpack.Decoder]:
-    """A typed msgpack decoder per request type (one set per thread)."""
-    return {t.value: msgspec.msgpack.Decoder(p) for t, p in REQUEST_PAYLOADS.items()}
+def request_decoders() -> dict[int, FrameDecoder]:
+    """A typed decoder per request type (one set per thread)."""
+    return {t.value: FrameDecoder(p) for t, p in REQUEST_PAYLOADS.items()}
 
 
-def output_decoders() -> dict[int, msgspec.msgpack.Decoder]:
-    """A typed msgpack decoder per output type (one set per thread)."""
-    return {t.value: msgspec.msgpack.Decoder(p) for t, p in OUTPUT_PAYLOADS.items()}
+def output_decoders() -> dict[int, FrameDecoder]:
+    """A typed decoder per output type (one set per thread)."""
+    return {t.value: FrameDecoder(p) for t, p in OUTPUT_PAYLOADS.items()}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
+from engine_core.frames import tolist
+from engine_core.protocol import Logprobs
 from engine_core.sampling_params import SamplingParams
 from gpu_worker.protocol import LogprobsLists
 from tokenizer_proc.incremental import make_incremental_decoder
@@ -88,20 +90,24 @@ class IncrementalDetokenizer:
 
 
 def convert_logprobs(
-    tokenizer: PreTrainedTokenizerBase, lp: LogprobsLists
+    tokenizer: PreTrainedTokenizerBase, lp: LogprobsLists | Logprobs
 ) -> list[dict[int, Logprob]]:
-    """Map each position's sampled and top-k token ids to Logprob(logprob, rank, decoded_token)."""
-    flat_ids = [token_id for row in lp.token_ids for token_id in row]
+    """Map each position's sampled and top-k token ids to Logprob(logprob, rank, decoded_token).
+
+    lp holds lists (in-process) or numpy arrays (decoded from an engine core process).
+    """
+    token_ids, logprobs, sampled_ranks = tolist(lp.token_ids), tolist(lp.logprobs), tolist(lp.ranks)
+    flat_ids = [token_id for row in token_ids for token_id in row]
     # Per-token strings may hold U+FFFD for a partial character, as in vLLM.
     texts = iter(tokenizer.batch_decode([[token_id] for token_id in flat_ids]))
     positions: list[dict[int, Logprob]] = []
-    for token_ids, logprobs, sampled_rank in zip(lp.token_ids, lp.logprobs, lp.ranks):
+    for row_ids, row_logprobs, sampled_rank in zip(token_ids, logprobs, sampled_ranks):
         # The sampled token comes first; when it is also in the top-k its top-k entry overwrites it.
-        ranks = [sampled_rank, *range(1, len(token_ids))]
+        ranks = [sampled_rank, *range(1, len(row_ids))]
         positions.append(
             {
                 token_id: Logprob(logprob, rank, next(texts))
-                for token_id, logprob, rank in zip(token_ids, logprobs, ranks)
+                for token_id, logprob, rank in zip(row_ids, row_logprobs, ranks)
             }
         )
     return positions

@@ -96,7 +96,7 @@ class OutputProcessor:
             seq.token_ids.extend(out.new_token_ids)
             if seq.logprobs is not None and out.new_logprobs is not None:
                 seq.logprobs.extend(convert_logprobs(self.tokenizer, out.new_logprobs))
-                seq.cumulative_logprob += sum(row[0] for row in out.new_logprobs.logprobs)
+                seq.cumulative_logprob += sum(float(row[0]) for row in out.new_logprobs.logprobs)
             stop = seq.detokenizer.update(out.new_token_ids, out.finished)
             if stop is not None and not out.finished:
                 seq.finish_reason, seq.stop_reason = "stop", stop

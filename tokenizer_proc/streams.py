@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine_core.protocol import EngineCoreOutput
+from engine_core.protocol import EngineCoreOutput, Logprobs
 from engine_core.sampling_params import SamplingParams
 from gpu_worker.protocol import LogprobsLists
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
@@ -129,7 +129,7 @@ class DeltaStreams:
         if not any(c in self._children for c in stream.detokenizers):
             del self._streams[stream.request_id]
 
-    def _logprobs(self, lp: LogprobsLists) -> list[PositionLogprobs]:
+    def _logprobs(self, lp: LogprobsLists | Logprobs) -> list[PositionLogprobs]:
         return [[TokenLogprob(token_id, p.logprob, p.rank, p.decoded_token)
                  for token_id, p in position.items()]
                 for position in convert_logprobs(self.tokenizer, lp)]

@@ -1,9 +1,32 @@
 // A client of the engine core wire protocol (docs/protocol.md): one DEALER socket, frames
-// [type byte, msgpack payload], array-like messages in field order.
-import { encode, decode } from "@msgpack/msgpack";
+// [type byte, msgpack payload, buffer frames...], array-like messages in field order.
+import { decode, encode, ExtensionCodec } from "@msgpack/msgpack";
 import { Dealer } from "zeromq";
 
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
+// A large array travels as msgpack Ext 1, [dtype, shape, buffer index], its bytes in a frame.
+export const ARRAY_EXT_CODE = 1;
+const TYPED_ARRAYS = { int32: Int32Array, int64: BigInt64Array, float32: Float32Array };
+
+const arrayCodec = new ExtensionCodec();
+arrayCodec.register({
+  type: ARRAY_EXT_CODE,
+  encode: () => null, // this client sends plain arrays, which the engine core accepts too
+  decode: (data, _type, buffers) => toArray(decode(data), buffers),
+});
+
+/** The array an Ext names as plain nested JS arrays (numbers; int64 too, exact below 2**53). */
+function toArray([dtype, shape, index], buffers) {
+  const Typed = TYPED_ARRAYS[dtype];
+  const frame = buffers[index];
+  if (Typed === undefined || frame === undefined) throw new Error(`bad array extension ${dtype} ${index}`);
+  // Copied into aligned memory: typed arrays need it and the frame's offset may be odd.
+  const bytes = new Uint8Array(frame);
+  const flat = Array.from(new Typed(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength)), Number);
+  if (shape.length === 1) return flat;
+  const width = shape[1];
+  return Array.from({ length: shape[0] }, (_, i) => flat.slice(i * width, (i + 1) * width));
+}
 export const RequestType = { HELLO: 0, ADD: 1, ABORT: 2, UTILITY: 3 };
 export const OutputType = { READY: 0, OUTPUTS: 1, UTILITY: 2, ERROR: 3, DEAD: 4 };
 export const FINISH_REASONS = ["stop", "length", "abort"];
@@ -44,11 +67,12 @@ export class EngineCoreClient {
 
   /** The next message as {type, msg}; msg is the decoded payload (an array for structs). */
   async receive() {
-    const [type, payload] = await this.socket.receive();
-    return { type: type[0], msg: decode(payload) };
+    const [type, payload, ...buffers] = await this.socket.receive();
+    return { type: type[0], msg: decode(payload, { extensionCodec: arrayCodec, context: buffers }) };
   }
 
-  /** Yields {requestId, newTokenIds, finishReason} for requestId until it finishes. */
+  /** Yields {requestId, newTokenIds, logprobs, finishReason} for requestId until it finishes;
+   * logprobs is [tokenIds, logprobs, ranks] per position (the sampled token first) or null. */
   async *stream(requestId) {
     for (;;) {
       const { type, msg } = await this.receive();
@@ -58,7 +82,12 @@ export class EngineCoreClient {
       for (const out of msg[0] ?? []) {
         if (out[0] !== requestId) continue;
         const reason = out[4] ?? null;
-        yield { requestId, newTokenIds: out[1], finishReason: reason === null ? null : FINISH_REASONS[reason] };
+        yield {
+          requestId,
+          newTokenIds: out[1],
+          logprobs: out[2] ?? null,
+          finishReason: reason === null ? null : FINISH_REASONS[reason],
+        };
         if (reason !== null) return;
       }
     }

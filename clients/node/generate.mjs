@@ -1,8 +1,9 @@
 #!/usr/bin/env node
 // Send one tokenized request to a headless engine core and print each generated token id on
-// its own line as it arrives; the finish reason goes to stderr.
+// its own line as it arrives (with --logprobs K, followed by its logprob and the number of
+// candidates; -1 asks for the whole vocabulary); the finish reason goes to stderr.
 // Usage: node generate.mjs --address tcp://127.0.0.1:5555 [--max-tokens 16] [--temperature 0]
-//                          [--ignore-eos] TOKEN_ID...
+//                          [--ignore-eos] [--logprobs=K] TOKEN_ID...
 import { parseArgs } from "node:util";
 import { EngineCoreClient } from "./client.mjs";
 
@@ -13,11 +14,12 @@ const { values, positionals } = parseArgs({
     "max-tokens": { type: "string", default: "16" },
     temperature: { type: "string", default: "0" },
     "ignore-eos": { type: "boolean", default: false },
+    logprobs: { type: "string" },
     "request-id": { type: "string", default: `node-${process.pid}` },
   },
 });
 if (!values.address || positionals.length === 0) {
-  console.error("usage: node generate.mjs --address ADDR [--max-tokens N] [--temperature T] [--ignore-eos] TOKEN_ID...");
+  console.error("usage: node generate.mjs --address ADDR [--max-tokens N] [--temperature T] [--ignore-eos] [--logprobs K] TOKEN_ID...");
   process.exit(2);
 }
 
@@ -30,9 +32,14 @@ try {
     max_tokens: Number(values["max-tokens"]),
     ignore_eos: values["ignore-eos"],
   };
+  if (values.logprobs !== undefined) params.logprobs = Number(values.logprobs);
   await client.addRequest(values["request-id"], positionals.map(Number), params);
   for await (const out of client.stream(values["request-id"])) {
-    for (const id of out.newTokenIds) console.log(id);
+    out.newTokenIds.forEach((id, i) => {
+      if (out.logprobs === null) return console.log(id);
+      const [ids, logprobs] = out.logprobs;
+      console.log(`${id} ${logprobs[i][0]} ${ids[i].length}`);
+    });
     if (out.finishReason) console.error(`finish_reason: ${out.finishReason}`);
   }
 } catch (err) {

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from engine_core.client import (AsyncEngineCoreClient, EngineCoreClient, EngineRequestError,
                                 UtilityCallError)
 from engine_core.config import engine_config_from_kwargs
 from engine_core.inproc_client import InprocClient
-from engine_core.protocol import PROTOCOL_VERSION, FinishReason
+from engine_core.frames import tolist
+from engine_core.protocol import PROTOCOL_VERSION, EngineCoreRequest, FinishReason
+from engine_core.sampling_params import SamplingParams
 from tests.engine_core_proc.utils import PROMPTS, collect, greedy_request
 
 
@@ -123,3 +126,40 @@ def test_refused_requests_get_errors_and_others_carry_on(address):
     assert "already in use" in errors["ok1"]
     assert done == {"ok1": FinishReason.LENGTH, "ok2": FinishReason.LENGTH}
     assert len(tokens["ok1"]) == len(tokens["ok2"]) == 8
+
+
+def _outputs(client, request: EngineCoreRequest) -> list:
+    client.add_request(request)
+    outputs = []
+    while not outputs or not outputs[-1].finished:
+        outputs += client.get_output().outputs
+    return outputs
+
+
+def _assert_same_logprobs(local, remote) -> None:
+    assert isinstance(remote.token_ids, np.ndarray), "large logprobs should travel as frames"
+    assert remote.token_ids.tolist() == tolist(local.token_ids)
+    assert tolist(remote.ranks) == tolist(local.ranks)
+    np.testing.assert_allclose(remote.logprobs, np.array(local.logprobs), rtol=0, atol=1e-6)
+
+
+def test_long_prompt_and_whole_vocabulary_logprobs_over_frames(engine_args, monkeypatch):
+    args = {**engine_args, "max_logprobs": -1}
+    prompt = [(7 * i) % 500 + 3 for i in range(200)]  # 800 bytes as int32: an array frame
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4, logprobs=-1,
+                            prompt_logprobs=-1)
+    local = _outputs(InprocClient(engine_config_from_kwargs(**args).resolve()),
+                     EngineCoreRequest("lp", prompt, params))
+    with EngineCoreClient(engine_args=args) as client:
+        sent = []
+        send = client._socket.send_multipart
+        monkeypatch.setattr(client._socket, "send_multipart",
+                            lambda frames, **kw: (sent.append(len(frames)), send(frames, **kw))[1])
+        remote = _outputs(client, EngineCoreRequest("lp", prompt, params))
+    assert sent == [3], "the prompt should travel as [type, payload, array frame]"
+    assert [o.new_token_ids for o in remote] == [o.new_token_ids for o in local]
+    first_local, first_remote = local[0], remote[0]
+    assert first_remote.new_prompt_logprobs.token_ids.shape == (len(prompt) - 1, 513)
+    _assert_same_logprobs(first_local.new_prompt_logprobs, first_remote.new_prompt_logprobs)
+    for lo, re in zip(local, remote):
+        _assert_same_logprobs(lo.new_logprobs, re.new_logprobs)

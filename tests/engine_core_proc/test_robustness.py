@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from engine_core.client import EngineCoreClient, EngineDeadError
 from engine_core.config import engine_config_from_kwargs
 from engine_core.core_proc import EngineCoreProc
 from engine_core.engine_core import EngineCore
+from engine_core.frames import ARRAY_EXT_CODE
 from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, OutputType, RequestType,
                                   UtilityOutput, UtilityRequest, output_decoders)
 from tests.engine_core_proc.utils import PROMPTS, collect, greedy_request
@@ -42,12 +44,18 @@ def _replies(sock: zmq.Socket, count: int | None = None) -> list[tuple[OutputTyp
     decoders, got = output_decoders(), []
     while len(got) != count:
         assert sock.poll(10_000), "the engine core stopped answering"
-        kind, payload = sock.recv_multipart()
-        msg = decoders[kind[0]].decode(payload)
+        kind, payload, *buffers = sock.recv_multipart()
+        msg = decoders[kind[0]].decode(payload, buffers)
         if count is None and isinstance(msg, UtilityOutput) and msg.call_id == -1:
             return got
         got.append((OutputType(kind[0]), msg))
     return got
+
+
+def _array_add(request_id: str, header: list, code: int = ARRAY_EXT_CODE) -> list[bytes]:
+    """An ADD whose prompt is an array Ext with this header, over one 400-byte buffer frame."""
+    prompt = msgspec.msgpack.Ext(code, _encode(header))
+    return [bytes([RequestType.ADD]), _encode([request_id, prompt, {}]), bytes(400)]
 
 
 def _fuzz_frames() -> list[list[bytes]]:
@@ -66,7 +74,16 @@ def _fuzz_frames() -> list[list[bytes]]:
         [bytes([RequestType.UTILITY]), b"\x91" * 100_000 + b"\x00"],
         [bytes([RequestType.HELLO]), _encode(["x"])],
         [bytes([9]), valid_add], [bytes([255]), b""], [b"", valid_add], [b"\x01\x01", valid_add],
-        [bytes([RequestType.ADD])], [bytes([RequestType.ADD]), valid_add, b"extra"], [b""],
+        [bytes([RequestType.ADD])], [b""],
+        [bytes([RequestType.ADD]), _encode(["fz-ext-data", msgspec.msgpack.Ext(1, b"\xc1"), {}])],
+        _array_add("fz-ext-code", ["int32", [100], 0], code=7),
+        _array_add("fz-ext-header", ["int32", [100]]),
+        _array_add("fz-ext-index", ["int32", [100], 1]),
+        _array_add("fz-ext-dtype", ["float64", [50], 0]),
+        _array_add("fz-ext-float", ["float32", [100], 0]),
+        _array_add("fz-ext-shape", ["int32", [99], 0]),
+        _array_add("fz-ext-negative", ["int32", [-100], 0]),
+        _array_add("fz-ext-rank", ["int32", [10, 10], 0]),
     ]
     return frames
 
@@ -84,7 +101,16 @@ def test_fuzzed_frames_never_stop_the_engine_core(address):
     assert "temperature must be non-negative" in errors["fz-params"]
     assert "Expected `str`, got `int`" in utility[7]
     assert any("ADD payload: Input data was truncated" in m for m in anonymous)
-    assert any("expected two frames" in m for m in anonymous)
+    assert any("expected frames [type byte" in m for m in anonymous)
+    assert "malformed array extension" in errors["fz-ext-data"]
+    assert "unknown msgpack extension type 7" in errors["fz-ext-code"]
+    assert "malformed array extension" in errors["fz-ext-header"]
+    assert "array buffer frame 1 does not exist" in errors["fz-ext-index"]
+    assert "dtype 'float64' is not allowed" in errors["fz-ext-dtype"]
+    assert "expected a 1-dimensional integer array" in errors["fz-ext-float"]
+    assert "needs 396 bytes; its buffer frame has 400" in errors["fz-ext-shape"]
+    assert "negative dimension" in errors["fz-ext-negative"]
+    assert "expected a 1-dimensional integer array" in errors["fz-ext-rank"]
     sock.close()
     with EngineCoreClient(address) as client:
         client.add_request(greedy_request("after-fuzz", PROMPTS[0], max_tokens=4))
@@ -175,3 +201,27 @@ def test_start_up_failure_is_reported(engine_args, tmp_path):
     args = {**engine_args, "model": str(tmp_path / "no-such-model")}
     with pytest.raises(EngineDeadError, match="exited with code 1 during start-up"):
         EngineCoreClient(engine_args=args, startup_timeout=60)
+
+
+def test_stop_signal_on_a_thread_that_does_not_block_it_stops_cleanly(engine_args, socket_dir):
+    # The thread starts before the engine core blocks its stop signals, as one a library starts
+    # at import time does; without a handler, SIGTERM there would kill the process with -15.
+    code = textwrap.dedent("""
+        import sys, threading, time
+        from engine_core.core_proc import main
+        early = threading.Thread(target=time.sleep, args=(3600,), daemon=True)
+        early.start()
+        print(early.native_id, flush=True)
+        sys.exit(main(sys.argv[1:]))
+    """)
+    address = f"ipc://{socket_dir}/early-thread.sock"
+    proc = subprocess.Popen([sys.executable, "-c", code, "--listen", address,
+                             "--engine-args", json.dumps(engine_args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    thread_id = int(proc.stdout.readline())
+    with EngineCoreClient(address, startup_timeout=120) as client:
+        assert client.call_utility("ping") == "pong"
+    os.kill(thread_id, signal.SIGTERM)  # the kernel delivers it to that thread when it can
+    _, log = proc.communicate(timeout=30)
+    assert proc.returncode == 0, log
+    assert "got SIGTERM; stopping" in log
