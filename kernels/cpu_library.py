@@ -21,13 +21,16 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = sorted((Path(__file__).parent / "cpu").glob("*.c"))
+_SOURCE_DIR = Path(__file__).parent / "cpu"
+_SOURCES = sorted(_SOURCE_DIR.glob("*.c"))
+_HEADERS = sorted(_SOURCE_DIR.glob("*.h"))
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
     "paged_attention_f32": (ctypes.c_int, [_P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I32, _I32,
                                            _I32, _I32, _I32, _F32, _I32]),
+    "linear_f32": (None, [_P, _I64, _P, _P, _P, _I64, _I64, _I32, _I32, _I32]),
     "write_kv_f32": (None, [_P, _I64, _P, _I64, _P, _I64, _P, _P, _I32, _I32, _I32, _I32]),
     "silu_and_mul_f32": (None, [_P, _I64, _P, _I64, _I64, _I64, _I32]),
     "add_rms_norm_f32": (None, [_P, _P, _P, _P, _I64, _I64, _F32, _I32]),
@@ -55,8 +58,8 @@ def _cache_dir() -> Path:
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
-    for part in [*(p.read_bytes() for p in _SOURCES), " ".join(_FLAGS).encode(), version.encode(),
-                 _cpu_id().encode()]:
+    for part in [*(p.read_bytes() for p in _SOURCES + _HEADERS), " ".join(_FLAGS).encode(),
+                 version.encode(), _cpu_id().encode()]:
         key.update(part)
     target = _cache_dir() / f"libenginecpu-{key.hexdigest()[:16]}.so"
     if target.is_file():
@@ -64,7 +67,8 @@ def _build(cc: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        result = subprocess.run([cc, *_FLAGS, "-o", str(out), *map(str, _SOURCES), "-lm"],
+        result = subprocess.run([cc, *_FLAGS, f"-I{_SOURCE_DIR}", "-o", str(out), *map(str, _SOURCES),
+                                 "-lm"],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{cc} failed:\n{result.stderr[-2000:]}")

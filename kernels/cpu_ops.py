@@ -96,6 +96,44 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_ca
                         block_size, torch.get_num_threads())
 
 
+# Columns per weight block of linear() (kernels/cpu/linear.c).
+LINEAR_BLOCK = 32
+
+
+def block_weight(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> the layout linear() reads, [N/32, K, 32] (N a multiple of 32)."""
+    _check(weight, "weight")
+    out_features, in_features = weight.shape
+    if out_features % LINEAR_BLOCK:
+        raise ValueError(f"out_features {out_features} is not a multiple of {LINEAR_BLOCK}")
+    return (weight.detach().t().reshape(in_features, out_features // LINEAR_BLOCK, LINEAR_BLOCK)
+            .transpose(0, 1).contiguous())
+
+
+def linear(x: torch.Tensor, weight_blocked: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias) with W given by block_weight(); returns [..., N]."""
+    _check(x, "x")
+    _check(weight_blocked, "weight_blocked")
+    blocks, in_features, width = weight_blocked.shape
+    if width != LINEAR_BLOCK or not weight_blocked.is_contiguous() or x.shape[-1] != in_features:
+        raise ValueError(f"x {tuple(x.shape)} does not match the blocked weight "
+                         f"{tuple(weight_blocked.shape)}")
+    out_features = blocks * LINEAR_BLOCK
+    if bias is not None:
+        _check(bias, "bias")
+        if bias.shape != (out_features,) or not bias.is_contiguous():
+            raise ValueError(f"bias {tuple(bias.shape)} does not match {out_features} outputs")
+    rows = x.reshape(-1, in_features)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(*x.shape[:-1], out_features)
+    if rows.shape[0]:
+        _lib().linear_f32(rows.data_ptr(), rows.stride(0), weight_blocked.data_ptr(),
+                          None if bias is None else bias.data_ptr(), out.data_ptr(), out_features,
+                          rows.shape[0], in_features, out_features, torch.get_num_threads())
+    return out
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(x[..., :w]) * x[..., w:] for x [..., 2w]; returns a new [..., w] tensor."""
     _check(x, "x")

@@ -10,7 +10,7 @@
  * at a time, with an online softmax (running max and sum per vector), so nothing is gathered
  * and nothing of size seq_len is materialised. Vectors go through the score loop four at a time
  * so each key load feeds four FMAs. head_dim is a compile-time constant (64 or 128) so the
- * accumulators stay in registers; GCC vector extensions keep the code portable across x86 widths.
+ * accumulators stay in registers; vec.h's vectors keep the code portable across x86 widths.
  * Queries are causal: query j of a request with q_len queries and seq_len tokens sits at position
  * seq_len - q_len + j and sees positions 0..itself.
  */
@@ -19,15 +19,12 @@
 #include <string.h>
 #include <math.h>
 
+#include "vec.h"
+
 #define CHUNK 16          /* context positions per step of the online softmax */
 #define LANES 4           /* query vectors sharing each key load */
 #define TILE_VECTORS 32   /* query vectors per work item, at most (a multiple of LANES) */
 #define MASKED (-1e30f)   /* finite: the library is built with -ffast-math */
-
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-
-static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
-static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
 typedef struct {
     int32_t req;
@@ -47,7 +44,7 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
                             int32_t q_len, int32_t seq_len, int32_t first, int32_t ntok,           \
                             int32_t kv_head, float *scratch)                                       \
 {                                                                                                  \
-    enum { V = D / 16 };                                                                           \
+    enum { V = D / VW, NC = CHUNK / VW };                                                          \
     const int32_t group = p->group, nvec = ntok * group;                                           \
     const int32_t padded = (nvec + LANES - 1) / LANES * LANES;                                     \
     const int32_t bs = p->block_size;                                                              \
@@ -84,16 +81,25 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
         const float *kt_next = p->k_cache + next_block * head_elems + next % bs;                   \
         const float *vr_next = p->v_cache + next_block * head_elems + (int64_t)(next % bs) * D;   \
         for (int32_t v0 = 0; v0 < padded; v0 += LANES) {                                           \
-            v16 a[LANES] = {{0}};                                                                  \
+            vf a[LANES][NC];                                                                       \
+            _Pragma("GCC unroll 8") for (int j = 0; j < LANES; j++)                                \
+                _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) a[j][c] = (vf){0};            \
             for (int32_t d = 0; d < D; d++) {                                                      \
                 if (v0 == 0) {                                                                     \
                     __builtin_prefetch(kt_next + (int64_t)d * bs);                                 \
                     __builtin_prefetch(vr_next + (int64_t)d * 16); /* a line per d covers V */    \
                 }                                                                                  \
-                const v16 kv = load16(kt + (int64_t)d * bs);                                       \
-                for (int j = 0; j < LANES; j++) a[j] += qs[(v0 + j) * D + d] * kv;                 \
+                vf kv[NC];                                                                         \
+                _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++)                               \
+                    kv[c] = loadv(kt + (int64_t)d * bs + c * VW);                                  \
+                _Pragma("GCC unroll 8") for (int j = 0; j < LANES; j++) {                          \
+                    const float qd = qs[(v0 + j) * D + d];                                         \
+                    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) a[j][c] += qd * kv[c];    \
+                }                                                                                  \
             }                                                                                      \
-            for (int j = 0; j < LANES; j++) store16(s + (v0 + j) * CHUNK, a[j]);                   \
+            _Pragma("GCC unroll 8") for (int j = 0; j < LANES; j++)                                \
+                _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++)                               \
+                    storev(s + (v0 + j) * CHUNK + c * VW, a[j][c]);                                \
         }                                                                                          \
         for (int32_t vi = 0; vi < nvec; vi++) {                                                    \
             const int32_t visible = pos[vi] - start + 1;                                           \
@@ -110,11 +116,14 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
             }                                                                                      \
             m[vi] = mx;                                                                            \
             l[vi] = l[vi] * alpha + sum;                                                           \
-            v16 av[V];                                                                             \
-            for (int j = 0; j < V; j++) av[j] = load16(acc + vi * D + 16 * j) * alpha;             \
+            vf av[V];                                                                              \
+            _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                                   \
+                av[j] = loadv(acc + vi * D + VW * j) * alpha;                                      \
             for (int32_t t = 0; t < nv; t++)                                                       \
-                for (int j = 0; j < V; j++) av[j] += sv[t] * load16(vr + t * D + 16 * j);          \
-            for (int j = 0; j < V; j++) store16(acc + vi * D + 16 * j, av[j]);                     \
+                _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                               \
+                    av[j] += sv[t] * loadv(vr + t * D + VW * j);                                   \
+            _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                                   \
+                storev(acc + vi * D + VW * j, av[j]);                                              \
         }                                                                                          \
     }                                                                                              \
     for (int32_t t = 0; t < ntok; t++) {                                                           \

@@ -163,3 +163,54 @@ def test_disabled_by_environment(monkeypatch) -> None:
         monkeypatch.delenv("ENGINE_CPU_KERNELS")
         cpu_library.load.cache_clear()
     assert cpu_ops.available()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 12, 13, 29, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_matmul(rows: int, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 77, generator=gen)  # an odd K; N = 3 blocks of 32
+    b = torch.randn(96, generator=gen) if bias else None
+    x = torch.randn(rows, 77, generator=gen)
+    blocked = cpu_ops.block_weight(weight)
+    assert blocked.shape == (3, 77, 32)
+    torch.testing.assert_close(cpu_ops.linear(x, blocked, b), F.linear(x, weight, b),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_linear_takes_views_and_batches() -> None:
+    weight = torch.randn(64, 40)
+    blocked = cpu_ops.block_weight(weight)
+    wide = torch.randn(7, 50)
+    x = wide[:, 5:45]  # rows 50 apart
+    torch.testing.assert_close(cpu_ops.linear(x, blocked), x @ weight.t(), rtol=1e-5, atol=1e-4)
+    x3 = torch.randn(2, 3, 40)
+    torch.testing.assert_close(cpu_ops.linear(x3, blocked), x3 @ weight.t(), rtol=1e-5, atol=1e-4)
+    assert cpu_ops.linear(torch.empty(0, 40), blocked).shape == (0, 64)
+
+
+def test_linear_refuses_what_it_would_misread() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        cpu_ops.block_weight(torch.randn(48, 16))
+    blocked = cpu_ops.block_weight(torch.randn(64, 16))
+    with pytest.raises(ValueError, match="does not match the blocked weight"):
+        cpu_ops.linear(torch.randn(3, 17), blocked)
+    with pytest.raises(ValueError, match="bias"):
+        cpu_ops.linear(torch.randn(3, 16), blocked, torch.randn(63))
+    with pytest.raises(ValueError, match="float32"):
+        cpu_ops.linear(torch.randn(3, 16, dtype=torch.float64), blocked)
+
+
+def test_model_linears_use_the_blocked_layout(tmp_path) -> None:
+    """After loading, every fp32 CPU linear layer is re-laid for the kernel and its original
+    weight freed (except the output projection tied to the embedding)."""
+    from gpu_worker.layers.linear import Linear
+    from tests.worker.runner_utils import make_runner
+    from tests.tiny_models import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "tiny", "llama", tie_word_embeddings=True)
+    runner, _ = make_runner(model_dir, kv_cache_memory="4MiB")
+    linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.blocked_weight is not None for m in linears)
+    assert all(m.weight is None for m in linears if m is not runner.model.lm_head)
+    assert runner.model.lm_head.weight is runner.model.model.embed_tokens.weight
