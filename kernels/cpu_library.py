@@ -31,6 +31,8 @@ _SIGNATURES = {
     "paged_attention_f32": (ctypes.c_int, [_P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I32, _I32,
                                            _I32, _I32, _I32, _F32, _I32]),
     "linear_f32": (None, [_P, _I64, _P, _P, _P, _I64, _I64, _I32, _I32, _I32]),
+    "swiglu_f32": (None, [_P, _I64, _P, _P, _I64, _I64, _I32, _I32, _I32]),
+    "swiglu_tile_rows": (_I32, []),
     "write_kv_f32": (None, [_P, _I64, _P, _I64, _P, _I64, _P, _P, _I32, _I32, _I32, _I32]),
     "silu_and_mul_f32": (None, [_P, _I64, _P, _I64, _I64, _I64, _I32]),
     "add_rms_norm_f32": (None, [_P, _P, _P, _P, _I64, _I64, _F32, _I32]),

@@ -134,6 +134,42 @@ def linear(x: torch.Tensor, weight_blocked: torch.Tensor, bias: torch.Tensor | N
     return out
 
 
+def fused_swiglu_pays() -> bool:
+    """Whether swiglu() beats linear() + silu_and_mul() on this build: it does with 512-bit
+    vectors (6-row tiles); with 256-bit ones its tiles are a single row."""
+    return _lib().swiglu_tile_rows() > 1
+
+
+def block_weight_pairs(gate_up: torch.Tensor) -> torch.Tensor:
+    """Fused [gate; up] weight [2I, K] -> swiglu()'s layout [I/32, 2, K, 32]."""
+    _check(gate_up, "gate_up")
+    rows, in_features = gate_up.shape
+    if rows % (2 * LINEAR_BLOCK):
+        raise ValueError(f"gate_up rows {rows} are not twice a multiple of {LINEAR_BLOCK}")
+    gate, up = block_weight(gate_up[: rows // 2]), block_weight(gate_up[rows // 2 :])
+    return torch.stack([gate, up], dim=1).contiguous()
+
+
+def swiglu(x: torch.Tensor, weight_pairs: torch.Tensor) -> torch.Tensor:
+    """silu(x @ gate^T) * (x @ up^T) for x [..., K] with weights from block_weight_pairs()."""
+    _check(x, "x")
+    _check(weight_pairs, "weight_pairs")
+    blocks, two, in_features, width = weight_pairs.shape
+    if (two, width) != (2, LINEAR_BLOCK) or not weight_pairs.is_contiguous() \
+            or x.shape[-1] != in_features:
+        raise ValueError(f"x {tuple(x.shape)} does not match the paired weight "
+                         f"{tuple(weight_pairs.shape)}")
+    rows = x.reshape(-1, in_features)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    width_out = blocks * LINEAR_BLOCK
+    out = torch.empty(*x.shape[:-1], width_out)
+    if rows.shape[0]:
+        _lib().swiglu_f32(rows.data_ptr(), rows.stride(0), weight_pairs.data_ptr(), out.data_ptr(),
+                          width_out, rows.shape[0], in_features, width_out, torch.get_num_threads())
+    return out
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(x[..., :w]) * x[..., w:] for x [..., 2w]; returns a new [..., w] tensor."""
     _check(x, "x")

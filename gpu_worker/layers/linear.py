@@ -94,6 +94,8 @@ def use_cpu_layout(model: nn.Module, threads: int) -> None:
             relaid = module.blocked_weight is not None or module.split_weight is not None
             if relaid and not _shared(module, model):
                 module.weight = None
+        elif blocked and hasattr(module, "use_fused_swiglu"):
+            module.use_fused_swiglu()
         elif hasattr(module, "use_split_layout") and not blocked:
             module.use_split_layout(threads)
 

@@ -84,6 +84,20 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
         self.split_gate_up: torch.Tensor | None = None
         self.split_down: torch.Tensor | None = None
+        self.fused_gate_up: torch.Tensor | None = None
+
+    def use_fused_swiglu(self) -> bool:
+        """CPU fp32 with 512-bit vectors: gate/up weights blocked in pairs for the fused
+        SwiGLU kernel, which never writes the [tokens, 2I] intermediate. False where it does not
+        apply or pay (then the children take the plain blocked layout)."""
+        weight = self.gate_up_proj.weight
+        if (weight is None or weight.dtype != torch.float32 or weight.device.type != "cpu"
+                or self.intermediate % cpu_ops.LINEAR_BLOCK or not cpu_ops.available()
+                or not cpu_ops.fused_swiglu_pays()):
+            return False
+        self.fused_gate_up = cpu_ops.block_weight_pairs(weight.detach())
+        self.gate_up_proj.weight = None
+        return True
 
     def use_split_layout(self, splits: int) -> None:
         """CPU layout: split the MLP across threads like tensor parallelism.
@@ -110,6 +124,8 @@ class LlamaMLP(nn.Module):
         return int(shard_id) * self.intermediate, self.intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_gate_up is not None and x.dtype == torch.float32:
+            return self.down_proj(cpu_ops.swiglu(x, self.fused_gate_up))
         if self.split_gate_up is None:
             return self.down_proj(_silu_and_mul(self.gate_up_proj(x)))
         if x.shape[0] <= _MLP_ROWS:

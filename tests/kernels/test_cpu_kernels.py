@@ -210,7 +210,32 @@ def test_model_linears_use_the_blocked_layout(tmp_path) -> None:
 
     model_dir = make_tiny_model(tmp_path / "tiny", "llama", tie_word_embeddings=True)
     runner, _ = make_runner(model_dir, kv_cache_memory="4MiB")
+    mlps = [layer.mlp for layer in runner.model.model.layers]
+    fused = cpu_ops.fused_swiglu_pays()
+    assert all((mlp.fused_gate_up is not None) == fused for mlp in mlps)
+    gate_ups = {id(mlp.gate_up_proj) for mlp in mlps} if fused else set()
     linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
-    assert linears and all(m.blocked_weight is not None for m in linears)
+    assert linears and all(m.blocked_weight is not None for m in linears if id(m) not in gate_ups)
     assert all(m.weight is None for m in linears if m is not runner.model.lm_head)
     assert runner.model.lm_head.weight is runner.model.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 13, 64])
+def test_swiglu_matches_silu_of_gate_times_up(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    gate_up = torch.randn(128, 45, generator=gen) * 0.3  # I = 64: two pairs of blocks; odd K
+    x = torch.randn(rows, 45, generator=gen)
+    pairs = cpu_ops.block_weight_pairs(gate_up)
+    assert pairs.shape == (2, 2, 45, 32)
+    expected = F.silu(x @ gate_up[:64].t()) * (x @ gate_up[64:].t())
+    torch.testing.assert_close(cpu_ops.swiglu(x, pairs), expected, rtol=1e-5, atol=1e-5)
+    x3 = x.reshape(1, rows, 45)
+    torch.testing.assert_close(cpu_ops.swiglu(x3, pairs), expected[None], rtol=1e-5, atol=1e-5)
+
+
+def test_swiglu_refuses_what_it_would_misread() -> None:
+    with pytest.raises(ValueError, match="twice a multiple of 32"):
+        cpu_ops.block_weight_pairs(torch.randn(96, 8))
+    pairs = cpu_ops.block_weight_pairs(torch.randn(64, 8))
+    with pytest.raises(ValueError, match="does not match the paired weight"):
+        cpu_ops.swiglu(torch.randn(2, 9), pairs)
