@@ -21,7 +21,8 @@
 
 #include "vec.h"
 
-#define CHUNK 16          /* context positions per step of the online softmax */
+#define NC 4              /* vectors of positions per step of the online softmax */
+#define CHUNK (NC * VW)   /* positions per step: 64 with AVX-512, 32 with 256-bit vectors */
 #define LANES 4           /* query vectors sharing each key load */
 #define TILE_VECTORS 32   /* query vectors per work item, at most (a multiple of LANES) */
 #define MASKED (-1e30f)   /* finite: the library is built with -ffast-math */
@@ -39,16 +40,33 @@ typedef struct {
     float scale;
 } params_t;
 
+/* K and V base pointers of the NC position vectors of the chunk starting at `start` (vectors
+ * never straddle blocks: block_size is a multiple of 16); vectors past `last` repeat the first
+ * vector's block, so nothing outside the request's blocks is ever read. */
+static inline void chunk_pointers(const params_t *p, const int32_t *block_table, int32_t kv_head,
+                                  int32_t start, int32_t last, int32_t head_dim,
+                                  const float **kp, const float **vp)
+{
+    const int32_t bs = p->block_size;
+    const int64_t head_elems = (int64_t)head_dim * bs;
+    for (int c = 0; c < NC; c++) {
+        int32_t at = start + c * VW;
+        if (at > last) at = start <= last ? start : 0;
+        const int64_t block = (int64_t)block_table[at / bs] * p->num_kv_heads + kv_head;
+        kp[c] = p->k_cache + block * head_elems + at % bs;
+        vp[c] = p->v_cache + block * head_elems + (int64_t)(at % bs) * head_dim;
+    }
+}
+
 #define DEFINE_TILE(D)                                                                             \
 static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32_t q_start,       \
                             int32_t q_len, int32_t seq_len, int32_t first, int32_t ntok,           \
                             int32_t kv_head, float *scratch)                                       \
 {                                                                                                  \
-    enum { V = D / VW, NC = CHUNK / VW };                                                          \
+    enum { V = D / VW };                                                                           \
     const int32_t group = p->group, nvec = ntok * group;                                           \
     const int32_t padded = (nvec + LANES - 1) / LANES * LANES;                                     \
     const int32_t bs = p->block_size;                                                              \
-    const int64_t head_elems = (int64_t)D * bs; /* one head's keys (or values) in one block */    \
     float *restrict qs = scratch;                 /* [padded, D] scaled queries, zero padded */    \
     float *restrict acc = qs + padded * D;        /* [nvec, D] */                                  \
     float *restrict s = acc + padded * D;         /* [padded, CHUNK] scores, then probabilities */ \
@@ -69,29 +87,28 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
     }                                                                                              \
     memset(acc, 0, sizeof(float) * nvec * D);                                                      \
     const int32_t last = pos[nvec - 1];                                                            \
+    const float *kp[NC], *vp[NC], *kp_next[NC], *vp_next[NC];                                      \
+    chunk_pointers(p, block_table, kv_head, 0, last, D, kp, vp);                                   \
     for (int32_t start = 0; start <= last; start += CHUNK) {                                       \
         const int32_t n = (last + 1 - start) < CHUNK ? (last + 1 - start) : CHUNK;                 \
-        const int64_t block = (int64_t)block_table[start / bs] * p->num_kv_heads + kv_head;        \
-        const float *kt = p->k_cache + block * head_elems + start % bs; /* [D] rows bs apart */    \
-        const float *vr = p->v_cache + block * head_elems + (int64_t)(start % bs) * D;            \
-        /* The next chunk usually lies in another block: fetch it while this one computes (the   \
-         * hardware prefetcher stops at block boundaries, and one core's misses are few). */    \
-        const int32_t next = start + CHUNK <= last ? start + CHUNK : start;                        \
-        const int64_t next_block = (int64_t)block_table[next / bs] * p->num_kv_heads + kv_head;    \
-        const float *kt_next = p->k_cache + next_block * head_elems + next % bs;                   \
-        const float *vr_next = p->v_cache + next_block * head_elems + (int64_t)(next % bs) * D;   \
+        /* The next chunk lies in other blocks: fetch it while this one computes (the hardware  \
+         * prefetcher stops at block boundaries, and one core keeps few misses in flight). */   \
+        chunk_pointers(p, block_table, kv_head, start + CHUNK, last, D, kp_next, vp_next);        \
         for (int32_t v0 = 0; v0 < padded; v0 += LANES) {                                           \
             vf a[LANES][NC];                                                                       \
             _Pragma("GCC unroll 8") for (int j = 0; j < LANES; j++)                                \
                 _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) a[j][c] = (vf){0};            \
             for (int32_t d = 0; d < D; d++) {                                                      \
-                if (v0 == 0) {                                                                     \
-                    __builtin_prefetch(kt_next + (int64_t)d * bs);                                 \
-                    __builtin_prefetch(vr_next + (int64_t)d * 16); /* a line per d covers V */    \
+                if (v0 == 0 && start + CHUNK <= last) {                                            \
+                    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {                         \
+                        __builtin_prefetch(kp_next[c] + (int64_t)d * bs);                          \
+                        if (d * 16 < VW * D) /* a line per d covers the vector's V rows */         \
+                            __builtin_prefetch(vp_next[c] + (int64_t)d * 16);                      \
+                    }                                                                              \
                 }                                                                                  \
                 vf kv[NC];                                                                         \
                 _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++)                               \
-                    kv[c] = loadv(kt + (int64_t)d * bs + c * VW);                                  \
+                    kv[c] = loadv(kp[c] + (int64_t)d * bs);                                        \
                 _Pragma("GCC unroll 8") for (int j = 0; j < LANES; j++) {                          \
                     const float qd = qs[(v0 + j) * D + d];                                         \
                     _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) a[j][c] += qd * kv[c];    \
@@ -119,11 +136,17 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
             vf av[V];                                                                              \
             _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                                   \
                 av[j] = loadv(acc + vi * D + VW * j) * alpha;                                      \
-            for (int32_t t = 0; t < nv; t++)                                                       \
+            for (int32_t t = 0; t < nv; t++) {                                                     \
+                const float *vrow = vp[t / VW] + (int64_t)(t % VW) * D;                            \
                 _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                               \
-                    av[j] += sv[t] * loadv(vr + t * D + VW * j);                                   \
+                    av[j] += sv[t] * loadv(vrow + VW * j);                                         \
+            }                                                                                      \
             _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                                   \
                 storev(acc + vi * D + VW * j, av[j]);                                              \
+        }                                                                                          \
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {                                     \
+            kp[c] = kp_next[c];                                                                    \
+            vp[c] = vp_next[c];                                                                    \
         }                                                                                          \
     }                                                                                              \
     for (int32_t t = 0; t < ntok; t++) {                                                           \
@@ -150,7 +173,7 @@ int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t ou
                         int32_t num_reqs, int32_t num_q_heads, int32_t num_kv_heads,
                         int32_t head_dim, int32_t block_size, float scale, int32_t num_threads)
 {
-    if ((head_dim != 64 && head_dim != 128) || block_size % CHUNK) return -2;
+    if ((head_dim != 64 && head_dim != 128) || block_size % 16) return -2;
     const params_t p = {q, q_stride, out, out_stride, k_cache, v_cache,
                         num_q_heads / num_kv_heads, num_kv_heads, block_size, scale};
     const int32_t tile_tokens = p.group >= TILE_VECTORS ? 1 : TILE_VECTORS / p.group;
