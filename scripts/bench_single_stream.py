@@ -52,9 +52,11 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     included) and the norms; the embedding table is only gathered from."""
     embedding = model.model.embed_tokens.weight
     tensors = [p for p in model.parameters() if p is not embedding]
-    if model.lm_head.split_weight is None and model.lm_head.weight is embedding:
+    head = model.lm_head
+    if head.split_weight is None and head.blocked_weight is None and head.weight is embedding:
         tensors.append(embedding)  # tied and used as is by the output projection
-    tensors += [t for m in model.modules() for name in ("split_weight", "split_gate_up", "split_down")
+    relaid = ("split_weight", "split_gate_up", "split_down", "blocked_weight", "fused_gate_up")
+    tensors += [t for m in model.modules() for name in relaid
                 if isinstance(t := getattr(m, name, None), torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in tensors)
 
