@@ -53,8 +53,12 @@ def _cpu_id() -> str:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("ENGINE_CACHE_DIR") or Path.home() / ".cache" / "engine"
-    return Path(root) / "kernels"
+    """kernels/ under the engine's cache: $ENGINE_CACHE_DIR, else $XDG_CACHE_HOME/engine, else
+    ~/.cache/engine (as the model cache)."""
+    if explicit := os.environ.get("ENGINE_CACHE_DIR"):
+        return Path(explicit).expanduser() / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "engine" / "kernels"
 
 
 def _build(cc: str) -> Path:

@@ -239,3 +239,22 @@ def test_swiglu_refuses_what_it_would_misread() -> None:
     pairs = cpu_ops.block_weight_pairs(torch.randn(64, 8))
     with pytest.raises(ValueError, match="does not match the paired weight"):
         cpu_ops.swiglu(torch.randn(2, 9), pairs)
+
+
+def test_library_builds_into_the_engine_cache(tmp_path, monkeypatch) -> None:
+    """A fresh cache directory gets one built library; a second load reuses it."""
+    from kernels import cpu_library
+
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
+    cpu_library.load.cache_clear()
+    try:
+        assert cpu_library.load() is not None
+        built = list((tmp_path / "kernels").glob("libenginecpu-*.so"))
+        assert len(built) == 1
+        mtime = built[0].stat().st_mtime_ns
+        cpu_library.load.cache_clear()
+        assert cpu_library.load() is not None
+        assert built[0].stat().st_mtime_ns == mtime
+    finally:
+        monkeypatch.delenv("ENGINE_CACHE_DIR")
+        cpu_library.load.cache_clear()
