@@ -258,3 +258,21 @@ def test_library_builds_into_the_engine_cache(tmp_path, monkeypatch) -> None:
     finally:
         monkeypatch.delenv("ENGINE_CACHE_DIR")
         cpu_library.load.cache_clear()
+
+
+def test_a_failing_compiler_means_the_torch_path(tmp_path, monkeypatch, caplog) -> None:
+    from gpu_worker.attention.select import attention_backend
+    from kernels import cpu_library
+
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # exits 1 without compiling anything
+    cpu_library.load.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="kernels.cpu_library"):
+            assert cpu_library.load() is None
+        assert "could not be built" in caplog.text
+        assert attention_backend(torch.device("cpu"), torch.float32, 64).name == "torch"
+    finally:
+        monkeypatch.delenv("CC")
+        monkeypatch.delenv("ENGINE_CACHE_DIR")
+        cpu_library.load.cache_clear()
