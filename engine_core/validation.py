@@ -37,3 +37,18 @@ def validate_request(req: EngineCoreRequest, config: EngineConfig) -> None:
             raise InvalidRequestError(
                 f"{name}={value} exceeds the engine's max_logprobs ({cap}); "
                 f"start the engine with a larger --max-logprobs to allow it")
+
+
+def check_completion_fits(req: EngineCoreRequest, config: EngineConfig) -> None:
+    """What the OpenAI API (and vLLM's server) refuse: a prompt plus the max_tokens asked for
+    that exceed the context length. The offline LLM instead stops such a request at
+    max_model_len with finish reason "length", as vLLM's LLM does."""
+    max_tokens = req.sampling_params.max_tokens
+    if max_tokens is None:
+        return
+    max_len, prompt = config.max_model_len, len(req.prompt_token_ids)
+    if prompt + max_tokens > max_len:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_len} tokens. However, you requested "
+            f"{prompt + max_tokens} tokens ({prompt} in the messages, {max_tokens} in the "
+            f"completion). Please reduce the length of the messages or completion.")

@@ -25,7 +25,7 @@ from engine_core.client import AsyncEngineCoreClient, EngineDeadError, EngineReq
 from engine_core.config import EngineConfig
 from engine_core.process_lifecycle import pid_alive, start_child_process
 from engine_core.protocol import EngineCoreRequest
-from engine_core.validation import validate_request
+from engine_core.validation import check_completion_fits, validate_request
 from metrics.request_stats import RequestStatsRecorder
 from tokenizer_proc.output_processor import child_sampling_params
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, ApiOutputType, ApiRequestType,
@@ -149,6 +149,7 @@ class TokenizerProc:
                                         req.arrival_time or time.time(), req.priority,
                                         req.cache_salt, req.api_server_index)
             validate_request(request, self.config)
+            check_completion_fits(request, self.config)
         except Exception as e:  # ValueError, a chat template's own errors, bad message shapes
             await self._error(identity, request_id, f"{e}")
             return

@@ -98,6 +98,12 @@ CASES = {
     "n 129": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "n": 129})),
     "seed 2**70": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "seed": 2**70})),
     "prompt longer than the model": (COMPLETIONS, _js({"model": MODEL, "prompt": [1] * 1000})),
+    # prompt + max_tokens beyond the context: refused, as OpenAI and vLLM's server do
+    "max_tokens 1e12": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "max_tokens": 10**12})),
+    "chat max_tokens 1e12": (CHAT, _js({"model": MODEL, "messages": MESSAGES,
+                                        "max_tokens": 10**12})),
+    "max_completion_tokens past the context": (CHAT, _js({"model": MODEL, "messages": MESSAGES,
+                                                          "max_completion_tokens": 256})),
     # a prompt of many token ids, just under and just over the body limit
     "many ids within the body limit": (COMPLETIONS, _js({"model": MODEL, "prompt": [1] * (
         (MAX_BODY - 100) // 3)})),
@@ -120,12 +126,21 @@ def test_bad_input_is_a_4xx_in_openai_shape(server, name):
     assert error["code"] == status and isinstance(error["type"], str)
 
 
-# Huge but valid: served, bounded by the context (max_tokens is cut to the room left).
+def test_a_completion_past_the_context_is_refused_with_the_arithmetic(server):
+    status, body = _post(server, COMPLETIONS, _js({"model": MODEL, "prompt": [5] * 200,
+                                                   "max_tokens": 100}))
+    assert status == 400, body[:500]
+    assert json.loads(body)["error"]["message"].startswith(
+        "This model's maximum context length is 256 tokens. However, you requested 300 tokens "
+        "(200 in the messages, 100 in the completion).")
+
+
+# Huge but valid: served, bounded by the context.
 ACCEPTED = {
-    "max_tokens 1e12": (COMPLETIONS, {"model": MODEL, "prompt": PROMPT, "max_tokens": 10**12,
-                                      "ignore_eos": True}),
-    "chat max_tokens 1e12": (CHAT, {"model": MODEL, "messages": MESSAGES, "max_tokens": 10**12,
-                                    "ignore_eos": True}),
+    "max_tokens filling the context": (COMPLETIONS, {"model": MODEL, "prompt": [5] * 200,
+                                                     "max_tokens": 56, "ignore_eos": True}),
+    "chat without max_tokens": (CHAT, {"model": MODEL, "messages": MESSAGES,
+                                       "ignore_eos": True}),
     "temperature 1e308": (COMPLETIONS, {"model": MODEL, "prompt": PROMPT, "temperature": 1e308,
                                         "max_tokens": 4}),
     "n 128": (COMPLETIONS, {"model": MODEL, "prompt": PROMPT, "n": 128, "max_tokens": 2}),
