@@ -86,7 +86,7 @@ def use_cpu_layout(model: nn.Module, threads: int) -> None:
 
     The C kernel's blocked layout where it applies; else the split layout, which a module (the
     MLP) may apply to its children itself."""
-    blocked = cpu_ops.available()
+    blocked = cpu_ops.available() and next(model.parameters()).dtype == torch.float32
     for module in model.modules():  # parents first: a module may re-lay its children itself
         if isinstance(module, Linear):
             if not module.use_blocked_layout():
