@@ -121,6 +121,8 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "matmul_gflops": matmul,
         "fraction_of_matmul_limit": round((n_in * flops_in + n_out * flops_out) / elapsed
                                           / (matmul["limit"] * 1e9), 3),
+        "fraction_of_torch_matmul": round((n_in * flops_in + n_out * flops_out) / elapsed
+                                          / (matmul["torch"] * 1e9), 3),
     }
     if not args.no_hf:
         hf_seconds = _hf_generate(llm.config.model_path, prompts, output_lens)
