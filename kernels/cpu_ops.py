@@ -24,12 +24,14 @@ def _lib():
 
 
 def _check(t: torch.Tensor, name: str, dtype: torch.dtype = torch.float32) -> None:
-    if t.device.type != "cpu" or t.dtype != dtype:
+    if not t.is_cpu or t.dtype != dtype:
         raise ValueError(f"{name} must be a {dtype} CPU tensor, got {t.dtype} on {t.device}")
 
 
 def _rows(t: torch.Tensor, name: str) -> None:
     """Every dimension but the first is packed (the first may have any stride)."""
+    if t.is_contiguous():  # the common case, without walking the strides in Python
+        return
     expected = 1
     for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
         if size != 1 and stride != expected:
