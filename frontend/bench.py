@@ -37,7 +37,7 @@ def _machine() -> dict[str, Any]:
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
 
 
-def _matmul_gflops(n: int = 1024) -> dict[str, float]:
+def matmul_rates(n: int = 1024) -> dict[str, float]:
     """fp32 GFLOP/s of an n x n x n matrix multiply through torch and, on CPU, through the
     engine's own kernel (kernels/cpu/linear.c, twice torch's on AVX-512 AMD CPUs, where MKL runs
     AVX2 code); "limit" is the faster, so a fraction of it never flatters the engine."""
@@ -110,7 +110,7 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
                                           use_tqdm=False))
     n_out, n_in = sum(output_lens), int(prompt_lens.sum())
     flops_in, flops_out = _flops_per_token(llm.config.arch)
-    matmul = _matmul_gflops()
+    matmul = matmul_rates()
     result: dict[str, Any] = {
         "workload": "offline-mixed", "machine": _machine(), "model": llm.config.model_path,
         "engine_core": "in-process" if args.in_process else "own process",

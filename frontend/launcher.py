@@ -138,12 +138,7 @@ class Launcher:
             for child in children:
                 if child.ready is None and os.path.exists(child.address):
                     child.ready = True
-            self.check_children("during start-up")
-            if stop_requested():
-                raise LaunchError("stopped by a signal during start-up")
-            if time.monotonic() > deadline:
-                late = ", ".join(c.name for c in children if c.ready is None)
-                raise LaunchError(f"{late} not ready within {timeout:.0f} s")
+            self._check_start_up(children, deadline, timeout, stop_requested)
             time.sleep(0.05)
 
     def _start_tokenizer(self, index: int, address: str, engine_pid: int) -> Child:
@@ -180,15 +175,20 @@ class Launcher:
                         raise LaunchError(f"{child.name} refused the launcher: {msg.message}")
                     child.ready = msg
                     poller.unregister(sock)
-                self.check_children("during start-up")
-                if stop_requested():
-                    raise LaunchError("stopped by a signal during start-up")
-                if time.monotonic() > deadline:
-                    late = ", ".join(c.name for c in children if c.ready is None)
-                    raise LaunchError(f"{late} not ready within {timeout} s")
+                self._check_start_up(children, deadline, timeout, stop_requested)
         finally:
             for sock in sockets:
                 sock.close(linger=0)
+
+    def _check_start_up(self, children: list[Child], deadline: float, timeout: float,
+                        stop_requested: Callable[[], bool]) -> None:
+        """Raise LaunchError when a child died, a signal came, or the deadline passed."""
+        self.check_children("during start-up")
+        if stop_requested():
+            raise LaunchError("stopped by a signal during start-up")
+        if time.monotonic() > deadline:
+            late = ", ".join(c.name for c in children if c.ready is None)
+            raise LaunchError(f"{late} not ready within {timeout:.0f} s")
 
     # ---- supervision ----
 

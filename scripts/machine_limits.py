@@ -32,17 +32,12 @@ def _best_time(fn, repeats: int) -> float:
     return best
 
 
-def matmul_gflops(n: int = 1024, repeats: int = 10) -> float:
+def matmul_gflops(n: int = 1024) -> float:
     """Best fp32 GFLOP/s of an n x n x n matrix multiply (the batched-throughput ceiling): the
-    faster of torch's matmul and, on CPU, the engine's own kernel (kernels/cpu/linear.c)."""
-    from kernels import cpu_ops
+    faster of torch's matmul and, on CPU, the engine's own kernel, as `engine bench` measures it."""
+    from frontend.bench import matmul_rates
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    best = _best_time(lambda: a @ b, repeats)
-    if not torch.cuda.is_available() and cpu_ops.available():
-        blocked = cpu_ops.block_weight(b)
-        best = min(best, _best_time(lambda: cpu_ops.linear(a, blocked), repeats))
-    return 2 * n**3 / best / 1e9
+    return matmul_rates(n)["limit"]
 
 
 def memory_read_gbps(mbytes: int = 512, repeats: int = 5) -> float:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from gpu_worker.layers.rotary import RotaryEmbedding
 from kernels import cpu_ops
 from kernels.reference import paged_attention_ref, write_kv_ref
+from tests.kernels.library_env import library_env
 from tests.kernels.test_paged_attention import make_batch
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
@@ -146,22 +147,16 @@ def test_rotary_in_place_matches_rotate_half(head_dim: int) -> None:
     assert torch.equal(qkv[:, 8 * head_dim :], rest)  # v untouched
 
 
-def test_disabled_by_environment(monkeypatch) -> None:
+def test_disabled_by_environment() -> None:
     from gpu_worker.attention.select import attention_backend
-    from kernels import cpu_library
 
     assert attention_backend(torch.device("cpu"), torch.float32, 64).name == "cpu"
     assert attention_backend(torch.device("cpu"), torch.float32, 80).name == "torch"
     assert attention_backend(torch.device("cpu"), torch.bfloat16, 64).name == "torch"
     assert attention_backend(torch.device("cpu"), torch.float32, 64, block_size=8).name == "torch"
-    monkeypatch.setenv("ENGINE_CPU_KERNELS", "0")
-    cpu_library.load.cache_clear()
-    try:
+    with library_env(ENGINE_CPU_KERNELS="0"):
         assert not cpu_ops.available()
         assert attention_backend(torch.device("cpu"), torch.float32, 64).name == "torch"
-    finally:
-        monkeypatch.delenv("ENGINE_CPU_KERNELS")
-        cpu_library.load.cache_clear()
     assert cpu_ops.available()
 
 
@@ -241,13 +236,11 @@ def test_swiglu_refuses_what_it_would_misread() -> None:
         cpu_ops.swiglu(torch.randn(2, 9), pairs)
 
 
-def test_library_builds_into_the_engine_cache(tmp_path, monkeypatch) -> None:
+def test_library_builds_into_the_engine_cache(tmp_path) -> None:
     """A fresh cache directory gets one built library; a second load reuses it."""
     from kernels import cpu_library
 
-    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
-    cpu_library.load.cache_clear()
-    try:
+    with library_env(ENGINE_CACHE_DIR=str(tmp_path)):
         assert cpu_library.load() is not None
         built = list((tmp_path / "kernels").glob("libenginecpu-*.so"))
         assert len(built) == 1
@@ -255,24 +248,15 @@ def test_library_builds_into_the_engine_cache(tmp_path, monkeypatch) -> None:
         cpu_library.load.cache_clear()
         assert cpu_library.load() is not None
         assert built[0].stat().st_mtime_ns == mtime
-    finally:
-        monkeypatch.delenv("ENGINE_CACHE_DIR")
-        cpu_library.load.cache_clear()
 
 
-def test_a_failing_compiler_means_the_torch_path(tmp_path, monkeypatch, caplog) -> None:
+def test_a_failing_compiler_means_the_torch_path(tmp_path, caplog) -> None:
     from gpu_worker.attention.select import attention_backend
     from kernels import cpu_library
 
-    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CC", "false")  # exits 1 without compiling anything
-    cpu_library.load.cache_clear()
-    try:
+    # `false` exits 1 without compiling anything.
+    with library_env(ENGINE_CACHE_DIR=str(tmp_path), CC="false"):
         with caplog.at_level("WARNING", logger="kernels.cpu_library"):
             assert cpu_library.load() is None
         assert "could not be built" in caplog.text
         assert attention_backend(torch.device("cpu"), torch.float32, 64).name == "torch"
-    finally:
-        monkeypatch.delenv("CC")
-        monkeypatch.delenv("ENGINE_CACHE_DIR")
-        cpu_library.load.cache_clear()

@@ -86,17 +86,12 @@ def test_prompt_logprobs_match_transformers(engine, prompts):
         assert torch.allclose(torch.tensor(got.logprobs[pos][1:]), ref[pos].topk(3).values, atol=1e-3)
 
 
-def test_torch_path_without_the_c_kernels(prompts, reference, monkeypatch):
+def test_torch_path_without_the_c_kernels(prompts, reference):
     """Where no C compiler exists (or ENGINE_CPU_KERNELS=0) the runner uses torch ops for
     attention and the fused elementwise steps; that path must give the same tokens."""
-    from kernels import cpu_library
+    from tests.kernels.library_env import library_env
 
-    monkeypatch.setenv("ENGINE_CPU_KERNELS", "0")
-    cpu_library.load.cache_clear()
-    try:
+    with library_env(ENGINE_CPU_KERNELS="0"):
         runner, driver = make_runner(None, max_model_len=2048, kv_cache_memory="512MiB")
         assert runner.backend.name == "torch"
         _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=13), reference)
-    finally:
-        monkeypatch.delenv("ENGINE_CPU_KERNELS")
-        cpu_library.load.cache_clear()
