@@ -104,8 +104,12 @@ def test_utility_calls(address):
 
 
 def test_refused_requests_get_errors_and_others_carry_on(address):
+    # ok1 runs ~240 steps, so it is certainly still running when its duplicate arrives (with 8
+    # steps it could finish first on a loaded machine, the duplicate was then accepted, and the
+    # loop below waited forever for a third error).
+    long_run = 250 - len(PROMPTS[0])
     with EngineCoreClient(address) as client:
-        client.add_request(greedy_request("ok1", PROMPTS[0], max_tokens=8))
+        client.add_request(greedy_request("ok1", PROMPTS[0], max_tokens=long_run))
         client.add_request(greedy_request("too-long", [5] * 300))
         client.add_request(greedy_request("bad-token", [1, 2, 512]))
         client.add_request(greedy_request("ok1", PROMPTS[1]))  # id in use
@@ -113,7 +117,7 @@ def test_refused_requests_get_errors_and_others_carry_on(address):
         errors, done, tokens = {}, {}, {"ok1": [], "ok2": []}
         while len(done) < 2 or len(errors) < 3:
             try:
-                outputs = client.get_output().outputs
+                outputs = client.get_output(timeout=60).outputs
             except EngineRequestError as e:
                 errors[e.request_id] = str(e)
                 continue
@@ -125,7 +129,7 @@ def test_refused_requests_get_errors_and_others_carry_on(address):
     assert "outside the vocabulary" in errors["bad-token"]
     assert "already in use" in errors["ok1"]
     assert done == {"ok1": FinishReason.LENGTH, "ok2": FinishReason.LENGTH}
-    assert len(tokens["ok1"]) == len(tokens["ok2"]) == 8
+    assert (len(tokens["ok1"]), len(tokens["ok2"])) == (long_run, 8)
 
 
 def _outputs(client, request: EngineCoreRequest) -> list:
