@@ -100,6 +100,8 @@ class SchedulerConfig:
     # None: resolve() picks by device (see default_batched_tokens).
     max_num_batched_tokens: int | None = None
     scheduling_policy: str = "fcfs"
+    # Schedule step N+1 while step N runs (vLLM's --async-scheduling); see engine_core.engine_core.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from engine_core.config import EngineConfig
@@ -10,7 +11,8 @@ from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest, Scheduler
 from engine_core.request import Request, RequestStatus
 from engine_core.scheduler import Scheduler
 from engine_core.validation import validate_request
-from executor.base import Executor
+from executor.base import Executor, StepFuture
+from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
 
 @dataclass
@@ -42,6 +44,9 @@ class EngineCore:
         eos = config.arch.eos_token_ids[0] if config.arch.eos_token_ids else None
         self.scheduler = Scheduler(config, self.num_blocks, eos)
         self.totals = StatTotals()
+        self.async_scheduling = config.scheduler.async_scheduling
+        # Async scheduling: steps handed to the executor whose outputs are not applied yet.
+        self._in_flight: deque[tuple[SchedulerOutput, StepFuture]] = deque()
 
     def make_request(self, request: EngineCoreRequest) -> Request:
         """Validate a request and compute its prefix-cache block hashes.
@@ -65,14 +70,43 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running, or an abort is not yet reported."""
-        return self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()
+        return (self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()
+                or bool(self._in_flight))
 
     def step(self) -> EngineCoreOutputs:
-        """Schedule, execute and apply one step; the outputs of every request that progressed."""
+        """Schedule, execute and apply one step; the outputs of every request that progressed.
+
+        With async scheduling a call schedules and submits the next step, then applies the
+        oldest step in flight once two are; the first call of a run only submits (no outputs),
+        so the model is never idle while the engine prepares a batch or applies outputs.
+        """
+        if self.async_scheduling:
+            return self._step_overlapped()
         if not self.has_unfinished_requests():
             return EngineCoreOutputs(timestamp=time.time())
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
+        return self._apply(scheduler_output, runner_output)
+
+    def _step_overlapped(self) -> EngineCoreOutputs:
+        in_flight, scheduler = self._in_flight, self.scheduler
+        if len(in_flight) < 2 and (scheduler.has_unfinished_requests()
+                                   or scheduler.has_finished_requests()):
+            scheduler_output = scheduler.schedule()
+            # An empty step still tells the workers which requests ended; skip it only when a
+            # step in flight can carry that news instead.
+            if (scheduler_output.total_num_scheduled_tokens or scheduler_output.finished_req_ids
+                    or not in_flight):
+                in_flight.append((scheduler_output, self.executor.submit(scheduler_output)))
+                if len(in_flight) == 1 and scheduler_output.total_num_scheduled_tokens:
+                    return EngineCoreOutputs(timestamp=time.time())
+        if not in_flight:
+            return EngineCoreOutputs(timestamp=time.time())
+        scheduler_output, future = in_flight.popleft()
+        return self._apply(scheduler_output, future.result())
+
+    def _apply(self, scheduler_output: SchedulerOutput,
+               runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         stats = self.scheduler.make_stats()
         self.totals.add(stats)
@@ -83,5 +117,5 @@ class EngineCore:
         return self.scheduler.reset_prefix_cache()
 
     def shutdown(self) -> None:
-        """Release the workers."""
+        """Release the workers (after the steps in flight)."""
         self.executor.shutdown()

@@ -47,7 +47,7 @@ class Request:
                  "arrival_time", "priority", "cache_salt", "client_index", "output_token_ids",
                  "all_token_ids", "num_computed_tokens", "num_cached_tokens", "status",
                  "stop_reason", "num_preemptions", "block_hashes", "stop_token_ids",
-                 "_block_hasher")
+                 "num_output_placeholders", "_block_hasher")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, eos_token_id: int | None,
@@ -64,6 +64,8 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Async scheduling: tokens sampled by steps in flight, not yet known here.
+        self.num_output_placeholders = 0
         # -1 until first scheduled; then the prompt tokens the prefix cache supplied.
         self.num_cached_tokens = -1
         self.status = RequestStatus.WAITING

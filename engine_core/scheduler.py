@@ -5,6 +5,12 @@ A request is owed num_tokens - num_computed_tokens tokens; it gets as many as th
 allows (a long prompt is chunked across steps). When blocks run out, the most recently started
 (or, with the priority policy, the lowest-priority) running request is preempted: its blocks
 are freed and it waits to be recomputed, usually from its own blocks still in the prefix cache.
+
+With async scheduling the next step is scheduled before the current one's sampled tokens are
+known: a request sampling in a step in flight holds an output placeholder, counts as one token
+longer, and is scheduled for that token's position (the worker fills in the token it sampled).
+A request that will be finished by max_tokens or max_model_len once its placeholders land is
+not scheduled again; one that stops on EOS or a stop id has one step's token thrown away.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class Scheduler:
         self.max_num_batched_tokens = sched.max_num_batched_tokens
         self.max_model_len = config.max_model_len
         self.priority_policy = sched.scheduling_policy == "priority"
+        self.async_scheduling = sched.async_scheduling
         self.eos_token_id = eos_token_id
         self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
                                  self.max_model_len)
@@ -98,7 +105,10 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.num_tokens, max_model_len) - req.num_computed_tokens
+            pending = req.num_output_placeholders
+            n = min(req.num_tokens + pending, max_model_len) - req.num_computed_tokens
+            if pending and self._done_once_landed(req):
+                n = 0
             if n <= 0:
                 i += 1
                 continue
@@ -160,12 +170,15 @@ class Scheduler:
         )
         self._finished_req_ids = {}
         num_prompt = 0
+        placeholders = self.async_scheduling
         for reqs in (scheduled_running, new_reqs):
             for r in reqs:
                 start = r.num_computed_tokens
                 r.num_computed_tokens = start + num_scheduled[r.request_id]
                 if start < r.num_prompt_tokens:
                     num_prompt += min(r.num_computed_tokens, r.num_prompt_tokens) - start
+                if placeholders and r.num_computed_tokens >= r.num_tokens + r.num_output_placeholders:
+                    r.num_output_placeholders += 1  # this step samples its next token
         self._num_prompt_tokens += num_prompt
         self._num_scheduled_tokens += output.total_num_scheduled_tokens
         return output
@@ -182,8 +195,12 @@ class Scheduler:
         for i, (req_id, sampled) in enumerate(zip(model_runner_output.req_ids,
                                                   model_runner_output.sampled_token_ids)):
             req = requests.get(req_id)
-            if req is None or not sampled:  # aborted meanwhile, or mid-prompt
+            if req is None or not sampled:  # finished or aborted meanwhile, or mid-prompt
                 continue
+            if req.status != RequestStatus.RUNNING:
+                continue  # preempted after this step was scheduled: recomputed from its tokens
+            if req.num_output_placeholders:
+                req.num_output_placeholders -= len(sampled)
             new_tokens, status = sampled, None
             for k, token in enumerate(sampled):
                 req.append_output_token_ids(token)
@@ -224,6 +241,13 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
+    def _done_once_landed(self, req: Request) -> bool:
+        """True when the tokens of steps in flight will end the request by a length cap."""
+        num_output = len(req.output_token_ids) + req.num_output_placeholders
+        max_tokens = req.sampling_params.max_tokens
+        return ((max_tokens is not None and num_output >= max_tokens)
+                or req.num_tokens + req.num_output_placeholders >= self.max_model_len)
+
     def _pick_victim(self) -> tuple[Request, int]:
         """The running request to preempt, and its index in self.running."""
         running = self.running
@@ -238,6 +262,7 @@ class Scheduler:
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.num_output_placeholders = 0  # the in-flight step's token is thrown away
         req.num_preemptions += 1
         self._num_preemptions += 1
         self._finished_req_ids[req.request_id] = None

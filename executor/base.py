@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 from engine_core.config import EngineConfig
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
+
+
+class StepFuture(Protocol):
+    """A step handed to the workers; result() waits for its output (or raises its error)."""
+
+    def result(self) -> ModelRunnerOutput: ...
+
+
+class _Finished:
+    """A step that already ran."""
+
+    def __init__(self, output: ModelRunnerOutput) -> None:
+        self._output = output
+
+    def result(self) -> ModelRunnerOutput:
+        return self._output
 
 
 class Executor(ABC):
@@ -32,6 +49,11 @@ class Executor(ABC):
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; the output of rank 0."""
+
+    def submit(self, scheduler_output: SchedulerOutput) -> StepFuture:
+        """Start one step and return at once where the executor can (async scheduling); steps
+        run in the order submitted. This default runs the step before returning."""
+        return _Finished(self.execute_model(scheduler_output))
 
     def shutdown(self) -> None:
         """Release workers."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import os
 import signal
@@ -14,7 +15,7 @@ import msgspec
 import torch
 
 from engine_core.config import EngineConfig
-from executor.base import Executor
+from executor.base import Executor, StepFuture
 from executor.shm_broadcast import ShmRingWriter
 from executor.worker_messages import (AllocateKVCache, Command, Failed, KVCacheReady, Loaded,
                                       Reply, RunStep, Shutdown, StepDone, WorkerArgs)
@@ -45,6 +46,7 @@ class MultiprocExecutor(Executor):
         self._replies: list[Connection] = []
         self._lifelines: list[Connection] = []
         self._ring: ShmRingWriter | None = None
+        self._pending: collections.deque[_PendingStep] = collections.deque()
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(Reply)
 
@@ -87,8 +89,21 @@ class MultiprocExecutor(Executor):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Broadcast the step and wait for rank 0's output; WorkerError if any rank fails."""
+        return self.submit(scheduler_output).result()
+
+    def submit(self, scheduler_output: SchedulerOutput) -> StepFuture:
+        """Broadcast the step and return; its output is rank 0's next unread reply."""
         self._broadcast(RunStep(scheduler_output))
-        return self._collect([0], StepDone)[0].output
+        step = _PendingStep(self)
+        self._pending.append(step)
+        return step
+
+    def _read_until(self, step: _PendingStep) -> None:
+        """Read rank 0's replies, oldest step first, until step has its output."""
+        while not step.done:
+            oldest = self._pending.popleft()
+            oldest.output = self._collect([0], StepDone)[0].output
+            oldest.done = True
 
     def shutdown(self) -> None:
         """Ask the workers to exit, join them in rank order, kill what is left, free the ring."""
@@ -172,6 +187,20 @@ class MultiprocExecutor(Executor):
                        if code is not None and code < 0 else f"exited with code {code}")
                 silent.append(f"engine worker rank {rank} (pid {proc.pid}) {how}")
         return WorkerError("; ".join(silent + reported) or "engine workers failed")
+
+
+class _PendingStep:
+    """A broadcast step whose output has not been read yet."""
+
+    def __init__(self, executor: MultiprocExecutor) -> None:
+        self._executor = executor
+        self.done = False
+        self.output: ModelRunnerOutput | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        self._executor._read_until(self)
+        assert self.output is not None
+        return self.output
 
 
 def _free_port() -> int:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from executor.base import Executor
+from concurrent.futures import ThreadPoolExecutor
+
+from executor.base import Executor, StepFuture
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 from gpu_worker.worker import Worker
 
 
 class UniProcExecutor(Executor):
-    """Calls the worker directly; no IPC."""
+    """Calls the worker directly; no IPC. Submitted steps run on one model thread, in order,
+    while the caller schedules the next (torch ops and the C kernels release the GIL)."""
+
+    _model_thread: ThreadPoolExecutor | None = None
 
     def initialize(self) -> int:
         self.worker = Worker(self.config)
@@ -19,3 +24,13 @@ class UniProcExecutor(Executor):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
+
+    def submit(self, scheduler_output: SchedulerOutput) -> StepFuture:
+        if self._model_thread is None:
+            self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="engine-model")
+        return self._model_thread.submit(self.worker.execute_model, scheduler_output)
+
+    def shutdown(self) -> None:
+        if self._model_thread is not None:
+            self._model_thread.shutdown(wait=True)
+            self._model_thread = None

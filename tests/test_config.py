@@ -214,3 +214,17 @@ def test_kv_cache_too_small_by_block_override(tiny):
 
 def test_lower_max_model_len_fits_a_small_cache(tiny):
     assert _num_blocks(tiny, kv_cache_memory="64KiB", max_model_len=100) == 8
+
+
+def test_async_scheduling_flag():
+    import argparse
+
+    from engine_core.args import add_engine_args, engine_kwargs
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert "async_scheduling" not in engine_kwargs(parser.parse_args([]))
+    kwargs = engine_kwargs(parser.parse_args(["--async-scheduling"]))
+    assert kwargs == {"async_scheduling": True}
+    assert engine_config_from_kwargs(**kwargs).scheduler.async_scheduling is True
+    assert engine_config_from_kwargs().scheduler.async_scheduling is False

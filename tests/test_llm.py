@@ -38,6 +38,15 @@ def test_preemption_matches_transformers():
     assert llm.engine_core.totals.num_preemptions > 0, "the KV cache should force preemption"
 
 
+def test_async_scheduling_matches_transformers():
+    # Step N+1 is scheduled while step N runs on the model thread, with chunked prefill and
+    # preemption in play.
+    llm = LLM(max_model_len=512, num_gpu_blocks_override=40, enable_prefix_caching=False,
+              max_num_batched_tokens=96, engine_process=False, async_scheduling=True)
+    _assert_matches_hf(llm, prompt_ids())
+    assert llm.engine_core.totals.num_preemptions > 0, "the KV cache should force preemption"
+
+
 def test_prefix_caching_matches_transformers():
     llm = LLM(max_model_len=1024, kv_cache_memory="256MiB", enable_prefix_caching=True)
     ids = prompt_ids()

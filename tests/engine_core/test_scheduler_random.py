@@ -28,7 +28,8 @@ def check_invariants(sched: Scheduler) -> None:
     assert len(sched.running) <= sched.max_num_seqs
     for req in sched.running:
         assert req.status == RequestStatus.RUNNING and sched.requests[req.request_id] is req
-        assert req.num_computed_tokens <= req.num_tokens
+        assert req.num_computed_tokens <= req.num_tokens + req.num_output_placeholders
+        assert 0 <= req.num_output_placeholders <= 2  # at most two steps in flight
         assert len(kv.req_to_blocks[req.request_id]) * kv.block_size >= req.num_computed_tokens
 
 

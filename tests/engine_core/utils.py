@@ -18,7 +18,7 @@ SAMPLED = 5
 def make_scheduler(num_blocks: int = 64, block_size: int = 8, max_num_seqs: int = 16,
                    max_num_batched_tokens: int = 64, max_model_len: int = 256,
                    enable_prefix_caching: bool = True, policy: str = "fcfs",
-                   hash_algo: str = "sha256") -> Scheduler:
+                   hash_algo: str = "sha256", async_scheduling: bool = False) -> Scheduler:
     """A Scheduler on a small EngineConfig."""
     config = EngineConfig(
         model=ModelConfig(max_model_len=max_model_len),
@@ -26,7 +26,8 @@ def make_scheduler(num_blocks: int = 64, block_size: int = 8, max_num_seqs: int 
                           prefix_caching_hash_algo=hash_algo),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
                                   max_num_batched_tokens=max_num_batched_tokens,
-                                  scheduling_policy=policy))
+                                  scheduling_policy=policy,
+                                  async_scheduling=async_scheduling))
     return Scheduler(config, num_blocks, EOS)
 
 
