@@ -27,6 +27,7 @@ import msgspec
 import zmq
 
 from engine_core.core_launcher import CoreProcess
+from engine_core.frames import FrameDecoder
 from engine_core.protocol import PROTOCOL_VERSION, ClientHello, output_decoders
 from frontend import api_server
 from metrics.exposition import setup_multiprocess_dir
@@ -52,7 +53,8 @@ class Child:
     popen: subprocess.Popen
     address: str
     hello: list[bytes]
-    decoders: dict[int, msgspec.msgpack.Decoder]
+    # Engine core: the protocol's FrameDecoders; tokenizer processes and API servers: msgspec's.
+    decoders: dict[int, FrameDecoder | msgspec.msgpack.Decoder]
     ready: Any = None
 
 
