@@ -58,6 +58,8 @@ class _SamplingFields(_Request, kw_only=True):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's extra field: log probabilities of the prompt tokens (-1: the whole vocabulary).
+    prompt_logprobs: int | None = None
     priority: int = 0
     cache_salt: str | None = None
     # Declared only to be refused with a reason.
@@ -142,12 +144,25 @@ class CompletionLogprobs(_Response, kw_only=True):
     top_logprobs: list[dict[str, float] | None] = []
 
 
+class PromptLogprob(_Response, kw_only=True):
+    """One candidate at one prompt position, as vLLM answers prompt_logprobs."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per prompt position (None for the first): token id (as a string) -> its candidate.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(_Response, kw_only=True):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(_Response, kw_only=True):
@@ -209,6 +224,7 @@ class ChatCompletionResponse(_Response, kw_only=True):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ChatCompletionChunk(_Response, kw_only=True):
@@ -281,6 +297,13 @@ def check_unsupported(req: _SamplingFields) -> None:
             if not -100.0 <= value <= 100.0:
                 raise bad_request(f"logit_bias values must be in [-100, 100], got {value} for "
                                   f"token {key}", "logit_bias")
+    if req.prompt_logprobs is not None:
+        if req.stream:  # vLLM's rule and wording
+            raise bad_request("`prompt_logprobs` are not available when `stream=True`.",
+                              "prompt_logprobs")
+        if req.prompt_logprobs < -1:
+            raise bad_request(f"prompt_logprobs must be -1 (the whole vocabulary) or at least "
+                              f"0, got {req.prompt_logprobs}", "prompt_logprobs")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     if isinstance(req, ChatCompletionRequest):

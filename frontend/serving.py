@@ -15,7 +15,7 @@ from aiohttp import web
 
 from engine_core.sampling_params import SamplingParams
 from frontend.errors import ApiError, bad_request, error_body
-from frontend.openai_protocol import UsageInfo, _SamplingFields
+from frontend.openai_protocol import PromptLogprob, PromptLogprobs, UsageInfo, _SamplingFields
 from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
 from tokenizer_proc.protocol import GenerateRequest, RequestDelta, TokenLogprob
 
@@ -133,6 +133,31 @@ def top_entries(position: list[TokenLogprob], k: int) -> list[TokenLogprob]:
             seen.add(e.token_id)
             out.append(e)
     return out[:k]
+
+
+def prompt_logprobs_json(positions: list[list[TokenLogprob] | None], k: int) -> PromptLogprobs:
+    """vLLM's prompt_logprobs: per position the prompt's own token and the top-k (k = -1: all)."""
+    out: PromptLogprobs = []
+    for position in positions:
+        if position is None:
+            out.append(None)
+            continue
+        chosen = position[0]
+        entries = {str(chosen.token_id): chosen}
+        for e in (position[1:] if k == -1 else top_entries(position, k)):
+            entries.setdefault(str(e.token_id), e)
+        out.append({key: PromptLogprob(logprob=e.logprob, rank=e.rank,
+                                       decoded_token=e.decoded_token)
+                    for key, e in entries.items()})
+    return out
+
+
+def widest_logprobs(*ks: int | None) -> int | None:
+    """The widest of several logprob counts (-1, the whole vocabulary, is the widest)."""
+    given = [k for k in ks if k is not None]
+    if not given:
+        return None
+    return -1 if -1 in given else max(given)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:

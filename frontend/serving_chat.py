@@ -15,7 +15,8 @@ from frontend.openai_protocol import (ChatChoice, ChatChoiceLogprobs, ChatComple
                                       ChatLogprob, ChatMessage, ChatResponseMessage,
                                       ChatStreamChoice, TopLogprob, check_unsupported)
 from frontend.serving import (ServingContext, json_response, merged_deltas, request_id,
-                              sampling_params, stream_sse, top_entries, usage)
+                              prompt_logprobs_json, sampling_params, stream_sse, top_entries,
+                              usage)
 from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 
 ROLES = ("system", "user", "assistant")
@@ -80,7 +81,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
-    params = sampling_params(req, max_tokens, logprobs=k)
+    params = sampling_params(req, max_tokens, logprobs=k, prompt_logprobs=req.prompt_logprobs)
     base_id = request_id("chatcmpl")
     request = GenerateRequest(base_id, params, messages=messages,
                               add_generation_prompt=req.add_generation_prompt,
@@ -129,9 +130,12 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     texts: dict[int, list[str]] = {}
     logprobs: dict[int, list] = {}
     finish: dict[int, tuple] = {}
+    prompt_positions = None
     async with contextlib.aclosing(deltas):  # a client gone (handler cancelled) aborts
         async for _, delta in deltas:
             account(delta)
+            if delta.prompt_logprobs is not None and prompt_positions is None:
+                prompt_positions = delta.prompt_logprobs
             texts.setdefault(delta.index, []).append(delta.text)
             logprobs.setdefault(delta.index, []).extend(delta.logprobs or [])
             if delta.finish_reason is not None:
@@ -141,5 +145,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                           finish_reason=finish.get(i, (None, None))[0],
                           stop_reason=finish.get(i, (None, None))[1])
                for i in sorted(texts)]
+    prompt_lps = None
+    if req.prompt_logprobs is not None:
+        prompt_lps = prompt_logprobs_json(prompt_positions or [None], req.prompt_logprobs)
     return json_response(ChatCompletionResponse(id=base_id, created=created, model=ctx.model_name,
-                                                choices=choices, usage=current_usage()))
+                                                choices=choices, usage=current_usage(),
+                                                prompt_logprobs=prompt_lps))

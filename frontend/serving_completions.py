@@ -12,7 +12,8 @@ from frontend.errors import bad_request
 from frontend.openai_protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                       CompletionResponse, check_unsupported)
 from frontend.serving import (ServingContext, json_response, merged_deltas, request_id,
-                              sampling_params, stream_sse, top_entries, usage)
+                              prompt_logprobs_json, sampling_params, stream_sse, top_entries,
+                              usage, widest_logprobs)
 from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 
 
@@ -75,8 +76,8 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
     ctx.check_model(req.model)
     prompts = _prompts(req.prompt)
     k = req.logprobs
-    params = sampling_params(req, req.max_tokens, logprobs=k,
-                             prompt_logprobs=k if req.echo and k is not None else None)
+    params = sampling_params(req, req.max_tokens, logprobs=k, prompt_logprobs=widest_logprobs(
+        req.prompt_logprobs, k if req.echo else None))
     base_id = request_id("cmpl")
     requests = [GenerateRequest(f"{base_id}-{i}", params,
                                 prompt=p if isinstance(p, str) else None,
@@ -109,7 +110,8 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
         text = delta.text
         logprobs = None
         builder = builders.setdefault(index, _Logprobs(k or 0))
-        if index not in started:
+        first = index not in started
+        if first:
             started.add(index)
             if req.echo:
                 text = echo_text[prompt_index] + text
@@ -123,8 +125,12 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
             else:
                 for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                     getattr(logprobs, f).extend(getattr(more, f))
-        return CompletionChoice(index=index, text=text, logprobs=logprobs,
-                                finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+        choice = CompletionChoice(index=index, text=text, logprobs=logprobs,
+                                  finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+        if first and req.prompt_logprobs is not None:  # not streamed (refused with stream)
+            choice.prompt_logprobs = prompt_logprobs_json(
+                prompt_logprobs.get(prompt_index, [None]), req.prompt_logprobs)
+        return choice
 
     def current_usage():
         return usage(sum(prompt_tokens.values()), completion_tokens)

@@ -150,6 +150,43 @@ def test_echo(server, client):
     assert "".join(c.choices[0].text for c in streamed) == PROMPT + plain
 
 
+def test_prompt_logprobs_as_vllm_returns_them(server, client):
+    _, tok = _http(server, "POST", "/tokenize", {"prompt": PROMPT})
+    ids = tok["tokens"]
+    out = client.completions.create(model=MODEL, prompt=PROMPT, echo=True, logprobs=1,
+                                    extra_body={"prompt_logprobs": 2, "ignore_eos": True},
+                                    temperature=0.0, max_tokens=2)
+    choice = out.choices[0]
+    positions = choice.model_extra["prompt_logprobs"]
+    assert len(positions) == len(ids) and positions[0] is None
+    for i, position in enumerate(positions[1:], start=1):
+        assert str(ids[i]) in position, "the prompt's own token is always there"
+        assert 2 <= len(position) <= 3
+        assert sorted(e["rank"] for e in position.values() if e["rank"] <= 2)[:2] == [1, 2]
+        # The same number echo's logprobs report for that prompt token.
+        assert position[str(ids[i])]["logprob"] == pytest.approx(
+            choice.logprobs.token_logprobs[i], abs=1e-5)
+        assert position[str(ids[i])]["decoded_token"] == choice.logprobs.tokens[i]
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
+                                          extra_body={"prompt_logprobs": 0})
+    chat_positions = chat.model_extra["prompt_logprobs"]
+    assert chat_positions[0] is None and len(chat_positions) == chat.usage.prompt_tokens
+    assert all(len(p) in (1, 2) for p in chat_positions[1:])  # own token (+ the top one)
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY).choices[0]
+    assert plain.model_extra.get("prompt_logprobs") is None
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"prompt": PROMPT, "prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
+    ({"prompt": PROMPT, "prompt_logprobs": -2}, "must be -1"),
+    ({"prompt": PROMPT, "prompt_logprobs": 10**6}, "exceeds the engine's max_logprobs (20)"),
+])
+def test_bad_prompt_logprobs_are_refused(server, body, message):
+    status, answer = _http(server, "POST", "/v1/completions", {"model": MODEL, **body})
+    assert status == 400, answer
+    assert message in answer["error"]["message"]
+
+
 def test_stop(client):
     text = client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY).choices[0].text
     stop = text[len(text) // 2:len(text) // 2 + 3]
