@@ -44,7 +44,6 @@ class EngineCore:
         eos = config.arch.eos_token_ids[0] if config.arch.eos_token_ids else None
         self.scheduler = Scheduler(config, self.num_blocks, eos)
         self.totals = StatTotals()
-        self.async_scheduling = config.scheduler.async_scheduling
         # Async scheduling: steps handed to the executor whose outputs are not applied yet.
         self._in_flight: deque[tuple[SchedulerOutput, StepFuture]] = deque()
 
@@ -70,8 +69,10 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running, or an abort is not yet reported."""
-        return (self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()
-                or bool(self._in_flight))
+        return self._has_work_to_schedule() or bool(self._in_flight)
+
+    def _has_work_to_schedule(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests()
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, execute and apply one step; the outputs of every request that progressed.
@@ -80,7 +81,7 @@ class EngineCore:
         oldest step in flight once two are; the first call of a run only submits (no outputs),
         so the model is never idle while the engine prepares a batch or applies outputs.
         """
-        if self.async_scheduling:
+        if self.scheduler.async_scheduling:
             return self._step_overlapped()
         if not self.has_unfinished_requests():
             return EngineCoreOutputs(timestamp=time.time())
@@ -89,10 +90,9 @@ class EngineCore:
         return self._apply(scheduler_output, runner_output)
 
     def _step_overlapped(self) -> EngineCoreOutputs:
-        in_flight, scheduler = self._in_flight, self.scheduler
-        if len(in_flight) < 2 and (scheduler.has_unfinished_requests()
-                                   or scheduler.has_finished_requests()):
-            scheduler_output = scheduler.schedule()
+        in_flight = self._in_flight
+        if len(in_flight) < 2 and self._has_work_to_schedule():
+            scheduler_output = self.scheduler.schedule()
             # An empty step still tells the workers which requests ended; skip it only when a
             # step in flight can carry that news instead.
             if (scheduler_output.total_num_scheduled_tokens or scheduler_output.finished_req_ids

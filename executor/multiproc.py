@@ -100,10 +100,8 @@ class MultiprocExecutor(Executor):
 
     def _read_until(self, step: _PendingStep) -> None:
         """Read rank 0's replies, oldest step first, until step has its output."""
-        while not step.done:
-            oldest = self._pending.popleft()
-            oldest.output = self._collect([0], StepDone)[0].output
-            oldest.done = True
+        while step.output is None:
+            self._pending.popleft().output = self._collect([0], StepDone)[0].output
 
     def shutdown(self) -> None:
         """Ask the workers to exit, join them in rank order, kill what is left, free the ring."""
@@ -194,8 +192,7 @@ class _PendingStep:
 
     def __init__(self, executor: MultiprocExecutor) -> None:
         self._executor = executor
-        self.done = False
-        self.output: ModelRunnerOutput | None = None
+        self.output: ModelRunnerOutput | None = None  # set once rank 0's reply is read
 
     def result(self) -> ModelRunnerOutput:
         self._executor._read_until(self)
