@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from engine_core.config import (
     ConfigError,
     EngineConfig,
     _resolve_dtype,
+    attention_backends_for,
     engine_config_from_kwargs,
     parse_size,
 )
@@ -228,3 +230,92 @@ def test_async_scheduling_flag():
     assert kwargs == {"async_scheduling": True}
     assert engine_config_from_kwargs(**kwargs).scheduler.async_scheduling is True
     assert engine_config_from_kwargs().scheduler.async_scheduling is False
+
+
+# --- attention kernel limits, checked when the configuration is resolved ---------------------
+
+
+def _model_with_head_dim(directory: Path, head_dim: int) -> Path:
+    """A config.json alone (resolve() reads no weights) for a Llama with this head size."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4 * head_dim,
+        "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": head_dim, "vocab_size": 128,
+        "max_position_embeddings": 256, "torch_dtype": "bfloat16"}))
+    return directory
+
+
+CUDA_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+CUDA_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("head_dim", [8, 16, 48, 64, 80, 96, 128, 192, 256, 512])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_cpu_refuses_nothing(block_size, head_dim, dtype):
+    # The torch backend runs any shape; the C kernels are only preferred where they apply.
+    names = attention_backends_for("cpu", block_size, head_dim, dtype)
+    assert names[-1] == "torch"
+    c_kernel = dtype == "float32" and head_dim in (64, 128) and block_size % 16 == 0
+    assert ("cpu" in names) == c_kernel
+
+
+@pytest.mark.parametrize("head_dim", [48, 80, 96])
+def test_cpu_resolves_odd_head_sizes_and_any_block_size(tmp_path, head_dim):
+    model = _model_with_head_dim(tmp_path, head_dim)
+    for block_size in BLOCK_SIZES:
+        cfg = _resolved(model, block_size=block_size, dtype="bfloat16")
+        assert (cfg.device_type, cfg.arch.head_dim) == ("cpu", head_dim)
+
+
+@pytest.mark.parametrize("block_size", CUDA_BLOCK_SIZES)
+@pytest.mark.parametrize("dtype", ["auto", "float32", "bfloat16", "float16"])
+def test_cuda_accepts_the_triton_kernels_block_sizes(tiny, block_size, dtype):
+    # Resolving with device 'cuda' declared needs no GPU: it loads nothing.
+    cfg = _resolved(tiny, device="cuda", block_size=block_size, dtype=dtype)
+    assert cfg.device_type == "cuda"
+
+
+def test_cuda_refuses_block_size_256_naming_the_supported_ones(tiny):
+    with pytest.raises(ConfigError, match=re.escape(
+            "block_size 256 is not supported by the triton attention kernels on cuda, which take "
+            "block_size 1, 8, 16, 32, 64 or 128")):
+        _resolved(tiny, device="cuda", block_size=256)
+
+
+@pytest.mark.parametrize("head_dim", CUDA_HEAD_DIMS)
+def test_cuda_accepts_power_of_two_head_sizes(tmp_path, head_dim):
+    cfg = _resolved(_model_with_head_dim(tmp_path, head_dim), device="cuda")
+    assert cfg.arch.head_dim == head_dim
+
+
+@pytest.mark.parametrize("head_dim", [8, 48, 80, 96, 192, 512])
+def test_cuda_refuses_other_head_sizes_before_loading(tmp_path, head_dim):
+    with pytest.raises(ConfigError, match=re.escape(
+            f"head_dim {head_dim} is not supported by the triton attention kernels on cuda, which "
+            "take head_dim 16, 32, 64, 128 or 256")):
+        _resolved(_model_with_head_dim(tmp_path, head_dim), device="cuda")
+
+
+def test_rules_for_a_named_device_type():
+    assert attention_backends_for("cuda", 16, 128, "bfloat16") == ["triton"]
+    assert attention_backends_for("cpu", 16, 64, "float32") == ["cpu", "torch"]
+    with pytest.raises(ConfigError, match="dtype float64 is not supported by the triton attention "
+                       "kernels on cuda, which take dtype float16, bfloat16 or float32"):
+        attention_backends_for("cuda", 16, 128, "float64")
+    with pytest.raises(ConfigError, match="no attention backend for device type 'tpu'"):
+        attention_backends_for("tpu", 16, 128, "float32")
+
+
+def test_backend_selection_uses_the_same_rules():
+    from gpu_worker.attention.select import attention_backend
+
+    cuda = torch.device("cuda")  # only named: nothing is allocated on it
+    assert attention_backend(cuda, torch.bfloat16, 128, 128).name == "triton"
+    with pytest.raises(ConfigError, match="block_size 256 is not supported"):
+        attention_backend(cuda, torch.bfloat16, 128, 256)
+    with pytest.raises(ConfigError, match="head_dim 80 is not supported"):
+        attention_backend(cuda, torch.float16, 80, 16)
+    assert attention_backend(torch.device("cpu"), torch.float32, 80, 256).name == "torch"
+    assert attention_backend(torch.device("cpu"), torch.bfloat16, 64, 16).name == "torch"

@@ -4,25 +4,32 @@ from __future__ import annotations
 
 import torch
 
-# Head sizes the C kernel is compiled for (kernels/cpu/paged_attention.c).
-_CPU_KERNEL_HEAD_DIMS = (64, 128)
+from engine_core.config import attention_backends_for
 
 
 def attention_backend(device: torch.device, dtype: torch.dtype = torch.float32, head_dim: int = 64,
                       block_size: int = 16):
-    """Triton kernels on CUDA; on the CPU the C kernels for fp32 when they build here (head_dim
-    64 or 128, block_size a multiple of 16), else vectorized torch ops."""
-    if device.type == "cuda":
-        from gpu_worker.attention.triton_backend import TritonAttentionBackend
+    """The first backend of engine_core.config.ATTENTION_BACKENDS for the device type that runs
+    this dtype, head size and block size: Triton kernels on CUDA; on the CPU the C kernels (fp32,
+    head_dim 64 or 128, block_size a multiple of 16) when they build here, else vectorized torch
+    ops. Raises ConfigError when no backend runs them (resolve() refuses such a config first)."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    names = attention_backends_for(device.type, block_size, head_dim, dtype_name)
+    for name in names:
+        if name == "triton":
+            from gpu_worker.attention.triton_backend import TritonAttentionBackend
 
-        return TritonAttentionBackend()
-    from kernels.cpu_ops import available
+            return TritonAttentionBackend()
+        if name == "cpu":
+            from kernels.cpu_ops import available
 
-    if (dtype == torch.float32 and head_dim in _CPU_KERNEL_HEAD_DIMS and block_size % 16 == 0
-            and available()):
-        from gpu_worker.attention.cpu_backend import CpuAttentionBackend
+            if not available():  # no C compiler here, or ENGINE_CPU_KERNELS=0
+                continue
+            from gpu_worker.attention.cpu_backend import CpuAttentionBackend
 
-        return CpuAttentionBackend()
-    from gpu_worker.attention.torch_backend import TorchAttentionBackend
+            return CpuAttentionBackend()
+        if name == "torch":
+            from gpu_worker.attention.torch_backend import TorchAttentionBackend
 
-    return TorchAttentionBackend()
+            return TorchAttentionBackend()
+    raise AssertionError(f"none of the attention backends {names} is usable on {device.type}")
