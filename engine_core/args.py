@@ -8,7 +8,7 @@ from typing import Any
 from engine_core.config import BLOCK_SIZES, DEVICES, DTYPES, EXECUTOR_BACKENDS, HASH_ALGOS, LOAD_FORMATS
 
 
-def _context_length(value: str) -> int:
+def context_length(value: str) -> int:
     """'4096', '32k' or '1m' -> tokens."""
     v = value.strip().lower()
     scale = {"k": 1024, "m": 1024 * 1024}.get(v[-1:], 1)
@@ -25,13 +25,13 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         ("--tokenizer", "tokenizer", dict(help="tokenizer directory (default: the model's)")),
         ("--served-model-name", "served_model_name", dict(help="name the API answers to")),
         ("--dtype", "dtype", dict(choices=DTYPES, help="auto: float32 on CPU, bfloat16 on GPU")),
-        ("--max-model-len", "max_model_len", dict(type=_context_length,
+        ("--max-model-len", "max_model_len", dict(type=context_length,
                                                   help="context length, prompt + output (e.g. 4096, 32k)")),
         ("--seed", "seed", dict(type=int, help="random seed (default 0)")),
         ("--max-logprobs", "max_logprobs", dict(type=int, help="largest logprobs a request may ask (default 20)")),
     ],
     "cache": [
-        ("--block-size", "block_size", dict(type=int, choices=BLOCK_SIZES, help="tokens per KV block (default 16)")),
+        ("--block-size", "block_size", dict(type=int, choices=BLOCK_SIZES, help="tokens per KV block (default 16; up to 128 on CUDA)")),
         ("--enable-prefix-caching", "enable_prefix_caching",
          dict(action=argparse.BooleanOptionalAction, help="reuse KV of shared prompt prefixes (default on)")),
         ("--prefix-caching-hash-algo", "prefix_caching_hash_algo", dict(choices=HASH_ALGOS)),
