@@ -230,8 +230,11 @@ def bench_null_model(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the chosen workload and print its figures as JSON."""
+    from frontend.bench_device import bench_device
+
     fn = {"throughput": bench_throughput, "prefix-shared": bench_prefix_shared,
-          "single-stream": bench_single_stream, "null-model": bench_null_model}[args.workload]
+          "single-stream": bench_single_stream, "null-model": bench_null_model,
+          "device": bench_device}[args.workload]
     result = fn(args)
     text = json.dumps(result, indent=2)
     print(text)

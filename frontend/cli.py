@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from engine_core.args import add_engine_args, engine_kwargs
-from frontend import bench_serve
+from frontend import bench_device, bench_serve
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
         offline.add_argument("--output-json", help="also write the figures to this file")
         add_engine_args(offline)
         offline.set_defaults(func=_bench)
+    device = workloads.add_parser("device", help="batch-1 and batch-64 decode of a Llama-3-8B-"
+                                  "shaped model (dummy weights) against the memory-bandwidth limit")
+    bench_device.add_arguments(device)
+    add_engine_args(device)
+    device.set_defaults(func=_bench)
     serve = workloads.add_parser("serve", help="serving-poisson over HTTP against any "
                                                "OpenAI-compatible server")
     bench_serve.add_arguments(serve)
