@@ -1,0 +1,320 @@
+"""Split-context (flash-decoding) attention for decode-only steps over a paged KV cache.
+
+A decode step with few sequences gives the one-pass kernel (kernels/paged_attention.py) only
+num_seqs * num_kv_heads programs, each walking its whole context: on a long context most of the
+device sits idle. Here a first kernel runs one program per (sequence, kv head, partition of
+partition_size tokens) and writes each partition's running max, sum and un-normalised output to
+fp32 scratch; a second kernel combines the partitions of each (sequence, query head) by
+log-sum-exp rescaling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.paged_attention import _TL_DTYPES
+
+# Tokens per partition on the device (vLLM's paged attention v2 uses 512 too).
+PARTITION_SIZE = 512
+# Query-head rows per program on the device: tl.dot needs at least 16, so small groups are padded.
+_MIN_ROWS = 16
+_MIN_BLOCK_N = 64
+# The interpreter's cost is mostly per op, not per element: larger key tiles run tests faster.
+_INTERPRETER_BLOCK_N = 1024
+# Partitions the reduce kernel reads per loop step.
+_PARTS_BLOCK = 32
+# Below this context a decode step is short for every program anyway, and a second launch costs
+# about what the split would save.
+SPLIT_MIN_SEQ_LEN = 2048
+# Programs per SM below which the one-pass kernel leaves the device under-filled.
+_PROGRAMS_PER_SM = 2
+
+
+def use_split_decode(max_query_len: int, num_seqs: int, num_kv_heads: int, max_seq_len: int,
+                     num_sms: int) -> bool:
+    """Whether a step should run paged_decode_split rather than the one-pass kernel: decode-only
+    (max_query_len == 1), a context of at least SPLIT_MIN_SEQ_LEN tokens, and fewer than
+    _PROGRAMS_PER_SM programs per SM in the one-pass kernel's grid. Host values only."""
+    return (max_query_len == 1 and max_seq_len >= SPLIT_MIN_SEQ_LEN
+            and num_seqs * num_kv_heads < _PROGRAMS_PER_SM * num_sms)
+
+
+# Arguments whose values change from step to step: not specialising on them (== 1, % 16) keeps
+# one compiled kernel for every step instead of one per value class.
+@triton.jit(do_not_specialize=["stride_bt", "stride_ms", "stride_mh", "stride_as", "stride_ah"])
+def _decode_partition_kernel(
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    stride_ms,
+    stride_mh,
+    stride_as,
+    stride_ah,
+    GROUP: tl.constexpr,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PARTITION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    start = part * PARTITION
+    # The grid covers the longest sequence; shorter ones (and empty padding rows) stop here.
+    if (q_len == 0) | (start >= seq_len):
+        return
+    end = tl.minimum(start + PARTITION, seq_len)
+
+    # Row r is query head kv_head * GROUP + r; rows >= GROUP are padding for tl.dot.
+    rows = tl.arange(0, ROWS)
+    row_valid = rows < GROUP
+    q_head = kv_head * GROUP + rows
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_row = q_start.to(tl.int64) * stride_qt + q_head * stride_qh
+    q = tl.load(q_ptr + q_row[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+    q = q.to(tl.float32).to(DOT_DTYPE)
+
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    # The decode query is the last position, so it sees every key before seq_len: no causal mask.
+    # The first tile holds key `start` < end, so m_i is finite after it and no NaN appears.
+    bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    for start_n in range(start, end, BLOCK_N):
+        k_pos = start_n + tl.arange(0, BLOCK_N)
+        k_valid = k_pos < end
+        block = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
+        in_block = k_pos % BLOCK_SIZE
+        k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
+        v_off = block * stride_vb + in_block * stride_vs + kv_head * stride_vh
+        k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=k_valid[None, :],
+                    other=0.0)
+        k = k.to(tl.float32).to(DOT_DTYPE)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+        s = tl.where(k_valid[None, :], s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=k_valid[:, None],
+                    other=0.0)
+        v = v.to(tl.float32).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # Scratch row (seq, q_head) holds one entry per partition; acc keeps head_dim contiguous.
+    ml_off = seq.to(tl.int64) * stride_ms + q_head * stride_mh + part
+    tl.store(m_ptr + ml_off, m_i, mask=row_valid)
+    tl.store(l_ptr + ml_off, l_i, mask=row_valid)
+    a_off = seq.to(tl.int64) * stride_as + q_head * stride_ah + part * HEAD_DIM
+    tl.store(acc_ptr + a_off[:, None] + offs_d[None, :], acc, mask=row_valid[:, None])
+
+
+@triton.jit(do_not_specialize=["stride_ms", "stride_mh", "stride_as", "stride_ah"])
+def _decode_reduce_kernel(
+    out_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    stride_ot,
+    stride_oh,
+    stride_ms,
+    stride_mh,
+    stride_as,
+    stride_ah,
+    HEAD_DIM: tl.constexpr,
+    PARTITION: tl.constexpr,
+    PARTS_BLOCK: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if q_len == 0:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # Only this sequence's own partitions were written; seq_len >= 1 makes at least one.
+    num_parts = (seq_len + PARTITION - 1) // PARTITION
+    ml_base = seq.to(tl.int64) * stride_ms + head * stride_mh
+    a_base = seq.to(tl.int64) * stride_as + head * stride_ah
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    # Two passes over the (few) partition maxima keep every loop-carried value a vector.
+    m_run = tl.full([PARTS_BLOCK], float("-inf"), dtype=tl.float32)
+    for p0 in range(0, num_parts, PARTS_BLOCK):
+        offs_p = p0 + tl.arange(0, PARTS_BLOCK)
+        m_part = tl.load(m_ptr + ml_base + offs_p, mask=offs_p < num_parts, other=float("-inf"))
+        m_run = tl.maximum(m_run, m_part)
+    m_all = tl.max(m_run, axis=0)
+
+    l_run = tl.zeros([PARTS_BLOCK], dtype=tl.float32)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for p0 in range(0, num_parts, PARTS_BLOCK):
+        offs_p = p0 + tl.arange(0, PARTS_BLOCK)
+        valid = offs_p < num_parts
+        m_part = tl.load(m_ptr + ml_base + offs_p, mask=valid, other=float("-inf"))
+        l_part = tl.load(l_ptr + ml_base + offs_p, mask=valid, other=0.0)
+        w = tl.exp2(m_part - m_all)  # 0 for masked partitions
+        l_run += w * l_part
+        a = tl.load(acc_ptr + a_base + offs_p[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=valid[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * a, axis=0)
+
+    out = acc / tl.sum(l_run, axis=0)
+    o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(out_ptr + o_off + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+def num_partitions(max_seq_len: int, partition_size: int = PARTITION_SIZE) -> int:
+    """Partitions of the longest sequence: the split kernel's grid depth, from a host value."""
+    return max(1, -(-max_seq_len // partition_size))
+
+
+def paged_decode_split(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_seq_len: int,
+    out: torch.Tensor | None = None,
+    partition_size: int | None = None,
+) -> torch.Tensor:
+    """Decode attention (every request has 0 or 1 query token) of each request's query over its
+    paged K/V, split along the context; matches paged_attention_ref for such batches.
+    max_seq_len must be at least seq_lens.max() (a host value: nothing is read from the device);
+    partition_size (default PARTITION_SIZE, or the block size if larger) must be a power of two
+    and a multiple of the block size."""
+    num_tokens, num_q_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, kv_head_dim = key_cache.shape
+    num_seqs = seq_lens.shape[0]
+    if partition_size is None:
+        partition_size = max(PARTITION_SIZE, block_size)
+    assert kv_head_dim == head_dim, f"query head_dim {head_dim} != cache head_dim {kv_head_dim}"
+    assert value_cache.shape == key_cache.shape, "value_cache must have key_cache's shape"
+    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, (
+        f"head_dim must be a power of two >= 16, got {head_dim}")
+    assert block_size & (block_size - 1) == 0, (
+        f"block_size must be a power of two, got {block_size}")
+    assert partition_size & (partition_size - 1) == 0 and partition_size >= block_size, (
+        f"partition_size must be a power of two >= block_size {block_size}, got {partition_size}")
+    assert num_q_heads % num_kv_heads == 0, (
+        f"num_q_heads {num_q_heads} not a multiple of num_kv_heads {num_kv_heads}")
+    assert query_start_loc.shape[0] == num_seqs + 1, (
+        "query_start_loc must have num_seqs + 1 entries")
+    assert query.dtype in _TL_DTYPES, f"unsupported dtype {query.dtype}"
+    for t in (query, key_cache, value_cache):
+        assert t.stride(-1) == 1, "the head_dim axis must be contiguous"
+    if out is None:
+        out = torch.empty_like(query)
+    assert out.shape == query.shape and out.stride(-1) == 1, (
+        "out must be [T, Hq, D] with contiguous head_dim")
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    group = num_q_heads // num_kv_heads
+    on_gpu = query.device.type == "cuda"
+    rows = triton.next_power_of_2(group)
+    if on_gpu:
+        rows = max(_MIN_ROWS, rows)
+        block_n = max(block_size, _MIN_BLOCK_N)
+    else:
+        # The interpreter's dot takes any shape; keeping rows * block_n * head_dim under
+        # OpenBLAS's threading threshold (2**18) matters: numpy's threaded GEMM on small
+        # operands is a thousand times slower on a busy machine.
+        block_n = max(block_size, min(_INTERPRETER_BLOCK_N, 2**17 // (rows * head_dim)))
+    block_n = min(block_n, partition_size)  # both powers of two, so block_n divides a partition
+    # CPU tensors only run under the interpreter, whose tl.dot is wrong for 16-bit operands.
+    dot_dtype = _TL_DTYPES[query.dtype] if on_gpu else tl.float32
+    # fp32 operands would otherwise be rounded to tf32 on tensor cores.
+    dot_precision = "ieee" if dot_dtype == tl.float32 else None
+
+    parts = num_partitions(max_seq_len, partition_size)
+    m_scratch = torch.empty(num_seqs, num_q_heads, parts, dtype=torch.float32, device=query.device)
+    l_scratch = torch.empty_like(m_scratch)
+    acc = torch.empty(num_seqs, num_q_heads, parts, head_dim, dtype=torch.float32,
+                      device=query.device)
+    _decode_partition_kernel[(num_seqs, num_kv_heads, parts)](
+        m_scratch,
+        l_scratch,
+        acc,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale * math.log2(math.e),
+        query.stride(0),
+        query.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        block_table.stride(0),
+        m_scratch.stride(0),
+        m_scratch.stride(1),
+        acc.stride(0),
+        acc.stride(1),
+        GROUP=group,
+        ROWS=rows,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=block_n,
+        PARTITION=partition_size,
+        DOT_DTYPE=dot_dtype,
+        DOT_PRECISION=dot_precision,
+        num_warps=4,
+    )
+    _decode_reduce_kernel[(num_seqs, num_q_heads)](
+        out,
+        m_scratch,
+        l_scratch,
+        acc,
+        query_start_loc,
+        seq_lens,
+        out.stride(0),
+        out.stride(1),
+        m_scratch.stride(0),
+        m_scratch.stride(1),
+        acc.stride(0),
+        acc.stride(1),
+        HEAD_DIM=head_dim,
+        PARTITION=partition_size,
+        PARTS_BLOCK=_PARTS_BLOCK,
+        num_warps=4,
+    )
+    return out
