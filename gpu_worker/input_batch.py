@@ -1,101 +1,109 @@
-"""Persistent per-request state of the model runner, kept in preallocated numpy arrays.
+"""One step's inputs, built on the device from the persistent request state.
 
-Each live request owns a row; a step's inputs are gathered from the rows with array
-operations, so preparing a step costs no Python work per token.
+The host computes only what it knows without the device (which slots run, how many tokens each,
+which of them sample) and sends those few arrays in one copy; input ids, positions, sequence
+lengths, slot mapping and block tables are then gathered on the device. A decode's input id is
+the token the last step sampled, which the post-update wrote into the device's token table.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from engine_core.sampling_params import SamplingParams
-from gpu_worker.attention.metadata import StepBatch
+from gpu_worker.attention.metadata import DeviceBatch, StepBatch
+from gpu_worker.request_state import RequestStates
+from gpu_worker.staging import HostToDevice
 
 
 @dataclass(slots=True)
-class RequestState:
-    """What the runner remembers about one request between steps."""
-
-    req_id: str
-    row: int
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    output_token_ids: list[int]
-    generator: torch.Generator | None
-    # Prompt logprobs gathered so far; None once sent (or for a request resumed after preemption).
-    prompt_logprobs: list[tuple[list[int], list[float], int]] | None = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class PreparedStep:
-    """Arrays for one step, in the order of req_ids."""
+class InputBatch:
+    """A step's inputs: host arrays in the order of req_ids, and their device counterparts."""
 
     req_ids: list[str]
-    rows: np.ndarray
-    input_ids: np.ndarray  # [T] int64
-    positions: np.ndarray  # [T] int64
-    batch: StepBatch
-    samples: np.ndarray  # [B] bool: this step reaches the end of the request's known tokens
+    slots_np: np.ndarray  # [B] int64
+    query_start_loc_np: np.ndarray  # [B+1] int32
+    seq_lens_np: np.ndarray  # [B] int32
+    samples_np: np.ndarray  # [B] bool: this step reaches the end of the request's known tokens
+    sample_rows_np: np.ndarray  # [S] int64: rows of req_ids that sample
+    slots: torch.Tensor  # [B] int64
+    sample_slots: torch.Tensor  # [S] int64
+    logits_indices: torch.Tensor  # [S] int64: the token row each sample reads
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    device_batch: DeviceBatch
+    block_table_np: np.ndarray  # [B, max_blocks] int32 (host mirror, for host-side backends)
+    block_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query_start_loc_np[-1])
+
+    def host_batch(self) -> StepBatch:
+        """The step as host arrays, for an attention backend that plans on the host."""
+        qsl, seq_lens, bs = self.query_start_loc_np, self.seq_lens_np, self.block_size
+        token_req = np.repeat(np.arange(len(seq_lens)), np.diff(qsl))
+        positions = (seq_lens - np.diff(qsl))[token_req] + (np.arange(qsl[-1]) - qsl[token_req])
+        slot_mapping = (self.block_table_np[token_req, positions // bs].astype(np.int64) * bs
+                        + positions % bs)
+        return StepBatch(query_start_loc=qsl, seq_lens=seq_lens, block_table=self.block_table_np,
+                         slot_mapping=slot_mapping, block_size=bs)
 
 
-class InputBatch:
-    """Token ids, computed-token counts and block tables of every live request."""
+class InputPreparer:
+    """Builds InputBatches from RequestStates with one host-to-device copy per step."""
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int) -> None:
-        self.block_size = block_size
-        max_blocks = -(-max_model_len // block_size)
-        # One spare column: a request that reaches max_model_len still records its last sample.
-        self.token_ids = np.zeros((max_num_reqs, max_model_len + 1), dtype=np.int64)
-        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
-        self.num_computed = np.zeros(max_num_reqs, dtype=np.int64)
-        self.block_table = np.zeros((max_num_reqs, max_blocks), dtype=np.int32)
-        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
-        self._free_rows = list(range(max_num_reqs - 1, -1, -1))
+    def __init__(self, states: RequestStates, h2d: HostToDevice, device: torch.device) -> None:
+        self.states = states
+        self.h2d = h2d
+        self.device = device
+        self._arange = torch.arange(0, dtype=torch.int64, device=device)
 
-    def add(self, token_ids: list[int], block_ids: list[int], num_computed: int) -> int:
-        """Claim a row for a request holding token_ids; returns the row."""
-        if not self._free_rows:
-            raise RuntimeError("more live requests than max_num_seqs")
-        row = self._free_rows.pop()
-        n = len(token_ids)
-        if n > self.token_ids.shape[1] - 1:
-            raise ValueError(f"request of {n} tokens exceeds max_model_len {self.token_ids.shape[1] - 1}")
-        self.token_ids[row, :n] = token_ids
-        self.num_tokens[row] = n
-        self.num_computed[row] = num_computed
-        self.num_blocks[row] = 0
-        self.append_blocks(row, block_ids)
-        return row
+    def _iota(self, n: int) -> torch.Tensor:
+        if n > self._arange.shape[0]:
+            self._arange = torch.arange(max(n, 2 * self._arange.shape[0]), dtype=torch.int64,
+                                        device=self.device)
+        return self._arange[:n]
 
-    def remove(self, row: int) -> None:
-        """Give a row back."""
-        self._free_rows.append(row)
+    def prepare(self, req_ids: list[str], num_scheduled: np.ndarray) -> InputBatch:
+        """Inputs for a step computing num_scheduled[i] tokens of request req_ids[i]."""
+        st = self.states
+        slots_np = np.fromiter((st.slot_of[r] for r in req_ids), dtype=np.int64,
+                               count=len(req_ids))
+        qsl_np = np.zeros(len(req_ids) + 1, dtype=np.int32)
+        np.cumsum(num_scheduled, out=qsl_np[1:])
+        seq_lens_np = (st.num_computed_np[slots_np] + num_scheduled).astype(np.int32)
+        samples_np = seq_lens_np >= st.num_tokens_np[slots_np]
+        sample_rows_np = np.flatnonzero(samples_np)
+        num_tokens = int(qsl_np[-1])
+        max_blocks = int(-(-seq_lens_np.max() // st.block_size)) if len(req_ids) else 0
 
-    def append_blocks(self, row: int, block_ids: list[int]) -> None:
-        """Extend a row's block table."""
-        start = int(self.num_blocks[row])
-        self.block_table[row, start : start + len(block_ids)] = block_ids
-        self.num_blocks[row] = start + len(block_ids)
-
-    def prepare(self, req_ids: list[str], rows: np.ndarray, num_scheduled: np.ndarray) -> PreparedStep:
-        """Inputs for a step that computes num_scheduled[i] tokens of the request in rows[i]."""
-        query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
-        np.cumsum(num_scheduled, out=query_start_loc[1:])
-        total = int(query_start_loc[-1])
-        token_req = np.repeat(np.arange(len(rows)), num_scheduled)
-        token_rows = rows[token_req]
-        computed = self.num_computed[rows]
-        positions = computed[token_req] + (np.arange(total) - query_start_loc[token_req])
-        seq_lens = (computed + num_scheduled).astype(np.int32)
-        bs = self.block_size
-        slot_mapping = self.block_table[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
-        max_blocks = int(-(-seq_lens.max() // bs)) if len(rows) else 0
-        batch = StepBatch(query_start_loc=query_start_loc, seq_lens=seq_lens,
-                          block_table=np.ascontiguousarray(self.block_table[rows, :max_blocks]),
-                          slot_mapping=slot_mapping, block_size=bs)
-        return PreparedStep(req_ids=req_ids, rows=rows, input_ids=self.token_ids[token_rows, positions],
-                            positions=positions, batch=batch,
-                            samples=seq_lens >= self.num_tokens[rows])
+        slots, qsl, sample_rows = self.h2d.copy(slots_np, qsl_np, sample_rows_np)
+        qsl_long = qsl.to(torch.int64)
+        token_req = torch.searchsorted(qsl_long[1:], self._iota(num_tokens), right=True)
+        token_slot = slots.index_select(0, token_req)
+        computed = st.num_computed.index_select(0, slots)
+        seq_lens = (computed + (qsl_long[1:] - qsl_long[:-1])).to(torch.int32)
+        positions = (computed.index_select(0, token_req) + self._iota(num_tokens)
+                     - qsl_long.index_select(0, token_req))
+        input_ids = st.token_ids.view(-1).index_select(
+            0, token_slot * st.token_ids.shape[1] + positions)
+        bs = st.block_size
+        block_index = token_slot * st.block_table.shape[1] + positions // bs
+        slot_mapping = (st.block_table.view(-1).index_select(0, block_index).to(torch.int64) * bs
+                        + positions % bs)
+        block_table = st.block_table[:, :max_blocks].index_select(0, slots)
+        device_batch = DeviceBatch(
+            query_start_loc=qsl, seq_lens=seq_lens, block_table=block_table,
+            slot_mapping=slot_mapping,
+            max_query_len=int(num_scheduled.max()) if len(req_ids) else 0,
+            max_seq_len=int(seq_lens_np.max()) if len(req_ids) else 0)
+        return InputBatch(
+            req_ids=req_ids, slots_np=slots_np, query_start_loc_np=qsl_np,
+            seq_lens_np=seq_lens_np, samples_np=samples_np, sample_rows_np=sample_rows_np,
+            slots=slots, sample_slots=slots.index_select(0, sample_rows),
+            logits_indices=qsl_long.index_select(0, sample_rows + 1) - 1,
+            input_ids=input_ids, positions=positions, device_batch=device_batch,
+            block_table_np=st.block_table_np[slots_np, :max_blocks], block_size=bs)

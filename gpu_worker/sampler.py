@@ -72,8 +72,8 @@ class Sampler:
         if not md.no_penalties:
             logits = apply_penalties(
                 logits,
-                md.output_token_ids,
-                md.prompt_token_ids,
+                md.output_counts,
+                md.prompt_mask,
                 md.presence_penalties,
                 md.frequency_penalties,
                 md.repetition_penalties,

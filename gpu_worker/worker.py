@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine_core.config import EngineConfig
+from gpu_worker.async_output import AsyncOutput, ReadyOutput
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.parallel.group import destroy_tensor_parallel, init_tensor_parallel
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
@@ -43,8 +44,12 @@ class Worker:
         self.runner.initialize_kv_cache(num_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step."""
+        """Run one step and wait for its output."""
         return self.runner.execute_model(scheduler_output)
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncOutput | ReadyOutput:
+        """Launch one step; its get_output() waits for the results."""
+        return self.runner.execute_model_async(scheduler_output)
 
     def shutdown(self) -> None:
         """Leave the tensor-parallel group."""

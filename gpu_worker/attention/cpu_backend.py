@@ -44,7 +44,8 @@ class CpuAttentionBackend:
         num_blocks, kv_heads, block_size, head_dim = kv_cache.shape[1:]
         return kv_cache[0].view(num_blocks, kv_heads, head_dim, block_size), kv_cache[1]
 
-    def build(self, step: StepBatch, device_batch: DeviceBatch, device: torch.device) -> CpuAttnMetadata:
+    def build(self, step: StepBatch | None, device_batch: DeviceBatch,
+              device: torch.device) -> CpuAttnMetadata:
         return CpuAttnMetadata(device_batch.slot_mapping, device_batch.block_table,
                                device_batch.query_start_loc, device_batch.seq_lens)
 

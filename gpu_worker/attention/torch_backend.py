@@ -78,6 +78,7 @@ class TorchAttentionBackend:
     """Mixed prefill/decode attention over the paged KV cache with plain torch ops."""
 
     name = "torch"
+    plans_on_host = True  # build() reads the step's host arrays (StepBatch)
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,

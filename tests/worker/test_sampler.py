@@ -12,7 +12,7 @@ import torch
 from engine_core.sampling_params import SamplingParams
 from gpu_worker.penalties import apply_penalties
 from gpu_worker.sampler import Sampler, SamplerOutput, compute_logprobs_tensors
-from gpu_worker.sampling_metadata import build_sampling_metadata
+from gpu_worker.sampling_state import build_sampling_metadata
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EOS = 5
@@ -247,8 +247,8 @@ def test_penalties_change_logits_exactly():
     md = build_sampling_metadata(states, DEVICE, 16, EOS)
     got = apply_penalties(
         logits.to(DEVICE),
-        md.output_token_ids,
-        md.prompt_token_ids,
+        md.output_counts,
+        md.prompt_mask,
         md.presence_penalties,
         md.frequency_penalties,
         md.repetition_penalties,

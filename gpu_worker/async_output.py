@@ -1,0 +1,126 @@
+"""A step's results on their way to the host.
+
+The sampled ids and logprobs are copied to pinned host memory on a side stream, after the step's
+kernels, and an event marks the copy done; get_output() is the only place that waits, and the
+engine core calls it only when it needs the step (one step later under async scheduling). On
+the CPU the tensors already are host memory and nothing waits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gpu_worker.protocol import LogprobsLists, ModelRunnerOutput
+from gpu_worker.sampler import LogprobsTensors
+
+
+class DeviceToHost:
+    """Copies a step's result tensors to the host on one side stream, in step order."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def start(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor],
+                                                           torch.cuda.Event | None]:
+        """Host copies of tensors (filled once the event fires) and that event."""
+        if self.stream is None:
+            return tensors, None
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        event = torch.cuda.Event()
+        with torch.cuda.stream(self.stream):
+            host = []
+            for t in tensors:
+                t.record_stream(self.stream)  # keep it alive until the copy has read it
+                host.append(t.to("cpu", non_blocking=True))  # pinned, from torch's host cache
+            event.record(self.stream)
+        return host, event
+
+
+class AsyncOutput:
+    """What one step produced; get_output() waits for its copy and builds the message."""
+
+    def __init__(self, d2h: DeviceToHost, req_ids: list[str], sample_rows: np.ndarray,
+                 sampled: torch.Tensor | None, logprobs: LogprobsTensors | None,
+                 num_logprobs: np.ndarray, prompt_chunks: list[LogprobsTensors]) -> None:
+        self._req_ids = req_ids
+        self._sample_rows = sample_rows
+        self._num_logprobs = num_logprobs  # per sampling row: K asked, -1 all, -2 none
+        tensors: list[torch.Tensor] = [] if sampled is None else [sampled]
+        if logprobs is not None:
+            tensors.extend(logprobs)
+        for chunk in prompt_chunks:
+            tensors.extend(chunk)
+        host, self._event = d2h.start(tensors)
+        self._sampled = host[0] if sampled is not None else None
+        self._logprobs = LogprobsTensors(*host[1:4]) if logprobs is not None else None
+        start = (sampled is not None) + 3 * (logprobs is not None)
+        #: host copies of prompt_chunks, in order; valid once this output is ready
+        self.prompt_chunks = [LogprobsTensors(*host[i : i + 3])
+                              for i in range(start, len(host), 3)]
+        #: request -> its prompt logprobs, complete with this step (set by the runner)
+        self.prompt_logprobs: dict[str, tuple[list[LogprobsTensors], int]] = {}
+
+    def ready(self) -> bool:
+        """True once get_output() would not wait."""
+        return self._event is None or self._event.query()
+
+    def get_output(self) -> ModelRunnerOutput:
+        """Wait for the copy, then the output in the order of the step's requests."""
+        if self._event is not None:
+            self._event.synchronize()
+        sampled_lists: list[list[int]] = [[] for _ in self._req_ids]
+        logprob_lists: list[LogprobsLists | None] = [None] * len(self._req_ids)
+        if self._sampled is not None:
+            tokens = self._sampled.tolist()
+            for row, token in zip(self._sample_rows.tolist(), tokens):
+                sampled_lists[row] = [token]
+            if self._logprobs is not None:
+                lp = _to_lists(self._logprobs)
+                for j, (row, k) in enumerate(zip(self._sample_rows.tolist(),
+                                                 self._num_logprobs.tolist())):
+                    if k != -2:
+                        ids, lps, rank = _one_position(lp, j, k)
+                        logprob_lists[row] = LogprobsLists([ids], [lps], [rank])
+        prompt = {}
+        for req_id, (chunks, k) in self.prompt_logprobs.items():
+            ids: list[list[int]] = []
+            lps: list[list[float]] = []
+            ranks: list[int] = []
+            for chunk in chunks:
+                lp = _to_lists(chunk)
+                for j in range(len(lp[2])):
+                    i, v, r = _one_position(lp, j, k)
+                    ids.append(i)
+                    lps.append(v)
+                    ranks.append(r)
+            prompt[req_id] = LogprobsLists(ids, lps, ranks)
+        return ModelRunnerOutput(req_ids=self._req_ids, sampled_token_ids=sampled_lists,
+                                 logprobs=logprob_lists, prompt_logprobs=prompt)
+
+
+class ReadyOutput:
+    """An output known without the device (a step that computed nothing)."""
+
+    def __init__(self, output: ModelRunnerOutput) -> None:
+        self._output = output
+
+    def ready(self) -> bool:
+        return True
+
+    def get_output(self) -> ModelRunnerOutput:
+        return self._output
+
+
+_Lists = tuple[list[list[int]], list[list[float]], list[int]]
+
+
+def _to_lists(t: LogprobsTensors) -> _Lists:
+    return t.token_ids.tolist(), t.logprobs.tolist(), t.ranks.tolist()
+
+
+def _one_position(lp: _Lists, j: int, k: int) -> tuple[list[int], list[float], int]:
+    """Row j as [sampled or prompt token, top-1..top-k]; k == -1 keeps every column."""
+    width = len(lp[0][j]) if k == -1 else k + 1
+    return lp[0][j][:width], lp[1][j][:width], lp[2][j]

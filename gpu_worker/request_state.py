@@ -1,0 +1,102 @@
+"""Per-request state of the model runner, slot-indexed and kept on the device.
+
+Each live request owns a slot (a row). Token ids, token counts and block tables live in device
+tensors, changed only by staged writes (new requests, new blocks) and by the step's own
+post-update on the device (the sampled token appended, computed counts advanced), so a step
+never reads the device from the host. The host keeps mirrors of the counts and block tables,
+which it can advance itself: every request that samples in a step gains exactly one token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gpu_worker.staging import HostToDevice, StagedWrites
+
+
+class RequestStates:
+    """Token ids, computed counts and block tables of every live request, by slot."""
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int,
+                 device: torch.device, h2d: HostToDevice) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.block_size = block_size
+        max_blocks = -(-max_model_len // block_size)
+        # One spare column: a request that reaches max_model_len still records its last sample.
+        self.token_ids = torch.zeros((max_num_reqs, max_model_len + 1), dtype=torch.int64,
+                                     device=device)
+        self.num_tokens = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        self.num_computed = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        self.block_table = torch.zeros((max_num_reqs, max_blocks), dtype=torch.int32,
+                                       device=device)
+        # Host mirrors: what the device will hold once the steps launched so far have run.
+        self.num_tokens_np = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_computed_np = np.zeros(max_num_reqs, dtype=np.int64)
+        self.prompt_len_np = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_blocks_np = np.zeros(max_num_reqs, dtype=np.int64)
+        self.block_table_np = np.zeros((max_num_reqs, max_blocks), dtype=np.int32)
+        self._token_writes = StagedWrites(self.token_ids, h2d)
+        self._count_writes = [StagedWrites(t, h2d) for t in (self.num_tokens, self.num_computed)]
+        self._block_writes = StagedWrites(self.block_table, h2d)
+        self.slot_of: dict[str, int] = {}
+        self._free = list(range(max_num_reqs - 1, -1, -1))
+
+    def add(self, req_id: str, token_ids: list[int], num_prompt: int, block_ids: list[int],
+            num_computed: int) -> int:
+        """Claim a slot for a request that already holds token_ids; returns the slot."""
+        if not self._free:
+            raise RuntimeError("more live requests than max_num_seqs")
+        n = len(token_ids)
+        if n > self.token_ids.shape[1] - 1:
+            raise ValueError(f"request of {n} tokens exceeds max_model_len "
+                             f"{self.token_ids.shape[1] - 1}")
+        slot = self._free.pop()
+        self.slot_of[req_id] = slot
+        self._token_writes.put_row(slot, token_ids)
+        self.num_tokens_np[slot] = n
+        self.num_computed_np[slot] = num_computed
+        self.prompt_len_np[slot] = num_prompt
+        self._count_writes[0].put(slot, n)
+        self._count_writes[1].put(slot, num_computed)
+        self.num_blocks_np[slot] = 0
+        self.append_blocks(slot, block_ids)
+        return slot
+
+    def remove(self, req_id: str) -> int | None:
+        """Give a request's slot back; returns it (None for an unknown request)."""
+        slot = self.slot_of.pop(req_id, None)
+        if slot is not None:
+            self._free.append(slot)
+        return slot
+
+    def append_blocks(self, slot: int, block_ids: list[int]) -> None:
+        """Extend a slot's block table."""
+        if not block_ids:
+            return
+        start = int(self.num_blocks_np[slot])
+        self.block_table_np[slot, start : start + len(block_ids)] = block_ids
+        self.num_blocks_np[slot] = start + len(block_ids)
+        self._block_writes.put_row(slot, block_ids, start)
+
+    def apply_staged_writes(self) -> None:
+        """Send the new requests and blocks to the device."""
+        self._token_writes.apply()
+        for writes in self._count_writes:
+            writes.apply()
+        self._block_writes.apply()
+
+    def post_update(self, slots: torch.Tensor, slots_np: np.ndarray, seq_lens: torch.Tensor,
+                    seq_lens_np: np.ndarray, sample_slots: torch.Tensor,
+                    sample_slots_np: np.ndarray, sampled: torch.Tensor) -> None:
+        """After a step: its requests computed up to seq_lens, and sampled requests gained
+        their sampled token (all on the device; the mirrors advance alike)."""
+        self.num_computed.index_copy_(0, slots, seq_lens.to(torch.int64))
+        self.num_computed_np[slots_np] = seq_lens_np
+        if not len(sample_slots_np):
+            return
+        width = self.token_ids.shape[1]
+        at = sample_slots * width + self.num_tokens.index_select(0, sample_slots)
+        self.token_ids.view(-1).index_copy_(0, at, sampled)
+        self.num_tokens.index_add_(0, sample_slots, torch.ones_like(sample_slots))
+        self.num_tokens_np[sample_slots_np] += 1

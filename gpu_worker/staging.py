@@ -1,0 +1,110 @@
+"""Host-to-device copies that never make the host wait: reused pinned buffers and staged writes.
+
+On CUDA every host array a step needs goes through one of a few pinned buffers with a
+non-blocking copy on a side stream; an event recorded there after the copy guards the buffer
+(the next write into it waits only for that copy, never for a step, since the side stream runs
+nothing else), and the compute stream waits on the same event before it reads the data. On the
+CPU the "device" is host memory: a copy is a view of the array, and nothing waits at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_NUM_PINNED = 4  # buffers in rotation, each free again once its own copy is done
+
+
+class HostToDevice:
+    """Copies numpy arrays to one device, through reused pinned buffers on CUDA."""
+
+    def __init__(self, device: torch.device, capacity: int = 1 << 16) -> None:
+        self.device = device
+        self._pinned: list[torch.Tensor] = []
+        self._events: list[torch.cuda.Event | None] = []
+        self._next = 0
+        self._capacity = 0
+        if device.type == "cuda":
+            self._stream = torch.cuda.Stream(device)
+            self._grow(capacity)
+
+    def _grow(self, nbytes: int) -> None:
+        for event in self._events:
+            if event is not None:
+                event.synchronize()
+        self._capacity = max(nbytes, 2 * self._capacity)
+        self._pinned = [torch.empty(self._capacity, dtype=torch.uint8, pin_memory=True)
+                        for _ in range(_NUM_PINNED)]
+        self._events = [None] * _NUM_PINNED
+
+    def copy(self, *arrays: np.ndarray) -> list[torch.Tensor]:
+        """The arrays on the device, in one copy. On the CPU they share the arrays' memory, so
+        the caller hands over fresh arrays and never writes them afterwards."""
+        if self.device.type != "cuda":
+            # Same memory: the arrays become the device tensors (each step builds fresh ones).
+            return [torch.from_numpy(a) for a in arrays]
+        offsets, total = [], 0
+        for a in arrays:
+            total = -(-total // 8) * 8  # 8-byte alignment for every dtype the runner uses
+            offsets.append(total)
+            total += a.nbytes
+        if total > self._capacity:
+            self._grow(total)
+        slot = self._next
+        self._next = (slot + 1) % _NUM_PINNED
+        event = self._events[slot]
+        if event is not None:
+            event.synchronize()  # only this buffer's copy from two steps ago
+        host = self._pinned[slot]
+        host_np = host.numpy()
+        for a, off in zip(arrays, offsets):
+            host_np[off : off + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+        compute = torch.cuda.current_stream(self.device)
+        event = torch.cuda.Event()
+        with torch.cuda.stream(self._stream):
+            on_device = host[:total].to(self.device, non_blocking=True)
+            event.record(self._stream)
+        compute.wait_event(event)
+        on_device.record_stream(compute)  # allocated on the side stream, used on this one
+        self._events[slot] = event
+        return [on_device[off : off + a.nbytes].view(_TORCH_DTYPES[a.dtype.str[1:]])
+                for a, off in zip(arrays, offsets)]
+
+
+_TORCH_DTYPES = {"i4": torch.int32, "i8": torch.int64, "f4": torch.float32, "b1": torch.bool,
+                 "u1": torch.uint8}
+
+
+class StagedWrites:
+    """Writes into a persistent device tensor, gathered on the host and applied in one copy."""
+
+    def __init__(self, target: torch.Tensor, h2d: HostToDevice) -> None:
+        self.target = target
+        self._h2d = h2d
+        self._np_dtype = torch.empty(0, dtype=target.dtype).numpy().dtype
+        self._index: list[np.ndarray] = []
+        self._values: list[np.ndarray] = []
+
+    def put(self, flat_index: np.ndarray | int, values: np.ndarray | list | float | int) -> None:
+        """Stage target.view(-1)[flat_index] = values."""
+        index = np.atleast_1d(np.asarray(flat_index, dtype=np.int64))
+        vals = np.broadcast_to(np.asarray(values, dtype=self._np_dtype), index.shape)
+        self._index.append(index)
+        self._values.append(vals)
+
+    def put_row(self, row: int, values: np.ndarray | list, start: int = 0) -> None:
+        """Stage target[row, start:start + len(values)] = values (a 2-D target)."""
+        width = self.target.shape[1]
+        n = len(values)
+        self.put(np.arange(row * width + start, row * width + start + n), values)
+
+    def apply(self) -> None:
+        """Send every staged write to the device (stream-ordered before the next kernels)."""
+        if not self._index:
+            return
+        index = np.concatenate(self._index)
+        values = np.concatenate(self._values)
+        self._index.clear()
+        self._values.clear()
+        index_dev, values_dev = self._h2d.copy(index, values)
+        self.target.view(-1).index_copy_(0, index_dev, values_dev)
