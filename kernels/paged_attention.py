@@ -30,7 +30,9 @@ def _find_request(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr)
     return lo - 1
 
 
-@triton.jit
+# num_seqs and the block table's row stride (its width is the step's longest request) change every
+# step: specialising on them (== 1, % 16) would compile a kernel per value class.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     out_ptr,
     q_ptr,
