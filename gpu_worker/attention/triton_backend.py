@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from kernels.paged_attention import paged_attention
+from kernels.paged_decode import paged_decode_split, use_split_decode
 from kernels.write_kv import write_kv
+
+# The interpreter (CPU tensors, tests) has no SMs: decide as on an H100 so tests take GPU paths.
+_NOMINAL_NUM_SMS = 132
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _NOMINAL_NUM_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 class TritonAttentionBackend:
-    """Writes K/V by slot mapping and runs mixed prefill/decode attention over block tables."""
+    """Writes K/V by slot mapping and runs mixed prefill/decode attention over block tables;
+    decode-only steps with too few sequences to fill the device split their contexts."""
 
     name = "triton"
 
@@ -20,13 +35,25 @@ class TritonAttentionBackend:
         """The kernels' layout: [2, num_blocks, block_size, kv_heads, head_dim]."""
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
-    def build(self, step: StepBatch, device_batch: DeviceBatch, device: torch.device) -> DeviceBatch:
+    def build(self, step: StepBatch | None, device_batch: DeviceBatch,
+              device: torch.device) -> DeviceBatch:
         """The kernels read the device batch directly."""
         return device_batch
+
+    @staticmethod
+    def uses_split_decode(meta: DeviceBatch, num_kv_heads: int, device: torch.device) -> bool:
+        """Whether forward runs this step through the split-context decode kernels; decided from
+        host values only (no device sync)."""
+        return use_split_decode(meta.max_query_len, meta.seq_lens.shape[0], num_kv_heads,
+                                meta.max_seq_len, _num_sms(device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: DeviceBatch, scale: float) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]."""
         write_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
+        if self.uses_split_decode(meta, kv_cache.shape[3], q.device):
+            return paged_decode_split(q, kv_cache[0], kv_cache[1], meta.block_table,
+                                      meta.query_start_loc, meta.seq_lens, scale,
+                                      max_seq_len=meta.max_seq_len)
         return paged_attention(q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc,
                                meta.seq_lens, scale, max_query_len=meta.max_query_len)
