@@ -163,12 +163,17 @@ class ShmRingReader:
         self._shm = SharedMemory(handle.name)
         self._count = 0
 
+    def poll(self) -> bool:
+        """True when the next message has arrived (read() would not wait)."""
+        base = (self._count % self.handle.num_slots) * self.handle.stride
+        return _INT.unpack_from(self._shm.buf, base)[0] == self._count + 1
+
     def read(self, decode: Callable[[memoryview], T] = bytes, timeout: float | None = None) -> T:
         """The next message, passed through decode while it still lies in shared memory."""
         h, buf = self.handle, self._shm.buf
         base = (self._count % h.num_slots) * h.stride
         expected = self._count + 1
-        wait_until(lambda: _INT.unpack_from(buf, base)[0] == expected, timeout)
+        wait_until(self.poll, timeout)
         _fence()
         length, name_length = _SLOT_FIELDS.unpack_from(buf, base + 8)
         data_at = base + h.header_bytes

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from executor.base import Executor, StepFuture
+from gpu_worker.async_output import AsyncOutput, ReadyOutput
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 from gpu_worker.worker import Worker
 
@@ -28,9 +29,20 @@ class UniProcExecutor(Executor):
     def submit(self, scheduler_output: SchedulerOutput) -> StepFuture:
         if self._model_thread is None:
             self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="engine-model")
-        return self._model_thread.submit(self.worker.execute_model, scheduler_output)
+        return _LaunchedStep(self._model_thread.submit(self.worker.execute_model_async,
+                                                       scheduler_output))
 
     def shutdown(self) -> None:
         if self._model_thread is not None:
             self._model_thread.shutdown(wait=True)
             self._model_thread = None
+
+
+class _LaunchedStep:
+    """A step the model thread launches; result() waits for the launch, then for its copy."""
+
+    def __init__(self, launch: Future[AsyncOutput | ReadyOutput]) -> None:
+        self._launch = launch
+
+    def result(self) -> ModelRunnerOutput:
+        return self._launch.result().get_output()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import signal
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -15,10 +17,12 @@ import torch
 from executor.shm_broadcast import ShmRingReader
 from executor.worker_messages import (AllocateKVCache, Command, Failed, KVCacheReady, Loaded,
                                       RunStep, StepDone, WorkerArgs)
+from gpu_worker.async_output import AsyncOutput, ReadyOutput
 from gpu_worker.worker import Worker
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+_POLL_S = 50e-6  # between checks of the ring and the device while a step's output is pending
 
 
 def worker_main(encoded_args: bytes, replies: Connection, lifeline: Connection) -> None:
@@ -53,13 +57,25 @@ def _serve(args: WorkerArgs, reader: ShmRingReader, replies: Connection,
     worker.load_model()
     replies.send_bytes(encoder.encode(Loaded(worker.determine_num_blocks())))
     decoder = msgspec.msgpack.Decoder(Command)
+    # Rank 0's launched steps whose outputs are not sent yet. A step's output is sent once its
+    # copy is done, unless the next step arrives first: then that one is launched before, so
+    # the device never waits for this process to read a result (async scheduling).
+    pending: collections.deque[AsyncOutput | ReadyOutput] = collections.deque()
     while True:
+        while pending and not reader.poll():
+            if pending[0].ready():
+                replies.send_bytes(encoder.encode(StepDone(pending.popleft().get_output())))
+            else:
+                time.sleep(_POLL_S)
         command = reader.read(decoder.decode)
         if isinstance(command, RunStep):
-            output = worker.execute_model(command.scheduler_output)
+            output = worker.execute_model_async(command.scheduler_output)
             if args.rank == 0:
-                replies.send_bytes(encoder.encode(StepDone(output)))
-        elif isinstance(command, AllocateKVCache):
+                pending.append(output)
+            continue
+        while pending:
+            replies.send_bytes(encoder.encode(StepDone(pending.popleft().get_output())))
+        if isinstance(command, AllocateKVCache):
             worker.initialize_kv_cache(command.num_blocks)
             replies.send_bytes(encoder.encode(KVCacheReady()))
         else:
