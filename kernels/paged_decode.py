@@ -45,7 +45,7 @@ def use_split_decode(max_query_len: int, num_seqs: int, num_kv_heads: int, max_s
 
 # Arguments whose values change from step to step: not specialising on them (== 1, % 16) keeps
 # one compiled kernel for every step instead of one per value class.
-@triton.jit(do_not_specialize=["stride_bt", "stride_ms", "stride_mh", "stride_as", "stride_ah"])
+@triton.jit(do_not_specialize=["stride_bt", "stride_ms", "stride_mh"])
 def _decode_partition_kernel(
     m_ptr,
     l_ptr,
@@ -68,8 +68,6 @@ def _decode_partition_kernel(
     stride_bt,
     stride_ms,
     stride_mh,
-    stride_as,
-    stride_ah,
     GROUP: tl.constexpr,
     ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -129,15 +127,16 @@ def _decode_partition_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    # Scratch row (seq, q_head) holds one entry per partition; acc keeps head_dim contiguous.
+    # Scratch row (seq, q_head) holds one entry per partition; acc is the same layout with a
+    # contiguous head_dim, so its offsets are multiples of HEAD_DIM the compiler can see.
     ml_off = seq.to(tl.int64) * stride_ms + q_head * stride_mh + part
     tl.store(m_ptr + ml_off, m_i, mask=row_valid)
     tl.store(l_ptr + ml_off, l_i, mask=row_valid)
-    a_off = seq.to(tl.int64) * stride_as + q_head * stride_ah + part * HEAD_DIM
+    a_off = ml_off * HEAD_DIM
     tl.store(acc_ptr + a_off[:, None] + offs_d[None, :], acc, mask=row_valid[:, None])
 
 
-@triton.jit(do_not_specialize=["stride_ms", "stride_mh", "stride_as", "stride_ah"])
+@triton.jit(do_not_specialize=["stride_ms", "stride_mh"])
 def _decode_reduce_kernel(
     out_ptr,
     m_ptr,
@@ -149,8 +148,6 @@ def _decode_reduce_kernel(
     stride_oh,
     stride_ms,
     stride_mh,
-    stride_as,
-    stride_ah,
     HEAD_DIM: tl.constexpr,
     PARTITION: tl.constexpr,
     PARTS_BLOCK: tl.constexpr,
@@ -165,7 +162,7 @@ def _decode_reduce_kernel(
     # Only this sequence's own partitions were written; seq_len >= 1 makes at least one.
     num_parts = (seq_len + PARTITION - 1) // PARTITION
     ml_base = seq.to(tl.int64) * stride_ms + head * stride_mh
-    a_base = seq.to(tl.int64) * stride_as + head * stride_ah
+    a_base = ml_base * HEAD_DIM  # acc is m's layout with a contiguous head_dim
     offs_d = tl.arange(0, HEAD_DIM)
 
     # Two passes over the (few) partition maxima keep every loop-carried value a vector.
@@ -287,8 +284,6 @@ def paged_decode_split(
         block_table.stride(0),
         m_scratch.stride(0),
         m_scratch.stride(1),
-        acc.stride(0),
-        acc.stride(1),
         GROUP=group,
         ROWS=rows,
         HEAD_DIM=head_dim,
@@ -310,8 +305,6 @@ def paged_decode_split(
         out.stride(1),
         m_scratch.stride(0),
         m_scratch.stride(1),
-        acc.stride(0),
-        acc.stride(1),
         HEAD_DIM=head_dim,
         PARTITION=partition_size,
         PARTS_BLOCK=_PARTS_BLOCK,

@@ -95,7 +95,7 @@ def assert_one_variant(kernel, launches: Launches, step_a, step_b,
 def test_declared_per_step_arguments():
     assert {"num_seqs", "stride_bt"} <= declared_do_not_specialize(
         pa_module._paged_attention_kernel)
-    scratch = {"stride_ms", "stride_mh", "stride_as", "stride_ah"}
+    scratch = {"stride_ms", "stride_mh"}
     assert scratch | {"stride_bt"} <= declared_do_not_specialize(
         pd_module._decode_partition_kernel)
     assert scratch <= declared_do_not_specialize(pd_module._decode_reduce_kernel)
