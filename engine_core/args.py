@@ -47,9 +47,10 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
          dict(type=int, help="token budget of one step (default 2048 on CPU, 8192 on GPU)")),
         ("--scheduling-policy", "scheduling_policy", dict(choices=("fcfs", "priority"))),
         ("--async-scheduling", "async_scheduling",
-         dict(action="store_true",
-              help="schedule the next step while the current one runs, overlapping the CPU's "
-                   "batch preparation with model execution (default off)")),
+         dict(action=argparse.BooleanOptionalAction,
+              help="schedule the next step while the current one runs, overlapping the host's "
+                   "batch preparation with model execution (default: on with a GPU, off on "
+                   "the CPU, where the model runs on the same cores)")),
     ],
     "parallel": [
         ("--tensor-parallel-size", "tensor_parallel_size", dict(type=int, help="devices per model (default 1)")),

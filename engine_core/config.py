@@ -174,7 +174,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None
     scheduling_policy: str = "fcfs"
     # Schedule step N+1 while step N runs (vLLM's --async-scheduling); see engine_core.engine_core.
-    async_scheduling: bool = False
+    # None: resolve() picks by device (see default_async_scheduling).
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -195,6 +196,14 @@ def default_batched_tokens(device_type: str) -> int:
     activations (offline-mixed measured 22.9 s at 8192 and 20.8 s at 2048) and longer waits for
     the decodes sharing the step."""
     return 2048 if device_type == "cpu" else 8192
+
+
+def default_async_scheduling(device_type: str) -> bool:
+    """On by default where the model runs on a device (as vLLM): the host schedules and prepares
+    step N+1 while the device runs step N. Off on the CPU, where the forward runs on the same
+    cores, so there is nothing to overlap: null-model measured 79/88 ms per step synchronous
+    against 93/106 ms with the model on its own thread (2 cores)."""
+    return device_type != "cpu"
 
 
 @dataclass(slots=True)
@@ -301,6 +310,8 @@ class EngineConfig:
             )
         if self.scheduler.max_num_batched_tokens is None:
             self.scheduler.max_num_batched_tokens = default_batched_tokens(self.device_type)
+        if self.scheduler.async_scheduling is None:
+            self.scheduler.async_scheduling = default_async_scheduling(self.device_type)
         if self.model.served_model_name is None:
             self.model.served_model_name = self.model.model or "SmolLM2-135M-Instruct"
         heads, kv_heads = self.arch.num_attention_heads, self.arch.num_key_value_heads

@@ -229,7 +229,18 @@ def test_async_scheduling_flag():
     kwargs = engine_kwargs(parser.parse_args(["--async-scheduling"]))
     assert kwargs == {"async_scheduling": True}
     assert engine_config_from_kwargs(**kwargs).scheduler.async_scheduling is True
-    assert engine_config_from_kwargs().scheduler.async_scheduling is False
+    assert engine_kwargs(parser.parse_args(["--no-async-scheduling"])) == {
+        "async_scheduling": False}
+
+
+def test_async_scheduling_defaults_on_with_a_gpu_off_on_the_cpu(tiny):
+    def resolved(**kwargs):
+        return engine_config_from_kwargs(model=str(tiny), **kwargs).resolve().scheduler
+
+    assert resolved(device="cpu").async_scheduling is False
+    assert resolved(device="cuda").async_scheduling is True
+    assert resolved(device="cuda", async_scheduling=False).async_scheduling is False
+    assert resolved(device="cpu", async_scheduling=True).async_scheduling is True
 
 
 # --- attention kernel limits, checked when the configuration is resolved ---------------------
