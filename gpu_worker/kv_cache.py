@@ -20,8 +20,10 @@ def kv_block_bytes(arch: ModelArchConfig, block_size: int, dtype: torch.dtype,
     return arch.kv_elements_per_token * block_size * elem // tensor_parallel_size
 
 
-def kv_cache_num_blocks(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> int:
-    """Blocks that fit: num_gpu_blocks_override, else kv_cache_memory, else what the device allows."""
+def kv_cache_num_blocks(config: EngineConfig, dtype: torch.dtype, device: torch.device,
+                        profile: Callable[[], int] | None = None) -> int:
+    """Blocks that fit: num_gpu_blocks_override, else kv_cache_memory, else what the device allows
+    beside the peak activation bytes that profile() measures (a dummy run of the largest step)."""
     assert config.arch is not None
     cache = config.cache
     per_block = kv_block_bytes(config.arch, cache.block_size, dtype,
@@ -31,7 +33,8 @@ def kv_cache_num_blocks(config: EngineConfig, dtype: torch.dtype, device: torch.
     elif cache.kv_cache_memory is not None:
         num_blocks = int(cache.kv_cache_memory) // per_block
     elif device.type == "cuda":
-        num_blocks = _cuda_free_bytes(config, device) // per_block
+        assert profile is not None, "a CUDA KV cache is sized from a profile run"
+        num_blocks = _cuda_free_bytes(config, device, profile()) // per_block
     else:
         num_blocks = DEFAULT_CPU_KV_CACHE_BYTES // per_block
     needed = -(-config.max_model_len // cache.block_size)
@@ -45,17 +48,12 @@ def kv_cache_num_blocks(config: EngineConfig, dtype: torch.dtype, device: torch.
     return num_blocks
 
 
-def _cuda_free_bytes(config: EngineConfig, device: torch.device) -> int:
+def _cuda_free_bytes(config: EngineConfig, device: torch.device, peak_activations: int) -> int:
+    """What gpu_memory_utilization leaves for the KV cache once the weights, everything else
+    already on the device, and the measured activation peak of the largest step are counted."""
     free, total = torch.cuda.mem_get_info(device)
-    arch = config.arch
-    assert arch is not None
-    # Activations of the largest step: a few hidden/intermediate rows per token, plus fp32 logits
-    # and sampler scratch for every sequence.
-    tokens = config.scheduler.max_num_batched_tokens
-    activations = tokens * (6 * arch.hidden_size + 3 * arch.intermediate_size) * 4
-    sampler = config.scheduler.max_num_seqs * arch.vocab_size * 4 * 4
     budget = total * config.cache.gpu_memory_utilization - (total - free)
-    return max(0, int(budget - activations - sampler))
+    return max(0, int(budget - peak_activations))
 
 
 def allocate_kv_caches(arch: ModelArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype,

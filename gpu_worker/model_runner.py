@@ -9,6 +9,9 @@ and only AsyncOutput.get_output() waits, for the copy of the results.
 
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 import torch
 
@@ -26,6 +29,10 @@ from gpu_worker.request_state import RequestStates
 from gpu_worker.sampler import LogprobsTensors, Sampler
 from gpu_worker.sampling_state import SamplingStates
 from gpu_worker.staging import HostToDevice
+from gpu_worker.warmup import PROFILE_SAMPLING, run_dummy, warm_up_shapes
+from kernels.paged_decode import SPLIT_MIN_SEQ_LEN
+
+logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -59,8 +66,9 @@ class ModelRunner:
                                 self.config.load.load_format, self.config.model.seed)
 
     def determine_num_blocks(self) -> int:
-        """How many KV blocks fit in the memory the configuration allows."""
-        return kv_cache_num_blocks(self.config, self.dtype, self.device)
+        """How many KV blocks fit in the memory the configuration allows (on a GPU: beside the
+        measured peak of a profile run)."""
+        return kv_cache_num_blocks(self.config, self.dtype, self.device, self.profile_run)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the KV cache and bind each layer's slice to its attention module."""
@@ -70,6 +78,54 @@ class ModelRunner:
                                             self.config.parallel.tensor_parallel_size)
         for attn, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
             attn.kv_cache = cache
+
+    def _release_kv_cache(self) -> None:
+        assert self.model is not None
+        for attn in self.model.attention_layers():
+            attn.kv_cache = torch.empty(0)
+        self.kv_caches = []
+
+    def profile_run(self) -> int:
+        """Peak device bytes, beyond what is allocated now, of the largest step: the token
+        budget spread over max_num_seqs requests that all sample, with every sampler stage on,
+        run on a temporary KV cache just large enough (CUDA)."""
+        sched = self.config.scheduler
+        tokens = sched.max_num_batched_tokens
+        assert tokens is not None
+        num_reqs = min(sched.max_num_seqs, tokens)
+        lens = [tokens // num_reqs + (i < tokens % num_reqs) for i in range(num_reqs)]
+        num_blocks = sum(-(-n // self.block_size) for n in lens)
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.initialize_kv_cache(num_blocks)
+        kv_bytes = sum(c.numel() * c.element_size() for c in self.kv_caches)
+        run_dummy(self, lens, 0, num_blocks, PROFILE_SAMPLING)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before - kv_bytes
+        self._release_kv_cache()
+        torch.cuda.empty_cache()
+        logger.info("profile run: %d tokens over %d requests peak at %.2f GiB of activations",
+                    tokens, num_reqs, peak / 2**30)
+        return peak
+
+    def warm_up(self) -> None:
+        """Run every step shape the engine will meet once, so that no request waits for a
+        kernel compile. Only the Triton backend compiles; the CPU kernels are built already."""
+        if self.backend.name != "triton":
+            return
+        start = time.perf_counter()
+        sched = self.config.scheduler
+        assert sched.max_num_batched_tokens is not None
+        # The split-context decode kernels run from this context length (kernels/paged_decode).
+        long_context = SPLIT_MIN_SEQ_LEN
+        groups = warm_up_shapes(sched.max_num_seqs, sched.max_num_batched_tokens,
+                                self.config.max_model_len, long_context)
+        num_blocks = self.kv_caches[0].shape[1]
+        steps = sum(run_dummy(self, lens, decodes, num_blocks) for lens, decodes in groups)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        logger.info("warm-up: %d dummy steps in %.1f s", steps, time.perf_counter() - start)
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and wait for its output."""

@@ -1,0 +1,107 @@
+"""Dummy steps before serving: the profile run that sizes the KV cache, and the warm-up that
+compiles every kernel variant the engine will meet, so no request pays a compile.
+
+Dummy requests go through the runner's real path (request state, input preparation, forward,
+sampler) with made-up token ids and block ids, and are finished afterwards; what they wrote
+into the KV cache is garbage that real requests overwrite, and the engine core's prefix cache
+never heard of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from engine_core.sampling_params import SamplingParams
+from gpu_worker.protocol import CachedRequestData, NewRequestData, SchedulerOutput
+
+if TYPE_CHECKING:
+    from gpu_worker.model_runner import ModelRunner
+
+# What the profile run samples with: every stage that allocates per row (sorting for top-p,
+# top-k, penalties' counts), so the measured peak covers a real step's sampler.
+PROFILE_SAMPLING = SamplingParams(temperature=0.5, top_p=0.9, top_k=50, min_p=0.01,
+                                  repetition_penalty=1.1, ignore_eos=True)
+_GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
+_ids = itertools.count()
+
+
+def run_dummy(runner: ModelRunner, prompt_lens: list[int], decode_steps: int, num_blocks: int,
+              params: SamplingParams = _GREEDY) -> int:
+    """Prefill one dummy request per prompt length (packed into steps within the token
+    budget, chunked where a prompt exceeds it), decode all of them decode_steps times, then
+    finish them; returns the number of steps run."""
+    steps = 0
+    for sched in _dummy_steps(runner, prompt_lens, decode_steps, num_blocks, params):
+        runner.execute_model(sched)
+        steps += 1
+    return steps
+
+
+def _dummy_steps(runner: ModelRunner, prompt_lens: list[int], decode_steps: int,
+                 num_blocks: int, params: SamplingParams) -> Iterator[SchedulerOutput]:
+    config = runner.config
+    budget = config.scheduler.max_num_batched_tokens
+    block_size, vocab = config.cache.block_size, runner.arch.vocab_size
+    prefix = f"__warmup-{next(_ids)}-"
+    reqs = [f"{prefix}{i}" for i in range(len(prompt_lens))]
+    total = dict(zip(reqs, prompt_lens))
+    computed = dict.fromkeys(reqs, 0)
+    blocks: dict[str, list[int]] = {r: [] for r in reqs}
+    free = itertools.cycle(range(num_blocks))
+    seen: set[str] = set()
+
+    def step(wanted: dict[str, int]) -> SchedulerOutput:
+        news, cached = [], CachedRequestData()
+        for r, n in wanted.items():
+            grown = [next(free) for _ in range(-(-(computed[r] + n) // block_size)
+                                               - len(blocks[r]))]
+            blocks[r] += grown
+            if r not in seen:
+                seen.add(r)
+                prompt = [(hash(r) + j) % vocab for j in range(total[r])]
+                news.append(NewRequestData(r, prompt, params, list(blocks[r]), 0))
+            else:
+                cached.req_ids.append(r)
+                cached.new_block_ids.append(grown)
+                cached.num_computed_tokens.append(computed[r])
+            computed[r] += n
+        return SchedulerOutput(scheduled_new_reqs=news, scheduled_cached_reqs=cached,
+                               num_scheduled_tokens=wanted,
+                               total_num_scheduled_tokens=sum(wanted.values()))
+
+    pending = list(reqs)
+    while pending:  # prefill, packed within the budget
+        wanted: dict[str, int] = {}
+        room = budget
+        for r in list(pending):
+            n = min(total[r] - computed[r], room)
+            if n <= 0 or len(wanted) >= config.scheduler.max_num_seqs:
+                break
+            wanted[r] = n
+            room -= n
+            if computed[r] + n == total[r]:
+                pending.remove(r)
+        yield step(wanted)
+    for _ in range(decode_steps):
+        for r in reqs:
+            total[r] += 1
+        yield step(dict.fromkeys(reqs, 1))
+    yield SchedulerOutput(finished_req_ids=reqs)
+
+
+def warm_up_shapes(max_num_seqs: int, budget: int, max_model_len: int,
+                   long_context: int) -> list[tuple[list[int], int]]:
+    """(prompt lengths, decode steps) of each warm-up group: prefill chunks of every query
+    length class the kernels tile differently (powers of two up to 128, and a full budget; a
+    mixed step compiles as the chunk of its longest query), decode batches of 1, 2, 4, 8, then
+    multiples of 8 up to max_num_seqs, and one long context (the split-context decode path)."""
+    cap = min(budget, max_model_len - 1)
+    groups: list[tuple[list[int], int]] = [([q], 0) for q in (1, 2, 4, 8, 16, 32, 64, 128, cap)
+                                           if q <= cap]
+    sizes = [1, 2, 4, 8] + list(range(16, max_num_seqs + 1, 8))
+    groups += [([1] * b, 1) for b in sizes if b <= max_num_seqs]
+    if long_context and long_context < max_model_len:
+        groups.append(([long_context], 1))
+    return groups
