@@ -45,7 +45,9 @@ class HostToDevice:
             return [torch.from_numpy(a) for a in arrays]
         offsets, total = [], 0
         for a in arrays:
-            total = -(-total // 8) * 8  # 8-byte alignment for every dtype the runner uses
+            # 128-byte aligned: Triton specialises a pointer on 16-byte alignment, so an
+            # offset that moved with the arrays' sizes would compile kernel variants.
+            total = -(-total // 128) * 128
             offsets.append(total)
             total += a.nbytes
         if total > self._capacity:
