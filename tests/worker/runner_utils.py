@@ -19,7 +19,7 @@ def make_runner(model: str | Path | None, attention_backend=None,
     engine_args.setdefault("kv_cache_memory", "64MiB")
     config = engine_config_from_kwargs(model=None if model is None else str(model),
                                        **engine_args).resolve()
-    runner = ModelRunner(config, torch.device("cpu"))
+    runner = ModelRunner(config, torch.device(config.device_type))
     if attention_backend is not None:
         runner.backend = attention_backend
     runner.load_model()
