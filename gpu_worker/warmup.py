@@ -60,7 +60,8 @@ def _dummy_steps(runner: ModelRunner, prompt_lens: list[int], decode_steps: int,
             blocks[r] += grown
             if r not in seen:
                 seen.add(r)
-                prompt = [(hash(r) + j) % vocab for j in range(total[r])]
+                # The same ids on every rank (tensor parallelism runs these steps in lockstep).
+                prompt = [(31 * len(seen) + j) % vocab for j in range(total[r])]
                 news.append(NewRequestData(r, prompt, params, list(blocks[r]), 0))
             else:
                 cached.req_ids.append(r)

@@ -124,6 +124,33 @@ def _paged_attention_kernel(
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
+def check_paged_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                       query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                       out: torch.Tensor | None) -> torch.Tensor:
+    """Assert the shapes and layouts the paged attention kernels take; returns out, allocated
+    like query when None."""
+    num_q_heads, head_dim = query.shape[1:]
+    block_size, num_kv_heads, kv_head_dim = key_cache.shape[1:]
+    assert kv_head_dim == head_dim, f"query head_dim {head_dim} != cache head_dim {kv_head_dim}"
+    assert value_cache.shape == key_cache.shape, "value_cache must have key_cache's shape"
+    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, (
+        f"head_dim must be a power of two >= 16, got {head_dim}")
+    assert block_size & (block_size - 1) == 0, (
+        f"block_size must be a power of two, got {block_size}")
+    assert num_q_heads % num_kv_heads == 0, (
+        f"num_q_heads {num_q_heads} not a multiple of num_kv_heads {num_kv_heads}")
+    assert query_start_loc.shape[0] == seq_lens.shape[0] + 1, (
+        "query_start_loc must have num_seqs + 1 entries")
+    assert query.dtype in _TL_DTYPES, f"unsupported dtype {query.dtype}"
+    for t in (query, key_cache, value_cache):
+        assert t.stride(-1) == 1, "the head_dim axis must be contiguous"
+    if out is None:
+        out = torch.empty_like(query)
+    assert out.shape == query.shape and out.stride(-1) == 1, (
+        "out must be [T, Hq, D] with contiguous head_dim")
+    return out
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -136,21 +163,10 @@ def paged_attention(
     max_query_len: int | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of each request's packed queries over its paged K/V; matches paged_attention_ref."""
+    out = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
     num_tokens, num_q_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, kv_head_dim = key_cache.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
     num_seqs = seq_lens.shape[0]
-    assert kv_head_dim == head_dim, f"query head_dim {head_dim} != cache head_dim {kv_head_dim}"
-    assert value_cache.shape == key_cache.shape, "value_cache must have key_cache's shape"
-    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, f"head_dim must be a power of two >= 16, got {head_dim}"
-    assert block_size & (block_size - 1) == 0, f"block_size must be a power of two, got {block_size}"
-    assert num_q_heads % num_kv_heads == 0, f"num_q_heads {num_q_heads} not a multiple of num_kv_heads {num_kv_heads}"
-    assert query_start_loc.shape[0] == num_seqs + 1, "query_start_loc must have num_seqs + 1 entries"
-    assert query.dtype in _TL_DTYPES, f"unsupported dtype {query.dtype}"
-    for t in (query, key_cache, value_cache):
-        assert t.stride(-1) == 1, "the head_dim axis must be contiguous"
-    if out is None:
-        out = torch.empty_like(query)
-    assert out.shape == query.shape and out.stride(-1) == 1, "out must be [T, Hq, D] with contiguous head_dim"
     if num_tokens == 0 or num_seqs == 0:
         return out
 

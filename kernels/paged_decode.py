@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_attention import _TL_DTYPES
+from kernels.paged_attention import _TL_DTYPES, check_paged_inputs
 
 # Tokens per partition on the device (vLLM's paged attention v2 uses 512 too).
 PARTITION_SIZE = 512
@@ -213,30 +213,14 @@ def paged_decode_split(
     max_seq_len must be at least seq_lens.max() (a host value: nothing is read from the device);
     partition_size (default PARTITION_SIZE, or the block size if larger) must be a power of two
     and a multiple of the block size."""
+    out = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
     num_tokens, num_q_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, kv_head_dim = key_cache.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
     num_seqs = seq_lens.shape[0]
     if partition_size is None:
         partition_size = max(PARTITION_SIZE, block_size)
-    assert kv_head_dim == head_dim, f"query head_dim {head_dim} != cache head_dim {kv_head_dim}"
-    assert value_cache.shape == key_cache.shape, "value_cache must have key_cache's shape"
-    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, (
-        f"head_dim must be a power of two >= 16, got {head_dim}")
-    assert block_size & (block_size - 1) == 0, (
-        f"block_size must be a power of two, got {block_size}")
     assert partition_size & (partition_size - 1) == 0 and partition_size >= block_size, (
         f"partition_size must be a power of two >= block_size {block_size}, got {partition_size}")
-    assert num_q_heads % num_kv_heads == 0, (
-        f"num_q_heads {num_q_heads} not a multiple of num_kv_heads {num_kv_heads}")
-    assert query_start_loc.shape[0] == num_seqs + 1, (
-        "query_start_loc must have num_seqs + 1 entries")
-    assert query.dtype in _TL_DTYPES, f"unsupported dtype {query.dtype}"
-    for t in (query, key_cache, value_cache):
-        assert t.stride(-1) == 1, "the head_dim axis must be contiguous"
-    if out is None:
-        out = torch.empty_like(query)
-    assert out.shape == query.shape and out.stride(-1) == 1, (
-        "out must be [T, Hq, D] with contiguous head_dim")
     if num_tokens == 0 or num_seqs == 0:
         return out
 
