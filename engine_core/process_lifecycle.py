@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -27,6 +28,26 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+async def wait_for_exit(pid: int, poll_s: float = 0.5) -> None:
+    """Return once pid has exited: woken by a pidfd where the kernel has them (Linux 5.3+), so
+    an idle watcher costs nothing; else polled every poll_s."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        while pid_alive(pid):
+            await asyncio.sleep(poll_s)
+        return
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+    try:
+        if pid_alive(pid):
+            await exited
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def exit_with_parent(parent_pid: int, interval_s: float = 0.5) -> None:

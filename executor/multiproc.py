@@ -70,7 +70,7 @@ class MultiprocExecutor(Executor):
 
     def _start_workers(self) -> None:
         ctx = multiprocessing.get_context("spawn")
-        self._ring = ShmRingWriter(num_readers=self.world_size)
+        self._ring = ShmRingWriter(num_readers=self.world_size, ctx=ctx)
         init_method = f"tcp://127.0.0.1:{_free_port()}" if self.world_size > 1 else ""
         for rank in range(self.world_size):
             args = WorkerArgs(rank, self.config, self._ring.handle, init_method, self.num_threads,
@@ -78,7 +78,8 @@ class MultiprocExecutor(Executor):
             replies, replies_child = ctx.Pipe(duplex=False)
             lifeline_child, lifeline = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=worker_main, name=f"engine-worker-{rank}", daemon=True,
-                               args=(msgspec.msgpack.encode(args), replies_child, lifeline_child))
+                               args=(msgspec.msgpack.encode(args), replies_child, lifeline_child,
+                                     self._ring.doorbells[rank]))
             proc.start()
             # Only the child may hold these ends: EOF on them must mean that one process is gone.
             replies_child.close()

@@ -20,8 +20,11 @@ microseconds) is paid only by the rare step that does not fit.
 
 Waiting on either side polls: it spins (yielding the CPU) for SPIN_S, as a step's message usually
 comes within it, then sleeps an eighth of the time waited so far, so it wakes at most ~12% late,
-up to MAX_SLEEP_S: an idle reader wakes 50 times a second and uses ~0.1-0.2% of a core, and the
-first step after at least 160 ms of idleness starts at most 20 ms late.
+up to MAX_SLEEP_S. A reader with a Doorbell sleeps instead: it raises its "asleep" flag, checks
+the ring once more, and blocks on a semaphore that the writer posts after a message whenever the
+flag is up (a store then a load on each side, with a fence between: one of the two sees the
+other). An idle reader then costs nothing but a wake-up every IDLE_WAKE_S (a safety net), and the
+first step after idleness starts as soon as the semaphore is posted.
 
 Readers must run in the writer's process or in multiprocessing children of it: they then share
 its resource tracker, so a reader's exit never unlinks the writer's blocks.
@@ -35,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.shared_memory import SharedMemory
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -43,6 +46,7 @@ T = TypeVar("T")
 
 SPIN_S = 1e-3
 MAX_SLEEP_S = 20e-3
+IDLE_WAKE_S = 1.0
 _ALIGN = 64
 _INT = struct.Struct("<q")
 _SLOT_FIELDS = struct.Struct("<qq")  # length, name_length
@@ -79,8 +83,10 @@ class RingHandle(msgspec.Struct, frozen=True):
 
 
 def wait_until(ready: Callable[[], bool], timeout: float | None = None,
-               on_sleep: Callable[[], None] | None = None) -> None:
-    """Poll ready(): spin for SPIN_S, then sleep with backoff; TimeoutError after timeout seconds.
+               on_sleep: Callable[[], None] | None = None,
+               doorbell: Doorbell | None = None) -> None:
+    """Poll ready(): spin for SPIN_S, then sleep with backoff (or on the doorbell); TimeoutError
+    after timeout seconds.
 
     on_sleep runs before each sleep, e.g. a liveness check that raises.
     """
@@ -94,15 +100,47 @@ def wait_until(ready: Callable[[], bool], timeout: float | None = None,
             continue
         if on_sleep is not None:
             on_sleep()
-        time.sleep(min(elapsed / 8, MAX_SLEEP_S))
+        if doorbell is not None:
+            left = IDLE_WAKE_S if timeout is None else min(IDLE_WAKE_S, timeout - elapsed)
+            doorbell.sleep(ready, left)
+        else:
+            time.sleep(min(elapsed / 8, MAX_SLEEP_S))
+
+
+class Doorbell:
+    """Wakes one reader sleeping on a ring: a shared "asleep" flag and a semaphore. Made from a
+    multiprocessing context and handed to the reader's process when it is started."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._asleep = ctx.RawValue("b", 0)
+        self._wake = ctx.Semaphore(0)
+
+    def sleep(self, ready: Callable[[], bool], timeout: float) -> None:
+        """Block until rung or timeout, unless ready() already holds once the flag is up."""
+        self._asleep.value = 1
+        _fence()
+        try:
+            if not ready():
+                self._wake.acquire(timeout=max(0.0, timeout))
+        finally:
+            self._asleep.value = 0
+
+    def ring(self) -> None:
+        """Wake the reader if it sleeps (call after publishing, behind a fence)."""
+        if self._asleep.value:
+            self._wake.release()
 
 
 class ShmRingWriter:
     """The writing end; creates and finally unlinks the block."""
 
-    def __init__(self, num_readers: int, num_slots: int = 8, slot_bytes: int = 1 << 20) -> None:
+    def __init__(self, num_readers: int, num_slots: int = 8, slot_bytes: int = 1 << 20,
+                 ctx: Any = None) -> None:
+        """ctx (a multiprocessing context): make a Doorbell per reader (self.doorbells), so
+        readers given theirs sleep until a message comes instead of polling."""
         if num_readers < 1 or num_slots < 1 or slot_bytes < 64:
             raise ValueError("a ring needs a reader, a slot, and slots of at least 64 bytes")
+        self.doorbells = [Doorbell(ctx) for _ in range(num_readers)] if ctx is not None else []
         stride = RingHandle("", num_slots, slot_bytes, num_readers).stride
         self._shm = SharedMemory(create=True, size=num_slots * stride)  # zero-filled
         self.handle = RingHandle(self._shm.name, num_slots, slot_bytes, num_readers)
@@ -142,6 +180,10 @@ class ShmRingWriter:
         _fence()
         self._count += 1
         _INT.pack_into(buf, base, self._count)
+        if self.doorbells:
+            _fence()
+            for doorbell in self.doorbells:
+                doorbell.ring()
 
     def close(self) -> None:
         """Unlink the ring and any overflow blocks; readers still attached keep their mappings."""
@@ -156,10 +198,11 @@ class ShmRingWriter:
 class ShmRingReader:
     """Reader number `index` of a ring; reads every message in order."""
 
-    def __init__(self, handle: RingHandle, index: int) -> None:
+    def __init__(self, handle: RingHandle, index: int, doorbell: Doorbell | None = None) -> None:
         if not 0 <= index < handle.num_readers:
             raise ValueError(f"reader index {index} out of range for {handle.num_readers} readers")
         self.handle, self.index = handle, index
+        self._doorbell = doorbell
         self._shm = SharedMemory(handle.name)
         self._count = 0
 
@@ -173,7 +216,7 @@ class ShmRingReader:
         h, buf = self.handle, self._shm.buf
         base = (self._count % h.num_slots) * h.stride
         expected = self._count + 1
-        wait_until(self.poll, timeout)
+        wait_until(self.poll, timeout, doorbell=self._doorbell)
         _fence()
         length, name_length = _SLOT_FIELDS.unpack_from(buf, base + 8)
         data_at = base + h.header_bytes

@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 import msgspec
 import torch
 
-from executor.shm_broadcast import ShmRingReader
+from executor.shm_broadcast import Doorbell, ShmRingReader
 from executor.worker_messages import (AllocateKVCache, Command, Failed, KVCacheReady, Loaded,
                                       RunStep, StepDone, WorkerArgs)
 from gpu_worker.async_output import AsyncOutput, ReadyOutput
@@ -25,7 +25,8 @@ PR_SET_NAME = 15
 _POLL_S = 50e-6  # between checks of the ring and the device while a step's output is pending
 
 
-def worker_main(encoded_args: bytes, replies: Connection, lifeline: Connection) -> None:
+def worker_main(encoded_args: bytes, replies: Connection, lifeline: Connection,
+                doorbell: Doorbell | None = None) -> None:
     """Entry point of a spawned worker: serve commands from the ring until Shutdown."""
     args = msgspec.msgpack.decode(encoded_args, type=WorkerArgs)
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -37,7 +38,7 @@ def worker_main(encoded_args: bytes, replies: Connection, lifeline: Connection) 
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     torch.set_num_threads(args.num_threads)
     encoder = msgspec.msgpack.Encoder()
-    reader = ShmRingReader(args.ring, args.rank)
+    reader = ShmRingReader(args.ring, args.rank, doorbell)
     try:
         _serve(args, reader, replies, encoder)
     except Exception:

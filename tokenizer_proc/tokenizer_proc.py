@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from engine_core.client import AsyncEngineCoreClient, EngineDeadError, EngineRequestError
 from engine_core.config import EngineConfig
-from engine_core.process_lifecycle import pid_alive, start_child_process
+from engine_core.process_lifecycle import start_child_process, wait_for_exit
 from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import check_completion_fits, validate_request
 from metrics.request_stats import RequestStatsRecorder
@@ -210,8 +210,7 @@ class TokenizerProc:
         await self._error(owner, request_id, str(e))
 
     async def _watch_engine(self, pid: int, engine_task: asyncio.Task[None]) -> None:
-        while pid_alive(pid):
-            await asyncio.sleep(_WATCH_INTERVAL_S)
+        await wait_for_exit(pid, _WATCH_INTERVAL_S)
         engine_task.cancel()
         await self._on_engine_dead(f"the engine core process {pid} exited")
 

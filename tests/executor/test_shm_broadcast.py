@@ -161,3 +161,31 @@ def test_blocked_reader_uses_almost_no_cpu(ring):
     reader.close()
     assert wall >= 1.0
     assert cpu < 0.05, f"a reader idle for {wall:.2f} s used {cpu * 1000:.1f} ms of CPU"
+
+
+def _sleepy_reader(handle: RingHandle, doorbell, replies: Connection) -> None:
+    reader = ShmRingReader(handle, 0, doorbell)
+    cpu_before = time.process_time()
+    data = reader.read(timeout=30)  # idle for a while first: asleep on the doorbell
+    replies.send((time.monotonic(), data, time.process_time() - cpu_before))
+    reader.close()
+
+
+def test_a_reader_with_a_doorbell_sleeps_until_a_message_comes(ring):
+    ctx = multiprocessing.get_context("spawn")
+    writer = ring(num_readers=1, num_slots=2, slot_bytes=256, ctx=ctx)
+    replies, child_end = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_sleepy_reader, args=(writer.handle, writer.doorbells[0], child_end))
+    proc.start()
+    try:
+        time.sleep(3.0)  # the reader spins 1 ms, then sleeps on its doorbell
+        sent = time.monotonic()
+        writer.write(b"wake")
+        arrived, data, cpu = replies.recv()
+    finally:
+        proc.join(10)
+    assert data == b"wake"
+    # Rung, not found by the once-a-second safety wake-up (which alone would average 0.5 s).
+    assert arrived - sent < 0.1, f"woke {arrived - sent:.3f} s after the message"
+    # Three idle seconds cost about three safety wake-ups; polling with backoff cost ~150.
+    assert cpu < 0.1, f"the sleeping reader used {cpu:.3f} CPU seconds"

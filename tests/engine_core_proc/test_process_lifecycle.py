@@ -1,0 +1,27 @@
+"""Watching another process's exit without polling."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+
+from engine_core.process_lifecycle import wait_for_exit
+
+
+def test_wait_for_exit_returns_when_the_process_exits():
+    async def main() -> float:
+        proc = subprocess.Popen(["sleep", "0.6"])
+        start = time.monotonic()
+        await wait_for_exit(proc.pid, poll_s=5.0)  # a poll would only notice after 5 s
+        elapsed = time.monotonic() - start
+        proc.wait()
+        return elapsed
+
+    assert 0.5 < asyncio.run(main()) < 2.0
+
+
+def test_wait_for_exit_of_a_process_already_gone():
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    asyncio.run(asyncio.wait_for(wait_for_exit(proc.pid), timeout=2.0))
