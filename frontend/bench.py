@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from engine_core.args import engine_kwargs
+from frontend.bench_overhead import step_overhead
 from engine_core.sampling_params import SamplingParams
 
 
@@ -225,6 +226,7 @@ def bench_null_model(args: argparse.Namespace) -> dict[str, Any]:
         llm.shutdown()
     result["zmq_fraction_of_in_process"] = round(
         result["zmq"]["output_tok_s"] / result["in_process"]["output_tok_s"], 3)
+    result["step_overhead"] = step_overhead(kwargs)
     return result
 
 

@@ -91,3 +91,20 @@ def test_llama3_8b_shape_resolves_for_cuda_in_bf16(tmp_path):
     arch = cfg.arch
     assert (arch.num_hidden_layers, arch.num_key_value_heads, arch.head_dim) == (32, 8, 128)
     assert cfg.arch.rope_theta == 500000.0 and cfg.arch.rope_scaling["rope_type"] == "llama3"
+
+
+def test_step_overhead_reports_phases(tmp_path):
+    from frontend.bench_overhead import step_overhead
+    from tests.tiny_models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny")
+    res = step_overhead({"model": str(model), "max_num_seqs": 8, "max_model_len": 64},
+                        num_requests=8, prompt_len=4, output_len=5)
+    # A prefill step that samples, four decodes, and one that tells the workers who finished.
+    assert res["steps"] == 6
+    phases = res["phases_ms"]
+    assert {"schedule", "update_from_output", "prepare", "post_update", "forward",
+            "compute_logits", "sampler", "get_output"} <= set(phases)
+    assert res["model_ms"] == pytest.approx(
+        phases["forward"] + phases["compute_logits"] + phases["sampler"], abs=0.02)
+    assert res["ms_per_step"] >= res["model_ms"] + res["overhead_ms"] - 0.05
