@@ -37,10 +37,6 @@ class InputBatch:
     block_table_np: np.ndarray  # [B, max_blocks] int32 (host mirror, for host-side backends)
     block_size: int
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.query_start_loc_np[-1])
-
     def host_batch(self) -> StepBatch:
         """The step as host arrays, for an attention backend that plans on the host."""
         qsl, seq_lens, bs = self.query_start_loc_np, self.seq_lens_np, self.block_size
