@@ -28,6 +28,7 @@ class InputBatch:
     seq_lens_np: np.ndarray  # [B] int32
     samples_np: np.ndarray  # [B] bool: this step reaches the end of the request's known tokens
     sample_rows_np: np.ndarray  # [S] int64: rows of req_ids that sample
+    sample_slots_np: np.ndarray  # [S] int64: their slots
     slots: torch.Tensor  # [B] int64
     sample_slots: torch.Tensor  # [S] int64
     logits_indices: torch.Tensor  # [S] int64: the token row each sample reads
@@ -99,6 +100,7 @@ class InputPreparer:
         return InputBatch(
             req_ids=req_ids, slots_np=slots_np, query_start_loc_np=qsl_np,
             seq_lens_np=seq_lens_np, samples_np=samples_np, sample_rows_np=sample_rows_np,
+            sample_slots_np=slots_np[sample_rows_np],
             slots=slots, sample_slots=slots.index_select(0, sample_rows),
             logits_indices=qsl_long.index_select(0, sample_rows + 1) - 1,
             input_ids=input_ids, positions=positions, device_batch=device_batch,

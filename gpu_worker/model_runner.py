@@ -147,14 +147,14 @@ class ModelRunner:
         owners, chunks, complete = self.prompt_logprobs.compute(self.model.compute_logits,
                                                                 hidden, batch, self.states)
         sampled, logprobs = self._sample(batch, hidden)
-        sample_slots_np = batch.slots_np[batch.sample_rows_np]
         output = AsyncOutput(self.d2h, req_ids, batch.sample_rows_np, sampled, logprobs,
-                             self.sampling.logprobs_np[sample_slots_np], chunks)
+                             self.sampling.logprobs_np[batch.sample_slots_np], chunks)
         self.prompt_logprobs.attach(output, owners, complete)
         # After the copy is queued: the copy need not wait for the bookkeeping.
         self.states.post_update(batch.slots, batch.slots_np, batch.device_batch.seq_lens,
-                                batch.seq_lens_np, batch.sample_slots, sample_slots_np, sampled)
-        self.sampling.post_update(batch.sample_slots, sample_slots_np, sampled)
+                                batch.seq_lens_np, batch.sample_slots, batch.sample_slots_np,
+                                sampled)
+        self.sampling.post_update(batch.sample_slots, batch.sample_slots_np, sampled)
         return output
 
     def _update_states(self, sched: SchedulerOutput) -> None:
@@ -202,7 +202,6 @@ class ModelRunner:
             return None, None
         assert self.model is not None
         logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
-        metadata = self.sampling.metadata(batch.slots_np[batch.sample_rows_np],
-                                          batch.sample_slots)
+        metadata = self.sampling.metadata(batch.sample_slots_np, batch.sample_slots)
         result = self.sampler(logits, metadata)
         return result.sampled_token_ids, result.logprobs
