@@ -117,10 +117,9 @@ class ModelRunner:
         start = time.perf_counter()
         sched = self.config.scheduler
         assert sched.max_num_batched_tokens is not None
-        # The split-context decode kernels run from this context length (kernels/paged_decode).
-        long_context = SPLIT_MIN_SEQ_LEN
+        # The split-context decode kernels run from SPLIT_MIN_SEQ_LEN (kernels/paged_decode).
         groups = warm_up_shapes(sched.max_num_seqs, sched.max_num_batched_tokens,
-                                self.config.max_model_len, long_context)
+                                self.config.max_model_len, SPLIT_MIN_SEQ_LEN)
         num_blocks = self.kv_caches[0].shape[1]
         steps = sum(run_dummy(self, lens, decodes, num_blocks) for lens, decodes in groups)
         if self.device.type == "cuda":

@@ -23,7 +23,11 @@ class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
 
 
 class CachedRequestData(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Running requests the workers already hold: blocks added this step, tokens computed so far."""
+    """Running requests the workers already hold: blocks added this step, tokens computed so far.
+
+    The model runner advances its own computed counts on the device (every scheduled token is
+    computed); num_computed_tokens is the scheduler's view, for runners that keep no state.
+    """
 
     req_ids: list[str] = []
     new_block_ids: list[list[int]] = []

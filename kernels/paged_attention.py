@@ -151,6 +151,14 @@ def check_paged_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_cache
     return out
 
 
+def dot_types(query: torch.Tensor) -> tuple[tl.dtype, str | None]:
+    """The operand dtype and precision of the kernels' tl.dot for query's dtype and device."""
+    # CPU tensors only run under the interpreter, whose tl.dot is wrong for 16-bit operands.
+    dot_dtype = _TL_DTYPES[query.dtype] if query.device.type == "cuda" else tl.float32
+    # fp32 operands would otherwise be rounded to tf32 on tensor cores.
+    return dot_dtype, "ieee" if dot_dtype == tl.float32 else None
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -178,11 +186,7 @@ def paged_attention(
         # Decode-heavy batches waste fewer rows with short tiles.
         block_q = max(min_block_q, min(block_q, triton.next_power_of_2(max_query_len)))
     block_n = max(block_size, _MIN_BLOCK_N)
-    # CPU tensors only run under the interpreter, whose tl.dot is wrong for 16-bit operands.
-    on_gpu = query.device.type == "cuda"
-    dot_dtype = _TL_DTYPES[query.dtype] if on_gpu else tl.float32
-    # fp32 operands would otherwise be rounded to tf32 on tensor cores.
-    dot_precision = "ieee" if dot_dtype == tl.float32 else None
+    dot_dtype, dot_precision = dot_types(query)
 
     num_tiles = num_tokens // block_q + num_seqs
     _paged_attention_kernel[(num_tiles, num_kv_heads)](

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_attention import _TL_DTYPES, check_paged_inputs
+from kernels.paged_attention import check_paged_inputs, dot_types
 
 # Tokens per partition on the device (vLLM's paged attention v2 uses 512 too).
 PARTITION_SIZE = 512
@@ -236,10 +236,7 @@ def paged_decode_split(
         # operands is a thousand times slower on a busy machine.
         block_n = max(block_size, min(_INTERPRETER_BLOCK_N, 2**17 // (rows * head_dim)))
     block_n = min(block_n, partition_size)  # both powers of two, so block_n divides a partition
-    # CPU tensors only run under the interpreter, whose tl.dot is wrong for 16-bit operands.
-    dot_dtype = _TL_DTYPES[query.dtype] if on_gpu else tl.float32
-    # fp32 operands would otherwise be rounded to tf32 on tensor cores.
-    dot_precision = "ieee" if dot_dtype == tl.float32 else None
+    dot_dtype, dot_precision = dot_types(query)
 
     parts = num_partitions(max_seq_len, partition_size)
     m_scratch = torch.empty(num_seqs, num_q_heads, parts, dtype=torch.float32, device=query.device)
