@@ -3,11 +3,51 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 
 # Temperatures below this are treated as greedy, as vLLM does.
 SAMPLING_EPS = 1e-5
+
+
+# The kinds of constraint, in the order vLLM checks them; a request sets exactly one.
+STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """vLLM's structured_outputs: constrain the output to a JSON schema, a regex, one of a list
+    of strings, an EBNF (GBNF) grammar, any JSON object, or a structural tag. Exactly one kind
+    is set; the options refine json and json_object. The grammar itself is checked where it is
+    compiled (engine_core.structured_output.grammar.check_grammar)."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # A JSON string (or object): xgrammar's structural tag, or vLLM's legacy
+    # {"type": "structural_tag", "structures": [...], "triggers": [...]}.
+    structural_tag: str | dict[str, Any] | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) not in (None, False)]
+        if len(kinds) != 1:
+            raise ValueError("structured_outputs must set exactly one of "
+                             f"{', '.join(STRUCTURED_OUTPUT_KINDS)}; got "
+                             f"{', '.join(kinds) if kinds else 'none'}")
+        if self.choice is not None and (not self.choice
+                                        or not all(isinstance(c, str) for c in self.choice)):
+            raise ValueError("structured_outputs.choice must be a non-empty list of strings")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: one of STRUCTURED_OUTPUT_KINDS."""
+        return next(k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) not in (None, False))
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -33,6 +73,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
