@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -10,9 +11,14 @@ from engine_core.config import EngineConfig
 from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine_core.request import Request, RequestStatus
 from engine_core.scheduler import Scheduler
-from engine_core.validation import validate_request
+from engine_core.validation import InvalidRequestError, validate_request
 from executor.base import Executor, StepFuture
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
+
+
+# How long an engine with only compiling grammars to wait for waits at a time (new requests and
+# aborts are seen between waits).
+_GRAMMAR_WAIT_S = 0.005
 
 
 @dataclass
@@ -46,6 +52,22 @@ class EngineCore:
         self.totals = StatTotals()
         # Async scheduling: steps handed to the executor whose outputs are not applied yet.
         self._in_flight: deque[tuple[SchedulerOutput, StepFuture]] = deque()
+        self._structured_lock = threading.Lock()
+
+    def _structured_output(self):
+        """The structured-output manager, made with the first constrained request (so that an
+        engine that never sees one never imports the grammar library)."""
+        with self._structured_lock:
+            manager = self.scheduler.structured_output
+            if manager is None:
+                from engine_core.structured_output.manager import StructuredOutputManager
+                config = self.config
+                assert config.arch is not None
+                manager = StructuredOutputManager(
+                    config.model.tokenizer or config.model_path, config.arch.vocab_size,
+                    list(config.arch.eos_token_ids), config.scheduler.max_num_seqs)
+                self.scheduler.structured_output = manager
+            return manager
 
     def make_request(self, request: EngineCoreRequest) -> Request:
         """Validate a request and compute its prefix-cache block hashes.
@@ -54,8 +76,15 @@ class EngineCore:
         overlaps the busy loop; raises InvalidRequestError (a ValueError) on bad input.
         """
         validate_request(request, self.config)
-        return Request.from_engine_core_request(request, self.scheduler.eos_token_id,
-                                                self.scheduler.block_hasher)
+        req = Request.from_engine_core_request(request, self.scheduler.eos_token_id,
+                                               self.scheduler.block_hasher)
+        constraint = request.sampling_params.structured_outputs
+        if constraint is not None:
+            try:
+                req.grammar = self._structured_output().request_grammar(constraint)
+            except ValueError as e:
+                raise InvalidRequestError(str(e)) from None
+        return req
 
     def add_request(self, request: EngineCoreRequest | Request) -> None:
         """Queue a request (an EngineCoreRequest goes through make_request first)."""
@@ -81,6 +110,9 @@ class EngineCore:
         oldest step in flight once two are; the first call of a run only submits (no outputs),
         so the model is never idle while the engine prepares a batch or applies outputs.
         """
+        if not self._in_flight and self.scheduler.only_waiting_for_grammars():
+            # Nothing to run until a compile ends: wait for it a little, not in a busy spin.
+            self.scheduler.wait_for_grammars(_GRAMMAR_WAIT_S)
         if self.scheduler.async_scheduling:
             return self._step_overlapped()
         if not self.has_unfinished_requests():
@@ -118,4 +150,6 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Release the workers (after the steps in flight)."""
+        if self.scheduler.structured_output is not None:
+            self.scheduler.structured_output.shutdown()
         self.executor.shutdown()

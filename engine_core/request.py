@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from engine_core.protocol import EngineCoreRequest, FinishReason
 from engine_core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine_core.structured_output.manager import RequestGrammar
 
 # Computes the hashes of the request's full blocks that are not in request.block_hashes yet.
 BlockHasher = Callable[["Request"], list]
@@ -47,7 +51,7 @@ class Request:
                  "arrival_time", "priority", "cache_salt", "client_index", "output_token_ids",
                  "all_token_ids", "num_computed_tokens", "num_cached_tokens", "status",
                  "stop_reason", "num_preemptions", "block_hashes", "stop_token_ids",
-                 "num_output_placeholders", "_block_hasher")
+                 "num_output_placeholders", "grammar", "_block_hasher")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, eos_token_id: int | None,
@@ -72,6 +76,8 @@ class Request:
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
+        # Structured outputs: the request's compile and matcher (engine_core.structured_output).
+        self.grammar: RequestGrammar | None = None
         self._block_hasher = block_hasher
         self.block_hashes: list = []
         if block_hasher is not None:

@@ -11,11 +11,20 @@ known: a request sampling in a step in flight holds an output placeholder, count
 longer, and is scheduled for that token's position (the worker fills in the token it sampled).
 A request that will be finished by max_tokens or max_model_len once its placeholders land is
 not scheduled again; one that stops on EOS or a stop id has one step's token thrown away.
+
+Structured outputs: a constrained request waits aside until its grammar is compiled; each step
+carries the token bitmask of the constrained requests that sample in it, filled by their
+matchers, which then accept the tokens sampled. A constrained request needs its previous token
+to fill its next bitmask, so with async scheduling it sits out the steps scheduled while its
+last token is in flight (vLLM defers such requests too); it ends (stop) when its grammar is
+complete and the model emits a stop token, which is then the only token the grammar allows.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from engine_core.block_hash import make_block_hasher
 from engine_core.config import EngineConfig
@@ -25,6 +34,11 @@ from engine_core.request import Request, RequestStatus
 from engine_core.request_queue import FcfsQueue, PriorityQueue
 from gpu_worker.protocol import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                  SchedulerOutput)
+
+if TYPE_CHECKING:
+    from engine_core.structured_output.manager import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -47,6 +61,10 @@ class Scheduler:
         self.waiting: FcfsQueue | PriorityQueue = (
             PriorityQueue() if self.priority_policy else FcfsQueue())
         self.running: list[Request] = []
+        # Constrained requests whose grammar is still compiling, in arrival order.
+        self.waiting_for_grammar: list[Request] = []
+        # Set by the engine core with the first constrained request.
+        self.structured_output: StructuredOutputManager | None = None
         # Finished, aborted and preempted since the last schedule(): the runner drops their rows.
         # A dict keeps them in order (an ordered set).
         self._finished_req_ids: dict[str, None] = {}
@@ -67,7 +85,10 @@ class Scheduler:
             raise ValueError(f"prompt of {request.num_prompt_tokens} tokens; it must have 1 to "
                              f"max_model_len ({self.max_model_len}) tokens")
         self.requests[request.request_id] = request
-        self.waiting.add(request)
+        if request.grammar is not None and not request.grammar.ready:
+            self.waiting_for_grammar.append(request)
+        else:
+            self.waiting.add(request)
 
     def finish_requests(self, req_ids: str | Iterable[str], status: RequestStatus) -> None:
         """End requests (e.g. aborts) and free their blocks now; unknown ids are ignored."""
@@ -90,9 +111,44 @@ class Scheduler:
             self.running = [r for r in self.running if not r.is_finished]
         if from_waiting:
             self.waiting.drop_finished()
+            if self.waiting_for_grammar:
+                self.waiting_for_grammar = [r for r in self.waiting_for_grammar
+                                            if not r.is_finished]
+
+    def _admit_compiled(self) -> None:
+        """Move constrained requests whose compile ended to the waiting queue (or end them
+        when it failed: the grammar was checked on arrival, so that is an internal error)."""
+        still = []
+        for req in self.waiting_for_grammar:
+            grammar = req.grammar
+            assert grammar is not None
+            if not grammar.ready:
+                still.append(req)
+            elif grammar.error is not None:
+                logger.error("request %s: grammar compile failed: %s", req.request_id,
+                             grammar.error)
+                req.status = RequestStatus.FINISHED_ABORTED
+                self._free(req)
+                self._finish_outputs.append(EngineCoreOutput(
+                    req.request_id, [], finish_reason=RequestStatus.finish_reason(req.status)))
+            else:
+                self.waiting.add(req)
+        self.waiting_for_grammar = still
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Nothing else to do: block until a compile ends, or timeout seconds."""
+        grammars = [r.grammar for r in self.waiting_for_grammar if r.grammar is not None]
+        if grammars and self.structured_output is not None:
+            self.structured_output.wait_any(grammars, timeout)
+
+    def only_waiting_for_grammars(self) -> bool:
+        """True when every unfinished request waits for its grammar's compile."""
+        return bool(self.waiting_for_grammar) and not self.running and not len(self.waiting)
 
     def schedule(self) -> SchedulerOutput:
         """Pick this step's requests and token counts; advances their num_computed_tokens."""
+        if self.waiting_for_grammar:
+            self._admit_compiled()
         kv, max_model_len = self.kv, self.max_model_len
         budget = self.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
@@ -107,7 +163,8 @@ class Scheduler:
             req = running[i]
             pending = req.num_output_placeholders
             n = min(req.num_tokens + pending, max_model_len) - req.num_computed_tokens
-            if pending and self._done_once_landed(req):
+            # A constrained request's next bitmask needs the token in flight.
+            if pending and (req.grammar is not None or self._done_once_landed(req)):
                 n = 0
             if n <= 0:
                 i += 1
@@ -171,14 +228,23 @@ class Scheduler:
         self._finished_req_ids = {}
         num_prompt = 0
         placeholders = self.async_scheduling
+        constrained: list[Request] = []
         for reqs in (scheduled_running, new_reqs):
             for r in reqs:
                 start = r.num_computed_tokens
                 r.num_computed_tokens = start + num_scheduled[r.request_id]
                 if start < r.num_prompt_tokens:
                     num_prompt += min(r.num_computed_tokens, r.num_prompt_tokens) - start
-                if placeholders and r.num_computed_tokens >= r.num_tokens + r.num_output_placeholders:
+                samples = r.num_computed_tokens >= r.num_tokens + r.num_output_placeholders
+                if samples and r.grammar is not None:
+                    constrained.append(r)
+                if placeholders and samples:
                     r.num_output_placeholders += 1  # this step samples its next token
+        if constrained:
+            assert self.structured_output is not None
+            output.structured_output_request_ids = [r.request_id for r in constrained]
+            output.grammar_bitmask = self.structured_output.fill_bitmask(
+                [r.grammar for r in constrained])  # type: ignore[misc]
         self._num_prompt_tokens += num_prompt
         self._num_scheduled_tokens += output.total_num_scheduled_tokens
         return output
@@ -205,6 +271,8 @@ class Scheduler:
             for k, token in enumerate(sampled):
                 req.append_output_token_ids(token)
                 status = self._check_stop(req, token)
+                if status is None and req.grammar is not None:
+                    status = self._advance_grammar(req, token)
                 if status is not None:
                     new_tokens = sampled[:k + 1]
                     break
@@ -239,6 +307,23 @@ class Scheduler:
         if ((params.max_tokens is not None and num_output >= params.max_tokens)
                 or len(req.all_token_ids) >= self.max_model_len):
             return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    @staticmethod
+    def _advance_grammar(req: Request, token: int) -> RequestStatus | None:
+        """Feed a sampled token to the request's matcher; STOPPED once the grammar has ended."""
+        grammar = req.grammar
+        assert grammar is not None
+        if not grammar.accept(token):
+            # Only when the mask left nothing (min_tokens forbidding the one stop token the
+            # finished grammar allows); the request goes on from the grammar's last state.
+            logger.warning("request %s: sampled token %d is outside its grammar",
+                           req.request_id, token)
+            return None
+        if grammar.terminated:
+            if token != req.eos_token_id:
+                req.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
         return None
 
     def _done_once_landed(self, req: Request) -> bool:

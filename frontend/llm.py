@@ -12,6 +12,7 @@ from engine_core.engine_core import EngineCore
 from engine_core.inproc_client import InprocClient
 from engine_core.protocol import EngineCoreRequest
 from engine_core.sampling_params import SamplingParams
+from engine_core.structured_output.grammar import check_grammar
 from engine_core.validation import validate_request
 from tokenizer_proc.output_processor import OutputProcessor, child_sampling_params
 from tokenizer_proc.request_output import RequestOutput
@@ -72,6 +73,8 @@ class LLM:
             request = EngineCoreRequest(str(next(self._ids)), token_ids, params,
                                         priority=priority[i] if priority else 0, cache_salt=salt)
             validate_request(request, self.config)
+            if params.structured_outputs is not None:
+                check_grammar(params.structured_outputs)
             requests.append((text, request))
         return self._run(requests, use_tqdm)
 

@@ -19,6 +19,7 @@ from engine_core.config import EngineConfig
 from gpu_worker.async_output import AsyncOutput, DeviceToHost, ReadyOutput
 from gpu_worker.attention.select import attention_backend
 from gpu_worker.forward_context import forward_context
+from gpu_worker.grammar_mask import apply_grammar_bitmask
 from gpu_worker.input_batch import InputBatch, InputPreparer
 from gpu_worker.kv_cache import allocate_kv_caches, kv_cache_num_blocks
 from gpu_worker.layers.attention import StepAttention
@@ -145,7 +146,7 @@ class ModelRunner:
         hidden = self._forward(batch)
         owners, chunks, complete = self.prompt_logprobs.compute(self.model.compute_logits,
                                                                 hidden, batch, self.states)
-        sampled, logprobs = self._sample(batch, hidden)
+        sampled, logprobs = self._sample(batch, hidden, sched)
         output = AsyncOutput(self.d2h, req_ids, batch.sample_rows_np, sampled, logprobs,
                              self.sampling.logprobs_np[batch.sample_slots_np], chunks)
         self.prompt_logprobs.attach(output, owners, complete)
@@ -195,12 +196,14 @@ class ModelRunner:
         with forward_context(StepAttention(self.backend, metadata)):
             return self.model(batch.input_ids, batch.positions)
 
-    def _sample(self, batch: InputBatch,
-                hidden: torch.Tensor) -> tuple[torch.Tensor | None, LogprobsTensors | None]:
+    def _sample(self, batch: InputBatch, hidden: torch.Tensor,
+                sched: SchedulerOutput) -> tuple[torch.Tensor | None, LogprobsTensors | None]:
         if not len(batch.sample_rows_np):
             return None, None
         assert self.model is not None
         logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        if sched.structured_output_request_ids:
+            apply_grammar_bitmask(logits, sched, batch, self.h2d)
         metadata = self.sampling.metadata(batch.sample_slots_np, batch.sample_slots)
         result = self.sampler(logits, metadata)
         return result.sampled_token_ids, result.logprobs

@@ -42,6 +42,11 @@ class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     num_scheduled_tokens: dict[str, int] = {}
     total_num_scheduled_tokens: int = 0
     finished_req_ids: list[str] = []
+    # Structured outputs: the constrained requests that sample this step, and their rows of
+    # the token bitmask: little-endian int32, ceil(vocab_size / 32) words per row, bit b of
+    # word w allowing token 32 * w + b. The runner applies it to their logits before sampling.
+    structured_output_request_ids: list[str] = []
+    grammar_bitmask: bytes = b""
 
 
 class LogprobsLists(msgspec.Struct, array_like=True, gc=False):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -26,4 +27,18 @@ def make_tiny_model(path: Path, arch: str = "llama", **overrides) -> Path:
     torch.manual_seed(0)
     model = model_cls(cfg_cls(**kwargs)).to(torch.float32)
     model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def make_tiny_model_with_tokenizer(path: Path, **overrides) -> Path:
+    """A tiny random llama with the default model's tokenizer (so vocab_size is 49152)."""
+    from gpu_worker.loader.default_model import resolve_model_path
+
+    make_tiny_model(path, vocab_size=49152, **overrides)
+    source = resolve_model_path(None)
+    for name in _TOKENIZER_FILES:
+        shutil.copy(source / name, path / name)
     return path

@@ -19,6 +19,11 @@ def grammar_key(params: StructuredOutputsParams) -> str:
     """A canonical string for the constraint and the options that change its grammar."""
     kind = params.kind
     spec = getattr(params, kind)
+    if isinstance(spec, str) and kind in ("json", "structural_tag"):
+        try:  # the same schema, spelt differently, shares the compile
+            spec = json.loads(spec)
+        except json.JSONDecodeError:
+            pass
     if not isinstance(spec, str):
         spec = json.dumps(spec, sort_keys=True, ensure_ascii=False)
     options = ""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.loader.default_model import resolve_model_path
-from tests.tiny_models import make_tiny_model
+from tests.tiny_models import make_tiny_model_with_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 class Server:
@@ -115,11 +112,7 @@ def wait_until(condition, timeout: float = 10.0) -> bool:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny random llama with the default model's tokenizer (so vocab_size is 49152)."""
-    path = make_tiny_model(tmp_path_factory.mktemp("serve") / "tiny", vocab_size=49152)
-    source = resolve_model_path(None)
-    for name in _TOKENIZER_FILES:
-        shutil.copy(source / name, path / name)
-    return path
+    return make_tiny_model_with_tokenizer(tmp_path_factory.mktemp("serve") / "tiny")
 
 
 @pytest.fixture

@@ -92,9 +92,10 @@ def _guarded(runner, monkeypatch, rewrap_model: bool):
 
 
 def _steps(prompts: dict[str, list[int]], params: dict[str, SamplingParams], chunk: int,
-           num_decodes: int):
+           num_decodes: int, bitmasks: dict[str, bytes] | None = None):
     """SchedulerOutputs for prompts in chunks of `chunk`, then num_decodes decode steps; blocks
-    of 16 tokens, handed out as the requests grow."""
+    of 16 tokens, handed out as the requests grow. A request in bitmasks is constrained to
+    the same grammar bitmask row whenever it samples."""
     blocks = {r: [] for r in prompts}
     computed = dict.fromkeys(prompts, 0)
     next_block = iter(range(10_000))
@@ -117,9 +118,12 @@ def _steps(prompts: dict[str, list[int]], params: dict[str, SamplingParams], chu
             computed[r] += n
             if computed[r] >= len(prompt):
                 total[r] = max(total[r], computed[r] + 1)
+        constrained = [r for r in bitmasks or {} if computed[r] >= len(prompts[r])]
         yield SchedulerOutput(scheduled_new_reqs=news, scheduled_cached_reqs=cached,
                               num_scheduled_tokens=sched,
-                              total_num_scheduled_tokens=sum(sched.values()))
+                              total_num_scheduled_tokens=sum(sched.values()),
+                              structured_output_request_ids=constrained,
+                              grammar_bitmask=b"".join(bitmasks[r] for r in constrained))
 
 
 def test_steps_make_no_host_read_and_match_the_plain_runner(guarded):
@@ -134,9 +138,13 @@ def test_steps_make_no_host_read_and_match_the_plain_runner(guarded):
         "r2": SamplingParams(temperature=1.0, min_p=0.05, seed=3, frequency_penalty=0.4),
         "r3": SamplingParams(temperature=0.0),
     }
+    # r2 may only sample tokens 40..47 (bits 8..15 of word 1 of its bitmask row).
+    row = np.zeros(-(-runner.arch.vocab_size // 32), dtype="<i4")
+    row[1] = 0xFF00
     guarded_out, plain_out = [], []
     launched = None
-    for sched in _steps(prompts, params, chunk=16, num_decodes=6):
+    for sched in _steps(prompts, params, chunk=16, num_decodes=6,
+                        bitmasks={"r2": row.tobytes()}):
         # Async scheduling's order: step N+1 is launched before step N's output is read.
         step = runner.execute_model_async(sched)
         if launched is not None:
@@ -148,6 +156,9 @@ def test_steps_make_no_host_read_and_match_the_plain_runner(guarded):
     assert [o.logprobs for o in guarded_out] == [o.logprobs for o in plain_out]
     assert [o.prompt_logprobs for o in guarded_out] == [o.prompt_logprobs for o in plain_out]
     assert any(o.prompt_logprobs for o in guarded_out)
+    r2 = [t for o in guarded_out for r, ts in zip(o.req_ids, o.sampled_token_ids) if r == "r2"
+          for t in ts]
+    assert len(r2) > 3 and all(40 <= t < 48 for t in r2)
     # Each request samples from the step that completes its prompt to the last step.
     expected = sum(len(guarded_out) - -(-len(p) // 16) + 1 for p in prompts.values())
     assert sum(bool(t) for o in guarded_out for t in o.sampled_token_ids) == expected
@@ -157,8 +168,8 @@ def test_a_host_read_in_the_step_is_caught(guarded, monkeypatch):
     runner, _ = guarded
     real = runner._sample
 
-    def reads_back(batch, hidden):
-        sampled, logprobs = real(batch, hidden)
+    def reads_back(batch, hidden, sched):
+        sampled, logprobs = real(batch, hidden, sched)
         sampled.tolist()  # what the old runner did
         return sampled, logprobs
 

@@ -1,0 +1,121 @@
+"""StructuredOutputManager: compiles constraints off the busy loop and keeps one matcher per
+constrained request, which fills that request's row of each step's token bitmask.
+
+A request's grammar is parsed where the request arrives (the engine core's I/O thread; a bad
+one is refused there) and compiled on the manager's own thread, once per distinct constraint:
+requests with equal constraints share one compile, done or in progress. The scheduler admits a
+constrained request once its compile is done; the busy loop never waits for one while it has
+other work.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+from engine_core.sampling_params import StructuredOutputsParams
+from engine_core.structured_output.backend import GrammarBackend, bitmask_width
+from engine_core.structured_output.grammar import build_grammar, grammar_key
+
+logger = logging.getLogger(__name__)
+
+# Compiled grammars kept for reuse (a compiled JSON-schema grammar is tens to hundreds of KB).
+_CACHE_SIZE = 512
+
+
+class RequestGrammar:
+    """One request's constraint: its compile (shared) and, once compiled, its own matcher."""
+
+    __slots__ = ("compiled", "_matcher")
+
+    def __init__(self, compiled: Future[xgr.CompiledGrammar]) -> None:
+        self.compiled = compiled
+        self._matcher: xgr.GrammarMatcher | None = None
+
+    @property
+    def ready(self) -> bool:
+        """True once the compile ended (in success or failure)."""
+        return self.compiled.done()
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the compile failed (after ready), else None."""
+        return self.compiled.exception() if self.compiled.done() else None
+
+    @property
+    def matcher(self) -> xgr.GrammarMatcher:
+        if self._matcher is None:
+            self._matcher = xgr.GrammarMatcher(self.compiled.result())
+        return self._matcher
+
+    def accept(self, token_id: int) -> bool:
+        """Advance past a sampled token; False when the grammar does not allow it."""
+        return self.matcher.accept_token(token_id)
+
+    @property
+    def terminated(self) -> bool:
+        """True once the grammar is complete and a stop token was accepted."""
+        return self._matcher is not None and self._matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    """Grammar compiles (cached, on one thread) and the bitmask of each step."""
+
+    def __init__(self, tokenizer_path: str, vocab_size: int, stop_token_ids: list[int],
+                 max_num_seqs: int) -> None:
+        self._tokenizer_path = tokenizer_path
+        self.vocab_size = vocab_size
+        self._stop_token_ids = stop_token_ids
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._backend: Future[GrammarBackend] | None = None
+        self._cache: OrderedDict[str, Future[xgr.CompiledGrammar]] = OrderedDict()
+        self._lock = threading.Lock()
+        # Rows for the requests that sample in one step; shipped as bytes with the step.
+        self._bitmask = torch.zeros((max_num_seqs, bitmask_width(vocab_size)), dtype=torch.int32)
+
+    def request_grammar(self, params: StructuredOutputsParams) -> RequestGrammar:
+        """Start (or share) the compile of a request's constraint; ValueError when invalid.
+
+        Thread-safe: the engine core process calls it from its I/O thread.
+        """
+        key = grammar_key(params)
+        with self._lock:
+            compiled = self._cache.get(key)
+            if compiled is not None and not (compiled.done() and compiled.exception()):
+                self._cache.move_to_end(key)
+                return RequestGrammar(compiled)
+        grammar = build_grammar(params)  # parse outside the lock; raises ValueError
+        with self._lock:
+            if self._backend is None:  # the first constrained request loads the vocabulary
+                self._backend = self._pool.submit(GrammarBackend, self._tokenizer_path,
+                                                  self.vocab_size, self._stop_token_ids)
+            backend = self._backend
+            compiled = self._cache.get(key)
+            if compiled is None or (compiled.done() and compiled.exception()):
+                compiled = self._pool.submit(lambda: backend.result().compile(grammar))
+                self._cache[key] = compiled
+                while len(self._cache) > _CACHE_SIZE:
+                    self._cache.popitem(last=False)
+            return RequestGrammar(compiled)
+
+    @staticmethod
+    def wait_any(grammars: list[RequestGrammar], timeout: float) -> None:
+        """Block until one of the compiles ends, or timeout seconds."""
+        wait([g.compiled for g in grammars], timeout=timeout, return_when=FIRST_COMPLETED)
+
+    def fill_bitmask(self, grammars: list[RequestGrammar]) -> bytes:
+        """The next-token bitmask of each grammar, one row each, as little-endian int32 bytes."""
+        bitmask = self._bitmask
+        for row, grammar in enumerate(grammars):
+            grammar.matcher.fill_next_token_bitmask(bitmask, row)
+        return bitmask[: len(grammars)].numpy().astype("<i4", copy=False).tobytes()
+
+    def shutdown(self) -> None:
+        """Stop the compile thread (compiles in progress finish first)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
