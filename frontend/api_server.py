@@ -23,13 +23,14 @@ import msgspec
 from aiohttp import web
 
 from engine_core.process_lifecycle import pid_alive, start_child_process
+from frontend.chat_args import ChatOptions, add_chat_args
 from frontend.errors import ApiError, bad_request, error_response, from_decode_error
 from frontend.openai_protocol import (REQUEST_STRUCTS, RESPONSE_STRUCTS, ChatCompletionRequest,
                                       CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                                       ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
                                       VersionResponse)
 from frontend.serving import ServingContext, json_response
-from frontend.serving_chat import chat_messages, create_chat_completion
+from frontend.serving_chat import chat_messages, create_chat_completion, template_kwargs
 from frontend.serving_completions import create_completion
 from metrics.exposition import render_metrics
 
@@ -156,9 +157,14 @@ async def tokenize(request: web.Request) -> web.Response:
         if req.prompt is not None:
             ids = ctx.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
         else:
+            tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
             ids = apply_chat_template(ctx.tokenizer, chat_messages(req.messages),
                                       add_generation_prompt=req.add_generation_prompt,
-                                      continue_final_message=req.continue_final_message)
+                                      continue_final_message=req.continue_final_message,
+                                      chat_template=req.chat_template or ctx.chat_template,
+                                      tools=tools,
+                                      chat_template_kwargs=template_kwargs(
+                                          req.chat_template_kwargs))
     except ValueError as e:
         raise bad_request(str(e)) from None
     strs = ctx.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
@@ -287,8 +293,10 @@ async def run_api_server(args: argparse.Namespace) -> int:
     client = await TokenizerClient.create(args.tokenizer_address,
                                           client_name=process_name(args.index))
     ready = client.ready[0]
+    chat = ChatOptions.from_args(args)
     ctx = ServingContext(ready.model_name, ready.max_model_len, ready.vocab_size, client,
-                         tokenizer, args.index, str(config.model_path))
+                         tokenizer, args.index, str(config.model_path), chat.response_role,
+                         chat.chat_template, chat.auto_tool_parser)
     app = build_app(ctx, api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
                     max_body=args.max_request_body,
                     engine_alive=lambda: args.engine_pid is None or pid_alive(args.engine_pid))
@@ -322,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-request-body", type=int, default=DEFAULT_MAX_REQUEST_BODY)
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
     parser.add_argument("--ready-file")
+    add_chat_args(parser)
     args = parser.parse_args(argv)
     start_child_process(process_name(args.index), args.parent_pid)
     import uvloop

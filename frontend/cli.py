@@ -7,6 +7,7 @@ import sys
 
 from engine_core.args import add_engine_args, engine_kwargs
 from frontend import bench_device, bench_serve
+from frontend.chat_args import ChatOptions, add_chat_args
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -44,9 +45,10 @@ def _core(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from frontend.launcher import serve
 
+    chat = ChatOptions.from_args(args)  # a bad flag fails before anything starts
     return serve(engine_kwargs(args), args.tokenizer_workers, args.tokenizer_listen,
                  args.shutdown_timeout, args.startup_timeout, args.api_server_count, args.host,
-                 args.port, args.api_key, args.max_request_body)
+                 args.port, args.api_key, args.max_request_body, chat)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "tokenizer processes and the engine core (docs/serve.md)")
     http = srv.add_argument_group("HTTP server options")
     procs = srv.add_argument_group("process options")
+    add_chat_args(srv.add_argument_group("chat and tool calling options"))
     http.add_argument("--host", default="127.0.0.1", help="address the API servers listen on "
                      "(default 127.0.0.1; 0.0.0.0 for every interface)")
     http.add_argument("--port", type=int, default=8000,

@@ -30,6 +30,7 @@ from engine_core.core_launcher import CoreProcess
 from engine_core.frames import FrameDecoder
 from engine_core.protocol import PROTOCOL_VERSION, ClientHello, output_decoders
 from frontend import api_server
+from frontend.chat_args import ChatOptions
 from metrics.exposition import setup_multiprocess_dir
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, TokenizerHello,
                                      api_output_decoders)
@@ -65,7 +66,8 @@ class Launcher:
                  tokenizer_listen: list[str] | None = None,
                  shutdown_timeout: float = 10.0, api_server_count: int = 1,
                  host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                 max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY) -> None:
+                 max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
+                 chat: ChatOptions = ChatOptions()) -> None:
         if api_server_count < 0:
             raise ValueError(f"--api-server-count must be at least 0, got {api_server_count}")
         if tokenizer_workers < 1:
@@ -88,6 +90,12 @@ class Launcher:
         self.port = port
         self.api_key = api_key
         self.max_request_body = max_request_body
+        self.chat = chat
+        # The chat template travels to the children as a file (it may be long).
+        self.chat_template_file: str | None = None
+        if chat.chat_template is not None:
+            self.chat_template_file = os.path.join(self._dir, "chat_template.jinja")
+            Path(self.chat_template_file).write_text(chat.chat_template, encoding="utf-8")
         # Held (bound, not listening) from start-up to stop: reserves the port, resolves port 0.
         self._port_socket: socket.socket | None = None
         self._core: CoreProcess | None = None
@@ -126,7 +134,8 @@ class Launcher:
                 "--port", str(self.port), "--engine-args", json.dumps(self.engine_args),
                 "--engine-pid", str(engine_pid), "--parent-pid", str(os.getpid()),
                 "--shutdown-timeout", str(self.shutdown_timeout),
-                "--max-request-body", str(self.max_request_body), "--ready-file", ready_file]
+                "--max-request-body", str(self.max_request_body), "--ready-file", ready_file,
+                *self.chat.argv(self.chat_template_file)]
         for address in self.tokenizer_addresses:
             args += ["--tokenizer-address", address]
         # The key travels in the environment, not on the command line that ps shows.
@@ -145,11 +154,12 @@ class Launcher:
 
     def _start_tokenizer(self, index: int, address: str, engine_pid: int) -> Child:
         assert self._core is not None
+        template = ["--chat-template", self.chat_template_file] if self.chat_template_file else []
         popen = _spawn(["tokenizer_proc.tokenizer_proc", "--index", str(index), "--listen", address,
                         "--engine-address", self._core.address,
                         "--engine-args", json.dumps(self.engine_args),
                         "--engine-pid", str(engine_pid), "--parent-pid", str(os.getpid()),
-                        "--shutdown-timeout", str(self.shutdown_timeout)])
+                        "--shutdown-timeout", str(self.shutdown_timeout), *template])
         return Child(process_name(index), popen, address,
                      _hello_frames(TokenizerHello(TOKENIZER_PROTOCOL_VERSION, "launcher")),
                      api_output_decoders())
@@ -250,13 +260,14 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
           tokenizer_listen: list[str] | None = None, shutdown_timeout: float = 10.0,
           startup_timeout: float = 600.0, api_server_count: int = 1, host: str = "127.0.0.1",
           port: int = 8000, api_key: str | None = None,
-          max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY) -> int:
+          max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
+          chat: ChatOptions = ChatOptions()) -> int:
     """Run `engine serve` until SIGTERM/SIGINT (exit code 0) or a child's failure (1)."""
     signals: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _frame: signals.append(s))
     launcher = Launcher(engine_args, tokenizer_workers, tokenizer_listen, shutdown_timeout,
-                        api_server_count, host, port, api_key, max_request_body)
+                        api_server_count, host, port, api_key, max_request_body, chat)
     try:
         launcher.start(startup_timeout, stop_requested=lambda: bool(signals))
         core = launcher.tiers[0][0].ready

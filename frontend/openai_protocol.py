@@ -1,8 +1,10 @@
 """Request and response bodies of the OpenAI-compatible API, as msgspec Structs.
 
 Requests forbid unknown fields: a field this server does not implement is refused with 400
-naming it, never ignored. Fields OpenAI defines but this server does not support (tools,
-best_of > 1, ...) are declared so that the refusal can say why (see check_unsupported).
+naming it, never ignored. Fields OpenAI defines but this server does not support (best_of > 1,
+prediction, ...) are declared so that the refusal can say why (see check_unsupported); fields
+that only annotate a request (metadata, store, user, service_tier) are accepted and ignored, as
+vLLM does.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from engine_core.sampling_params import StructuredOutputsParams
 from frontend.errors import bad_request
 
 
@@ -28,9 +31,46 @@ class StreamOptions(_Request, kw_only=True):
     continuous_usage_stats: bool = False
 
 
-class ResponseFormat(_Request, kw_only=True):
-    type: str
-    json_schema: Any = None
+class JsonSchemaFormat(_Request, kw_only=True, omit_defaults=True):
+    """response_format.json_schema as OpenAI sends it (strict is always honoured)."""
+
+    name: str
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class TextFormat(_Request, tag_field="type", tag="text"):
+    pass
+
+
+class JsonObjectFormat(_Request, tag_field="type", tag="json_object"):
+    pass
+
+
+class JsonSchemaResponseFormat(_Request, tag_field="type", tag="json_schema"):
+    json_schema: JsonSchemaFormat
+
+
+class StructuralTagItem(_Request, kw_only=True, omit_defaults=True):
+    begin: str
+    schema: dict[str, Any] | None = None
+    end: str
+
+
+class StructuralTagFormat(_Request, tag_field="type", tag="structural_tag", omit_defaults=True):
+    """vLLM's structural tag: the legacy structures + triggers, or xgrammar's format."""
+
+    structures: list[StructuralTagItem] | None = None
+    triggers: list[str] | None = None
+    format: dict[str, Any] | None = None
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaResponseFormat | StructuralTagFormat
+
+
+class StructuredOutputsRequest(StructuredOutputsParams, forbid_unknown_fields=True):
+    """vLLM's structured_outputs request field: StructuredOutputsParams' fields."""
 
 
 class _SamplingFields(_Request, kw_only=True):
@@ -62,9 +102,10 @@ class _SamplingFields(_Request, kw_only=True):
     prompt_logprobs: int | None = None
     priority: int = 0
     cache_salt: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
     # Declared only to be refused with a reason.
     best_of: int | None = None
-    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -84,33 +125,81 @@ class TextPart(_Request, kw_only=True):
     input_audio: Any = None
 
 
+class FunctionCallParam(_Request, kw_only=True):
+    name: str
+    # A JSON string, as OpenAI sends it (an object is taken too, as vLLM does).
+    arguments: str | dict[str, Any]
+
+
+class ToolCallParam(_Request, kw_only=True):
+    """A call an earlier assistant message made."""
+
+    id: str
+    type: str = "function"
+    function: FunctionCallParam
+
+
 class ChatMessage(_Request, kw_only=True):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: Any = None
+    tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Request, kw_only=True, omit_defaults=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Request, kw_only=True, omit_defaults=True):
+    """A function the model may call: {"type": "function", "function": {...}}."""
+
+    type: str
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(_Request, kw_only=True):
+    """tool_choice naming the function the model must call."""
+
+    type: str
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # A Jinja template for this request instead of the server's (--chat-template) or model's.
+    chat_template: str | None = None
+    # Extra variables for the template, e.g. Qwen3's {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
+    tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    # Annotations only: accepted and ignored, as vLLM does.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
     # Declared only to be refused with a reason.
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None
+    prediction: Any = None
 
 
 class TokenizeRequest(_Request, kw_only=True):
-    """POST /tokenize: either prompt or messages."""
+    """POST /tokenize: either prompt or messages (rendered as chat completions renders them)."""
 
     model: str | None = None
     prompt: str | None = None
@@ -118,6 +207,9 @@ class TokenizeRequest(_Request, kw_only=True):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
     return_token_strs: bool = False
 
 
@@ -191,14 +283,41 @@ class ChatChoiceLogprobs(_Response, kw_only=True):
     content: list[ChatLogprob] | None = None
 
 
+class FunctionCall(_Response, kw_only=True):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(_Response, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(_Response, kw_only=True):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class DeltaFunctionCall(_Response, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_Response, kw_only=True, omit_defaults=True):
+    """A streamed piece of a call: index, id, type and name first, then arguments pieces."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class ChatDelta(_Response, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChoice(_Response, kw_only=True):
@@ -284,9 +403,6 @@ def check_unsupported(req: _SamplingFields) -> None:
     """Refuse, with 400 naming the field, what is declared but not supported."""
     if req.best_of is not None and req.best_of != 1:
         raise bad_request("best_of is not supported (only best_of=1 or unset)", "best_of")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise bad_request(f"response_format type {req.response_format.type!r} is not supported "
-                          "(only 'text')", "response_format")
     if req.logit_bias:
         for key, value in req.logit_bias.items():
             try:
@@ -307,13 +423,12 @@ def check_unsupported(req: _SamplingFields) -> None:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     if isinstance(req, ChatCompletionRequest):
-        for name in ("tools", "functions", "function_call", "parallel_tool_calls"):
+        for name in ("functions", "function_call"):
             if getattr(req, name) is not None:
-                raise bad_request(f"{name} is not supported: this server has no tool calling",
-                                  name)
-        if req.tool_choice is not None and req.tool_choice != "none":
-            raise bad_request("tool_choice is not supported: this server has no tool calling",
-                              "tool_choice")
+                raise bad_request(f"{name} is deprecated and not supported; use tools and "
+                                  "tool_choice", name)
+        if req.prediction is not None:
+            raise bad_request("prediction (predicted outputs) is not supported", "prediction")
     if isinstance(req, CompletionRequest) and req.suffix is not None:
         raise bad_request("suffix is not supported", "suffix")
 

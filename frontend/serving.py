@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from engine_core.sampling_params import SamplingParams
+from engine_core.sampling_params import SamplingParams, StructuredOutputsParams
 from frontend.errors import ApiError, bad_request, error_body
 from frontend.openai_protocol import PromptLogprob, PromptLogprobs, UsageInfo, _SamplingFields
 from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
@@ -33,6 +33,12 @@ class ServingContext:
     tokenizer: Any
     api_server_index: int = 0
     model_root: str | None = None
+    # --response-role: the role of chat answers.
+    response_role: str = "assistant"
+    # --chat-template (its text), for /tokenize; the tokenizer processes have their own copy.
+    chat_template: str | None = None
+    # --tool-call-parser when --enable-auto-tool-choice is set: serves tool_choice "auto".
+    tool_parser: str | None = None
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -49,7 +55,8 @@ def request_id(prefix: str) -> str:
 
 
 def sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int | None = None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:
+                    prompt_logprobs: int | None = None,
+                    structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
     """SamplingParams from a request's fields; 400 naming the field on an invalid value."""
     kwargs: dict[str, Any] = dict(
         n=req.n, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens,
@@ -57,7 +64,8 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int 
         stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs,
         prompt_logprobs=prompt_logprobs, skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
-        include_stop_str_in_output=req.include_stop_str_in_output)
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        structured_outputs=structured_outputs)
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                  "frequency_penalty", "repetition_penalty"):
         if getattr(req, name) is not None:

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from frontend.errors import bad_request
@@ -14,12 +15,16 @@ from frontend.openai_protocol import (ChatChoice, ChatChoiceLogprobs, ChatComple
                                       ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
                                       ChatLogprob, ChatMessage, ChatResponseMessage,
                                       ChatStreamChoice, TopLogprob, check_unsupported)
+from frontend.response_format import requested_constraint
 from frontend.serving import (ServingContext, json_response, merged_deltas, request_id,
                               prompt_logprobs_json, sampling_params, stream_sse, top_entries,
                               usage)
+from frontend.tool_parsers.openai_calls import StreamedCalls, finish_reason, message_calls
+from frontend.tool_parsers.tool_choice import ToolChoice, resolve_tool_choice
 from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
+from tokenizer_proc.tokenizer import check_chat_template_kwargs
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def chat_messages(messages: list[ChatMessage], field: str = "messages") -> list[dict[str, Any]]:
@@ -32,10 +37,10 @@ def chat_messages(messages: list[ChatMessage], field: str = "messages") -> list[
         if m.role not in ROLES:
             raise bad_request(f"unsupported role {m.role!r} in {where}; supported: "
                               f"{', '.join(ROLES)}", f"{where}.role")
-        for name in ("tool_calls", "tool_call_id"):
-            if getattr(m, name) is not None:
-                raise bad_request(f"{name} is not supported: this server has no tool calling",
-                                  f"{where}.{name}")
+        if m.tool_calls is not None and m.role != "assistant":
+            raise bad_request("only assistant messages carry tool_calls", f"{where}.tool_calls")
+        if m.tool_call_id is not None and m.role != "tool":
+            raise bad_request("only tool messages carry tool_call_id", f"{where}.tool_call_id")
         content: Any = m.content
         if isinstance(content, list):
             parts = []
@@ -46,10 +51,20 @@ def chat_messages(messages: list[ChatMessage], field: str = "messages") -> list[
                 parts.append({"type": "text", "text": part.text})
             content = parts
         msg: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
-        if m.name is not None:
-            msg["name"] = m.name
+        for name in ("name", "tool_call_id", "tool_calls"):
+            if getattr(m, name) is not None:
+                msg[name] = msgspec.to_builtins(getattr(m, name))
         out.append(msg)
     return out
+
+
+def template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """chat_template_kwargs, or 400 when one collides with the server's own arguments."""
+    try:
+        check_chat_template_kwargs(kwargs)
+    except ValueError as e:
+        raise bad_request(str(e), "chat_template_kwargs") from None
+    return kwargs
 
 
 def _logprobs(positions: list[PositionLogprobs], k: int) -> ChatChoiceLogprobs:
@@ -65,6 +80,11 @@ def _logprobs(positions: list[PositionLogprobs], k: int) -> ChatChoiceLogprobs:
     return ChatChoiceLogprobs(content=content)
 
 
+def _message_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
+    """The answer's role: --response-role, or the continued message's own (vLLM's rule)."""
+    return ctx.response_role if req.add_generation_prompt else req.messages[-1].role
+
+
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest,
                                  http_request: web.Request) -> web.StreamResponse:
     check_unsupported(req)
@@ -78,16 +98,30 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     if req.add_generation_prompt and req.continue_final_message:
         raise bad_request("add_generation_prompt and continue_final_message are mutually "
                           "exclusive; set add_generation_prompt to false", "continue_final_message")
+    tools = resolve_tool_choice(req.tools, req.tool_choice, req.parallel_tool_calls,
+                                ctx.tool_parser)
+    constraint = requested_constraint(req)
+    if constraint is not None and tools.constraint is not None:
+        raise bad_request("tool_choice 'required' or a named function constrains the output "
+                          "itself; it cannot be combined with response_format or "
+                          "structured_outputs", "tool_choice")
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
-    params = sampling_params(req, max_tokens, logprobs=k, prompt_logprobs=req.prompt_logprobs)
+    params = sampling_params(req, max_tokens, logprobs=k, prompt_logprobs=req.prompt_logprobs,
+                             structured_outputs=constraint or tools.constraint)
+    if tools.keep_special_tokens:
+        params.skip_special_tokens = False
     base_id = request_id("chatcmpl")
     request = GenerateRequest(base_id, params, messages=messages,
                               add_generation_prompt=req.add_generation_prompt,
                               continue_final_message=req.continue_final_message,
+                              chat_template=req.chat_template,
                               api_server_index=ctx.api_server_index, cache_salt=req.cache_salt,
-                              priority=req.priority, arrival_time=time.time())
+                              priority=req.priority, arrival_time=time.time(),
+                              tools=tools.tools,
+                              chat_template_kwargs=template_kwargs(req.chat_template_kwargs))
+    role = _message_role(ctx, req)
     created = int(time.time())
     counts = {"prompt": 0, "completion": 0}
 
@@ -101,11 +135,34 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     deltas = merged_deltas(ctx, [request])
     if req.stream:
         opts = req.stream_options
+        streams: dict[int, StreamedCalls | None] = {}
 
         def chunk(choices: list[ChatStreamChoice], with_usage: bool = False):
             return ChatCompletionChunk(id=base_id, created=created, model=ctx.model_name,
                                        choices=choices,
                                        usage=current_usage() if with_usage else None)
+
+        def choices_of(delta) -> list[ChatStreamChoice]:
+            """One engine delta as chunk choices: its text, or its content and call pieces."""
+            logprobs = _logprobs(delta.logprobs or [], k) if k is not None else None
+            if delta.index not in streams:
+                parser = tools.new_parser()
+                streams[delta.index] = None if parser is None else StreamedCalls(parser,
+                                                                                 tools.parallel)
+            calls = streams[delta.index]
+            if calls is None:
+                return [ChatStreamChoice(index=delta.index, delta=ChatDelta(content=delta.text),
+                                         logprobs=logprobs, finish_reason=delta.finish_reason,
+                                         stop_reason=delta.stop_reason)]
+            pieces = calls.deltas(delta.text, delta.finished)
+            if not pieces and (delta.finished or logprobs is not None):
+                pieces = [ChatDelta()]
+            out = [ChatStreamChoice(index=delta.index, delta=piece) for piece in pieces]
+            if out:
+                out[0].logprobs = logprobs
+                out[-1].finish_reason = finish_reason(delta.finish_reason, calls.called)
+                out[-1].stop_reason = delta.stop_reason
+            return out
 
         async def events() -> AsyncIterator[ChatCompletionChunk]:
             continuous = bool(opts and opts.continuous_usage_stats)
@@ -116,12 +173,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                     first = False
                     for i in range(req.n):
                         yield chunk([ChatStreamChoice(
-                            index=i, delta=ChatDelta(role="assistant", content=""))], continuous)
-                yield chunk([ChatStreamChoice(
-                    index=delta.index, delta=ChatDelta(content=delta.text),
-                    logprobs=_logprobs(delta.logprobs or [], k) if k is not None else None,
-                    finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)],
-                    continuous)
+                            index=i, delta=ChatDelta(role=role, content=""))], continuous)
+                for choice in choices_of(delta):
+                    yield chunk([choice], continuous)
             if opts and opts.include_usage:
                 yield chunk([], True)
 
@@ -140,14 +194,25 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
             logprobs.setdefault(delta.index, []).extend(delta.logprobs or [])
             if delta.finish_reason is not None:
                 finish[delta.index] = (delta.finish_reason, delta.stop_reason)
-    choices = [ChatChoice(index=i, message=ChatResponseMessage(content="".join(texts[i])),
+
+    def choice(i: int) -> ChatChoice:
+        text = "".join(texts[i])
+        reason, stop_reason = finish.get(i, (None, None))
+        message = ChatResponseMessage(role=role, content=text)
+        parser = tools.new_parser(eager=False)
+        if parser is not None:
+            extracted = parser.extract(text)
+            message.content = extracted.content
+            message.tool_calls = message_calls(extracted, tools.parallel)
+            reason = finish_reason(reason, message.tool_calls is not None)
+        return ChatChoice(index=i, message=message,
                           logprobs=_logprobs(logprobs[i], k) if k is not None else None,
-                          finish_reason=finish.get(i, (None, None))[0],
-                          stop_reason=finish.get(i, (None, None))[1])
-               for i in sorted(texts)]
+                          finish_reason=reason, stop_reason=stop_reason)
+
     prompt_lps = None
     if req.prompt_logprobs is not None:
         prompt_lps = prompt_logprobs_json(prompt_positions or [None], req.prompt_logprobs)
     return json_response(ChatCompletionResponse(id=base_id, created=created, model=ctx.model_name,
-                                                choices=choices, usage=current_usage(),
+                                                choices=[choice(i) for i in sorted(texts)],
+                                                usage=current_usage(),
                                                 prompt_logprobs=prompt_lps))

@@ -11,6 +11,7 @@ from aiohttp import web
 from frontend.errors import bad_request
 from frontend.openai_protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                       CompletionResponse, check_unsupported)
+from frontend.response_format import requested_constraint
 from frontend.serving import (ServingContext, json_response, merged_deltas, request_id,
                               prompt_logprobs_json, sampling_params, stream_sse, top_entries,
                               usage, widest_logprobs)
@@ -77,7 +78,8 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
     prompts = _prompts(req.prompt)
     k = req.logprobs
     params = sampling_params(req, req.max_tokens, logprobs=k, prompt_logprobs=widest_logprobs(
-        req.prompt_logprobs, k if req.echo else None))
+        req.prompt_logprobs, k if req.echo else None),
+        structured_outputs=requested_constraint(req))
     base_id = request_id("cmpl")
     requests = [GenerateRequest(f"{base_id}-{i}", params,
                                 prompt=p if isinstance(p, str) else None,

@@ -58,7 +58,8 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     sampling_params: SamplingParams
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
-    # OpenAI-style chat messages, rendered with the model's chat template.
+    # OpenAI-style chat messages, rendered with the chat template: chat_template (a Jinja
+    # template), else the tokenizer process's --chat-template, else the model's.
     messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -67,6 +68,10 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     cache_salt: str | None = None
     priority: int = 0
     arrival_time: float = 0.0
+    # For messages: OpenAI's tools ({"type": "function", "function": {...}}), passed to the
+    # template as transformers does, and extra template variables (e.g. enable_thinking).
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class AbortRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

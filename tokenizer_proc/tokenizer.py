@@ -2,15 +2,53 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 from typing import Any
 
+import jinja2
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils.chat_template_utils import render_jinja_template
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """Load the (fast) tokenizer of a local model directory without touching the hub."""
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template as vLLM reads it: a file's text, or else the value itself as an inline
+    Jinja template (backslash escapes such as \\n decoded). A value with none of '{', '}' or a
+    newline is taken for a file name, so a file that cannot be read is an error."""
+    if value is None:
+        return None
+    try:
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        if not any(c in value for c in "{}\n"):
+            raise ValueError(f"the chat template {value!r} looks like a file path, but it "
+                             f"could not be read: {e}") from None
+    # Characters beyond latin-1 travel as \u escapes, which unicode_escape turns back.
+    return value.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
+# Names apply_chat_template and the template renderer take themselves: a request's
+# chat_template_kwargs may not set them (vLLM refuses such collisions too).
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", *inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters,
+     *inspect.signature(render_jinja_template).parameters} - {"self", "kwargs"})
+
+
+def check_chat_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The extra template variables, or ValueError naming one the server sets itself."""
+    clashes = sorted(set(kwargs or ()) & RESERVED_TEMPLATE_KWARGS)
+    if clashes:
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(map(repr, clashes))}: "
+                         "the server passes these to the chat template itself (use the "
+                         "request's own fields)")
+    return dict(kwargs or {})
 
 
 def apply_chat_template(
@@ -19,8 +57,16 @@ def apply_chat_template(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     chat_template: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
-    """Render OpenAI-style chat messages with the model's chat template and return token ids."""
+    """Render OpenAI-style chat messages with the chat template and return token ids.
+
+    tools (OpenAI's {"type": "function", "function": {...}} dicts) go to the template as
+    transformers passes them; chat_template_kwargs are extra template variables. Assistant
+    tool_calls arguments given as JSON text reach the template as objects, and a developer
+    message is a system message unless the template knows the developer role.
+    """
     if add_generation_prompt and continue_final_message:
         raise ValueError("add_generation_prompt and continue_final_message are mutually exclusive")
     if chat_template is None and tokenizer.chat_template is None:
@@ -28,15 +74,53 @@ def apply_chat_template(
             f"tokenizer {tokenizer.name_or_path!r} has no chat template; pass chat_template "
             "(a Jinja template string) or use a model that ships one"
         )
-    text = tokenizer.apply_chat_template(
-        [_flatten_content(message) for message in messages],
-        chat_template=chat_template,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-    )
+    kwargs = check_chat_template_kwargs(chat_template_kwargs)
+    template = tokenizer.get_chat_template(chat_template, tools)
+    knows_developer = "developer" in template
+    conversation = [_template_message(m, i, knows_developer) for i, m in enumerate(messages)]
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation,
+            tools=tools,
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **kwargs,
+        )
+    except jinja2.TemplateError as e:
+        raise ValueError(f"the chat template failed: {e}") from None
     # The template writes any BOS itself; letting the encoder add special tokens would double it.
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _template_message(message: dict[str, Any], index: int, knows_developer: bool
+                      ) -> dict[str, Any]:
+    """The message as chat templates expect it (vLLM's conversions)."""
+    message = _flatten_content(message)
+    if message.get("content") is None:
+        message = {**message, "content": ""}
+    if message.get("role") == "developer" and not knows_developer:
+        message = {**message, "role": "system"}
+    if message.get("tool_calls"):
+        calls = [_template_call(call, f"messages[{index}].tool_calls[{j}]")
+                 for j, call in enumerate(message["tool_calls"])]
+        message = {**message, "tool_calls": calls}
+    return message
+
+
+def _template_call(call: dict[str, Any], where: str) -> dict[str, Any]:
+    """A tool call with its arguments as an object (transformers' convention for templates)."""
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if not arguments:
+        arguments = {}
+    elif isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError as e:
+            raise ValueError(f"{where}.function.arguments is not valid JSON: {e}") from None
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:

@@ -48,10 +48,12 @@ class TokenizerProc:
     """Serves API servers on a bound ROUTER socket, forwarding to one engine core."""
 
     def __init__(self, index: int, config: EngineConfig, tokenizer: Any,
-                 engine: AsyncEngineCoreClient, listen: str) -> None:
+                 engine: AsyncEngineCoreClient, listen: str,
+                 chat_template: str | None = None) -> None:
         assert engine.ready is not None
         self.config = config
         self.tokenizer = tokenizer
+        self.chat_template = chat_template  # --chat-template: for requests that give none
         self.engine = engine
         self.ready = TokenizerReady(TOKENIZER_PROTOCOL_VERSION, index, engine.ready.model_name,
                                     engine.ready.max_model_len, engine.ready.vocab_size)
@@ -173,7 +175,8 @@ class TokenizerProc:
         return apply_chat_template(self.tokenizer, req.messages or [],
                                    add_generation_prompt=req.add_generation_prompt,
                                    continue_final_message=req.continue_final_message,
-                                   chat_template=req.chat_template)
+                                   chat_template=req.chat_template or self.chat_template,
+                                   tools=req.tools, chat_template_kwargs=req.chat_template_kwargs)
 
     # ---- engine core -> API servers ----
 
@@ -247,10 +250,11 @@ def _first_str(payload: bytes) -> str:
 
 async def run_tokenizer_proc(index: int, listen: str, engine_address: str,
                              engine_args: dict[str, Any], engine_pid: int | None = None,
-                             drain_timeout: float = 10.0) -> int:
+                             drain_timeout: float = 10.0, chat_template: str | None = None
+                             ) -> int:
     """Load the tokenizer, connect to the engine core, serve until SIGTERM/SIGINT; the exit code."""
     from engine_core.config import engine_config_from_kwargs
-    from tokenizer_proc.tokenizer import load_tokenizer
+    from tokenizer_proc.tokenizer import load_chat_template, load_tokenizer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -269,7 +273,8 @@ async def run_tokenizer_proc(index: int, listen: str, engine_address: str,
     engine = connect.result()
     # The engine core's own limit wins over what our copy of the arguments resolved to.
     config.model.max_model_len = engine.ready.max_model_len
-    proc = TokenizerProc(index, config, tokenizer, engine, listen)
+    proc = TokenizerProc(index, config, tokenizer, engine, listen,
+                         load_chat_template(chat_template))
     await proc.serve(stop, drain_timeout, engine_pid)
     return 0
 
@@ -285,11 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests may take to finish after SIGTERM")
+    parser.add_argument("--chat-template", help="the chat template (a file, or inline) for "
+                        "requests that give none")
     args = parser.parse_args(argv)
     start_child_process(process_name(args.index), args.parent_pid)
     return asyncio.run(run_tokenizer_proc(args.index, args.listen, args.engine_address,
                                           json.loads(args.engine_args), args.engine_pid,
-                                          args.shutdown_timeout))
+                                          args.shutdown_timeout, args.chat_template))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ def test_decode_errors_name_the_field():
 @pytest.mark.parametrize("body,param", [
     (dict(prompt="x", suffix="y"), "suffix"),
     (dict(prompt="x", best_of=2), "best_of"),
-    (dict(prompt="x", response_format={"type": "json_object"}), "response_format"),
     (dict(prompt="x", logit_bias={"5": 101}), "logit_bias"),
     (dict(prompt="x", stream_options={"include_usage": True}), "stream_options"),
 ])
@@ -44,9 +43,9 @@ def test_unsupported_completion_fields(body, param):
 
 
 @pytest.mark.parametrize("extra,param", [
-    (dict(tools=[{"type": "function"}]), "tools"),
-    (dict(tool_choice="auto"), "tool_choice"),
     (dict(functions=[]), "functions"),
+    (dict(function_call="auto"), "function_call"),
+    (dict(prediction={"type": "content", "content": "x"}), "prediction"),
 ])
 def test_unsupported_chat_fields(extra, param):
     req = msgspec.convert(dict(messages=[{"role": "user", "content": "hi"}], **extra),
@@ -63,7 +62,9 @@ def test_chat_messages():
     ]), ChatCompletionRequest)
     assert chat_messages(req.messages)[1]["content"] == [{"type": "text", "text": "a"},
                                                          {"type": "text", "text": "b"}]
-    for bad, param in [({"role": "tool", "content": "x"}, "messages[0].role"),
+    for bad, param in [({"role": "function", "content": "x"}, "messages[0].role"),
+                       ({"role": "user", "content": "x", "tool_call_id": "c"},
+                        "messages[0].tool_call_id"),
                        ({"role": "user", "content": [{"type": "image_url", "image_url": {}}]},
                         "messages[0].content[0].type")]:
         req = msgspec.convert(dict(messages=[bad]), ChatCompletionRequest)

@@ -1,0 +1,56 @@
+"""The chat flags of `engine serve`, with vLLM's names: --chat-template, --response-role,
+--enable-auto-tool-choice and --tool-call-parser. The CLI checks them (and reads the template)
+before anything starts; the launcher passes them on to the API servers, and the template to the
+tokenizer processes."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from frontend.tool_parsers import TOOL_PARSERS
+
+
+def add_chat_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add the chat flags to parser."""
+    parser.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
+                        help="chat template for requests that give none: a file, or an inline "
+                             "Jinja template (default: the model's)")
+    parser.add_argument("--response-role", default="assistant",
+                        help="role of chat answers when add_generation_prompt is set (default "
+                             "assistant)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='serve tool_choice "auto" (the default when tools are given): the '
+                             "model writes calls as it likes and --tool-call-parser reads them")
+    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS),
+                        help="how the model writes tool calls (with --enable-auto-tool-choice)")
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """The chat flags, checked: the template's text and the parser that serves "auto"."""
+
+    chat_template: str | None = None
+    response_role: str = "assistant"
+    auto_tool_parser: str | None = None  # set only with --enable-auto-tool-choice
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ChatOptions:
+        """The options of parsed flags; ValueError when they do not go together or the
+        template cannot be read."""
+        from tokenizer_proc.tokenizer import load_chat_template
+
+        if args.enable_auto_tool_choice and args.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
+                             f"{', '.join(sorted(TOOL_PARSERS))})")
+        return cls(load_chat_template(args.chat_template), args.response_role,
+                   args.tool_call_parser if args.enable_auto_tool_choice else None)
+
+    def argv(self, chat_template_file: str | None) -> list[str]:
+        """The flags for a child's command line, the template given as a file."""
+        out = ["--response-role", self.response_role]
+        if chat_template_file is not None:
+            out += ["--chat-template", chat_template_file]
+        if self.auto_tool_parser is not None:
+            out += ["--enable-auto-tool-choice", "--tool-call-parser", self.auto_tool_parser]
+        return out

@@ -1,0 +1,112 @@
+"""response_format and structured_outputs on both endpoints: what StructuredOutputsParams they
+become, and the 400s for invalid or conflicting constraints (before the engine sees them)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from engine_core.sampling_params import StructuredOutputsParams
+from frontend.api_server import build_app
+from frontend.errors import ApiError
+from frontend.openai_protocol import ChatCompletionRequest, CompletionRequest
+from frontend.response_format import requested_constraint
+from frontend.serving import ServingContext
+from tests.api.test_tool_calling import ScriptedClient
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}},
+          "required": ["answer"]}
+LEGACY_TAG = {"type": "structural_tag",
+              "structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}],
+              "triggers": ["<f>"]}
+XGRAMMAR_TAG = {"type": "structural_tag",
+                "format": {"type": "const_string", "value": "hello"}}
+
+
+def _base(struct) -> dict:
+    return {"prompt": "x"} if struct is CompletionRequest else \
+        {"messages": [{"role": "user", "content": "x"}]}
+
+
+@pytest.mark.parametrize("struct", [CompletionRequest, ChatCompletionRequest])
+@pytest.mark.parametrize("fields,expected", [
+    ({}, None),
+    ({"response_format": {"type": "text"}}, None),
+    ({"response_format": {"type": "json_object"}}, StructuredOutputsParams(json_object=True)),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "answer", "description": "d", "schema": SCHEMA, "strict": True}}},
+     StructuredOutputsParams(json=SCHEMA)),
+    ({"response_format": LEGACY_TAG}, StructuredOutputsParams(structural_tag=LEGACY_TAG)),
+    ({"response_format": XGRAMMAR_TAG}, StructuredOutputsParams(structural_tag=XGRAMMAR_TAG)),
+    ({"structured_outputs": {"regex": "[a-z]+"}}, StructuredOutputsParams(regex="[a-z]+")),
+    ({"structured_outputs": {"choice": ["yes", "no"]}},
+     StructuredOutputsParams(choice=["yes", "no"])),
+    ({"structured_outputs": {"grammar": 'root ::= "a" | "b"'}},
+     StructuredOutputsParams(grammar='root ::= "a" | "b"')),
+    ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}},
+     StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)),
+])
+def test_mapping(struct, fields, expected):
+    req = msgspec.convert({**_base(struct), **fields}, struct)
+    assert requested_constraint(req) == expected
+
+
+@pytest.mark.parametrize("fields,param,words", [
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "objekt"}}}}, "response_format",
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+     "response_format", "schema is required"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "nope"}}},
+     "response_format", "nope"),
+    ({"response_format": {"type": "structural_tag", "structures": []}}, "response_format",
+     "triggers"),
+    ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs",
+     "structured_outputs.regex"),
+    ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs",
+     "structured_outputs.grammar"),
+    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "not valid JSON"),
+    ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+     "structured_outputs", "at most one"),
+])
+def test_invalid_constraint_is_a_400(fields, param, words):
+    req = msgspec.convert({"prompt": "x", **fields}, CompletionRequest)
+    with pytest.raises(ApiError) as info:
+        requested_constraint(req)
+    assert info.value.status == 400 and info.value.param == param
+    assert words in info.value.message, info.value.message
+
+
+def _post(path: str, body: dict) -> tuple[int, dict, ScriptedClient]:
+    client = ScriptedClient(['{"answer": 4}'])
+
+    async def run():
+        app = build_app(ServingContext("m", 256, 100, client, None))
+        async with TestClient(TestServer(app)) as http:
+            resp = await http.post(path, json=body)
+            return resp.status, await resp.json()
+
+    status, answer = asyncio.run(run())
+    return status, answer, client
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "2+2=", "n": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "2+2?"}], "n": 2}),
+])
+def test_both_endpoints_send_the_constraint(path, body):
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    status, answer, client = _post(path, {**body, "response_format": fmt})
+    assert status == 200, answer
+    assert client.requests[0].sampling_params.structured_outputs == \
+        StructuredOutputsParams(json=SCHEMA)
+    status, answer, client = _post(path, {**body, "structured_outputs": {"regex": "a("}})
+    assert status == 400 and answer["error"]["param"] == "structured_outputs"
+    assert not client.requests
+    status, answer, _ = _post(path, {**body, "structured_outputs": {"regex": "a", "x": 1}})
+    assert status == 400 and answer["error"]["param"] == "structured_outputs.x"
+    status, answer, _ = _post(path, {**body, "response_format": {"type": "xml"}})
+    assert status == 400 and answer["error"]["param"] == "response_format.type"
