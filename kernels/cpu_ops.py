@@ -1,4 +1,5 @@
-"""Tensor-level entry points of the C kernels (kernels/cpu/): fp32 CPU tensors only.
+"""Tensor-level entry points of the C kernels (kernels/cpu/): fp32 CPU tensors only (weights may
+also be GGUF-quantized, packed by kernels.gguf_quant).
 
 Each function checks the layout it relies on and raises ValueError otherwise, so a caller can
 never hand the kernels memory they would misread. available() says whether the library loaded.
@@ -6,9 +7,12 @@ never hand the kernels memory they would misread. available() says whether the l
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kernels.cpu_library import load
+from kernels.gguf_quant import QuantizedWeight
 
 
 def available() -> bool:
@@ -98,6 +102,19 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_ca
                         block_size, torch.get_num_threads())
 
 
+def _check_bias(bias: torch.Tensor | None, out_features: int) -> None:
+    if bias is not None:
+        _check(bias, "bias")
+        if bias.shape != (out_features,) or not bias.is_contiguous():
+            raise ValueError(f"bias {tuple(bias.shape)} does not match {out_features} outputs")
+
+
+def _matrix(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x [..., K] as [M, K] with packed rows (any row stride)."""
+    rows = x.reshape(-1, in_features)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 # Columns per weight block of linear() (kernels/cpu/linear.c).
 LINEAR_BLOCK = 32
 
@@ -121,13 +138,8 @@ def linear(x: torch.Tensor, weight_blocked: torch.Tensor, bias: torch.Tensor | N
         raise ValueError(f"x {tuple(x.shape)} does not match the blocked weight "
                          f"{tuple(weight_blocked.shape)}")
     out_features = blocks * LINEAR_BLOCK
-    if bias is not None:
-        _check(bias, "bias")
-        if bias.shape != (out_features,) or not bias.is_contiguous():
-            raise ValueError(f"bias {tuple(bias.shape)} does not match {out_features} outputs")
-    rows = x.reshape(-1, in_features)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    _check_bias(bias, out_features)
+    rows = _matrix(x, in_features)
     out = torch.empty(*x.shape[:-1], out_features)
     if rows.shape[0]:
         _lib().linear_f32(rows.data_ptr(), rows.stride(0), weight_blocked.data_ptr(),
@@ -161,9 +173,7 @@ def swiglu(x: torch.Tensor, weight_pairs: torch.Tensor) -> torch.Tensor:
             or x.shape[-1] != in_features:
         raise ValueError(f"x {tuple(x.shape)} does not match the paired weight "
                          f"{tuple(weight_pairs.shape)}")
-    rows = x.reshape(-1, in_features)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = _matrix(x, in_features)
     width_out = blocks * LINEAR_BLOCK
     out = torch.empty(*x.shape[:-1], width_out)
     if rows.shape[0]:
@@ -220,3 +230,53 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 def applies(x: torch.Tensor) -> bool:
     """Whether the fused kernels can take this activation: fp32, on the CPU, library loaded."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and available()
+
+
+@functools.cache
+def _block_bytes(qtype: int, in_features: int) -> int:
+    return _lib().quant_block_bytes(qtype, in_features)
+
+
+def _check_quantized(weight: QuantizedWeight) -> None:
+    """The packed bytes are the size the kernel will read for this type and shape."""
+    block_bytes = _block_bytes(int(weight.qtype), weight.in_features)
+    blocks = -(-weight.out_features // LINEAR_BLOCK)
+    data = weight.data
+    if (not block_bytes or data.dtype != torch.uint8 or not data.is_cpu or not data.is_contiguous()
+            or data.numel() != blocks * block_bytes):
+        raise ValueError(f"{weight.qtype.name} weight [{weight.out_features}, {weight.in_features}]: "
+                         f"{data.numel()} packed bytes do not match the kernel's layout")
+
+
+def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias) for a weight packed by kernels.gguf_quant.pack(); returns
+    [..., N], written into out (rows any stride, columns packed) when given."""
+    _check(x, "x")
+    _check_quantized(weight)
+    n, k = weight.out_features, weight.in_features
+    if x.shape[-1] != k:
+        raise ValueError(f"x {tuple(x.shape)} does not match the weight's {k} inputs")
+    _check_bias(bias, n)
+    rows = _matrix(x, k)
+    if out is None:
+        out = torch.empty(rows.shape[0], n)
+    _check(out, "out")
+    if out.dim() != 2 or out.shape != (rows.shape[0], n) or (n > 1 and out.stride(1) != 1):
+        raise ValueError(f"out {tuple(out.shape)} is not [{rows.shape[0]}, {n}] with packed columns")
+    if rows.shape[0]:
+        _lib().quant_linear_f32(int(weight.qtype), rows.data_ptr(), rows.stride(0),
+                                weight.data.data_ptr(), None if bias is None else bias.data_ptr(),
+                                out.data_ptr(), out.stride(0), rows.shape[0], k, n,
+                                torch.get_num_threads())
+    return out.view(*x.shape[:-1], n) if out.is_contiguous() else out
+
+
+def quant_dequantize(weight: QuantizedWeight) -> torch.Tensor:
+    """The packed weight as fp32 [N, K]."""
+    _check_quantized(weight)
+    out = torch.empty(weight.out_features, weight.in_features)
+    _lib().quant_dequantize_f32(int(weight.qtype), weight.data.data_ptr(), out.data_ptr(),
+                                weight.in_features, weight.in_features, weight.out_features,
+                                torch.get_num_threads())
+    return out

@@ -1,0 +1,368 @@
+/* y = x @ W^T (+ bias) for fp32 activations and GGUF-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K,
+ * Q6_K), dequantizing inside the kernel: the result is the dequantized fp32 model's up to the
+ * order of the sums.
+ *
+ * Layout (written by kernels/quant_pack.py): W's output rows in blocks of 32 columns, as the fp32
+ * GEMM's [N/32, K, 32], each block a run of records of SB input rows (k). A record holds its
+ * scales for all 32 columns, then its codes k by k: 4-bit codes as 16 bytes a k (byte j: column j
+ * in the low nibble, column j + 16 in the high one), 8-bit codes as 32 bytes. Per type:
+ *   Q4_0 (SB 32):  d[32] f16 | codes        w = d * (q - 8)
+ *   Q4_1 (SB 32):  d[32] f16 | m[32] f16 | codes            w = d * q + m
+ *   Q8_0 (SB 32):  d[32] f16 | int8 codes   w = d * q
+ *   Q4_K (SB 256): d[32] f16 | dmin[32] f16 | sc[8][32] | mn[8][32] | codes
+ *                  w = (d * sc[g]) * q - dmin * mn[g] for group g = k / 32
+ *   Q6_K (SB 256): d[32] f16 | sc[16][32] int8 | per k: 16 bytes of low nibbles, 8 bytes of high
+ *                  bit pairs (byte j, bits 2i: column j + 8i)   w = (d * sc[k / 16]) * (q - 32)
+ * The same bytes per weight as the GGUF file (the K-types' 6-bit scales take a byte each: +3%).
+ *
+ * Few rows (decode): the weights stream once; a group's codes are multiplied with x as integers
+ * turned float, and the group's scale (and offset, through the group's sum of x) is applied once
+ * per group: y += s * sum(x q) + o * sum(x). Many rows (prefill, batched decode): each 32-column
+ * block is dequantized KC rows at a time into an L1-resident [KC, 32] fp32 tile, and the fp32
+ * GEMM's register tiles (gemm_tile.h) run every row of x over it, so each weight is dequantized
+ * once per call and the multiply runs at the fp32 GEMM's speed.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "gemm_tile.h"
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 }; /* GGML's type numbers */
+
+/* Rows up to which the scaled-group path (weights streamed once per row tile) beats
+ * dequantizing into the fp32 tile. */
+#if VW == 16
+#define FEW_ROWS 4
+#else
+#define FEW_ROWS 2
+#endif
+
+#define KC 256 /* rows of k per dequantized tile: 32 KiB */
+
+/* The 32 columns' 4-bit codes of one k, as ints: q[j] covers columns j*VW .. j*VW + VW-1. */
+static inline __attribute__((always_inline)) void nibbles(const uint8_t *p, vi q[NV])
+{
+    _Pragma("GCC unroll 4") for (int h = 0; h < NV / 2; h++) {
+        const vi w = widen_u8(p + h * VW);
+        q[h] = w & 15;
+        q[h + NV / 2] = w >> 4;
+    }
+}
+
+/* The 32 columns' 4-bit codes of one k minus `zero`, as floats. */
+static inline __attribute__((always_inline)) void nibble_floats(const uint8_t *p, int zero, vf q[NV])
+{
+    vi n[NV];
+    nibbles(p, n);
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) q[j] = to_float(n[j] - zero);
+}
+
+/* Q6_K's high bit pairs of the 32 columns (byte j, bits 2i: column j + 8i), shifted into place. */
+static inline __attribute__((always_inline)) void high_pairs(const uint8_t *p, vi q[NV])
+{
+#if VW == 16
+    uint8_t twice[16];
+    memcpy(twice, p, 8);
+    memcpy(twice + 8, p, 8);
+    const vi w = widen_u8(twice);
+    const vi shift = {0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2};
+    q[0] = ((w >> shift) & 3) << 4;
+    q[1] = ((w >> (shift + 4)) & 3) << 4;
+#else
+    const vi w = widen_u8(p);
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) q[j] = ((w >> (2 * j)) & 3) << 4;
+#endif
+}
+
+/* Per type: SB, G (k per scale group), REC (record bytes), OFFSET (whether w has an additive
+ * term), scales(rec, g, s, o) and codes(rec, k, q), k within the record. */
+
+#define Q4_0_SB 32
+#define Q4_0_G 32
+#define Q4_0_REC (64 + 32 * 16)
+#define Q4_0_OFFSET 0
+static inline __attribute__((always_inline)) void Q4_0_scales(const uint8_t *r, int g, vf s[NV], vf o[NV])
+{
+    (void)g, (void)o;
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) s[j] = load_f16(r + j * VW * 2);
+}
+static inline __attribute__((always_inline)) void Q4_0_codes(const uint8_t *r, int k, vf q[NV])
+{
+    nibble_floats(r + 64 + k * 16, 8, q);
+}
+
+#define Q4_1_SB 32
+#define Q4_1_G 32
+#define Q4_1_REC (128 + 32 * 16)
+#define Q4_1_OFFSET 1
+static inline __attribute__((always_inline)) void Q4_1_scales(const uint8_t *r, int g, vf s[NV], vf o[NV])
+{
+    (void)g;
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {
+        s[j] = load_f16(r + j * VW * 2);
+        o[j] = load_f16(r + 64 + j * VW * 2);
+    }
+}
+static inline __attribute__((always_inline)) void Q4_1_codes(const uint8_t *r, int k, vf q[NV])
+{
+    nibble_floats(r + 128 + k * 16, 0, q);
+}
+
+#define Q8_0_SB 32
+#define Q8_0_G 32
+#define Q8_0_REC (64 + 32 * 32)
+#define Q8_0_OFFSET 0
+#define Q8_0_scales Q4_0_scales
+static inline __attribute__((always_inline)) void Q8_0_codes(const uint8_t *r, int k, vf q[NV])
+{
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+        q[j] = to_float(widen_i8(r + 64 + k * 32 + j * VW));
+}
+
+#define Q4_K_SB 256
+#define Q4_K_G 32
+#define Q4_K_REC (128 + 512 + 256 * 16)
+#define Q4_K_OFFSET 1
+static inline __attribute__((always_inline)) void Q4_K_scales(const uint8_t *r, int g, vf s[NV], vf o[NV])
+{
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {
+        s[j] = load_f16(r + j * VW * 2) * to_float(widen_u8(r + 128 + g * 32 + j * VW));
+        o[j] = -load_f16(r + 64 + j * VW * 2) * to_float(widen_u8(r + 384 + g * 32 + j * VW));
+    }
+}
+static inline __attribute__((always_inline)) void Q4_K_codes(const uint8_t *r, int k, vf q[NV])
+{
+    nibble_floats(r + 640 + k * 16, 0, q);
+}
+
+#define Q6_K_SB 256
+#define Q6_K_G 16
+#define Q6_K_REC (64 + 512 + 256 * 24)
+#define Q6_K_OFFSET 0
+static inline __attribute__((always_inline)) void Q6_K_scales(const uint8_t *r, int g, vf s[NV], vf o[NV])
+{
+    (void)o;
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+        s[j] = load_f16(r + j * VW * 2) * to_float(widen_i8(r + 64 + g * 32 + j * VW));
+}
+static inline __attribute__((always_inline)) void Q6_K_codes(const uint8_t *r, int k, vf q[NV])
+{
+    vi lo[NV], hi[NV];
+    nibbles(r + 576 + k * 24, lo);
+    high_pairs(r + 576 + k * 24 + 16, hi);
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) q[j] = to_float((lo[j] | hi[j]) - 32);
+}
+
+/* Per type T, two ways through one 32-column block w (K/SB records):
+ * few_T_R: R rows of x; xsum [R, K/G] the rows' sums per group (used by offset types).
+ * tile_T: k rows [k0, k0 + kc) dequantized into buf [kc, 32]. */
+#define DEFINE_FEW(T, R)                                                                           \
+static void few_##T##_##R(const float *x, int64_t ldx, const float *xsum, const uint8_t *w,       \
+                          const float *bias, float *y, int64_t ldy, int32_t K)                     \
+{                                                                                                  \
+    vf acc[R][NV];                                                                                 \
+    _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) {                                        \
+        const vf b = bias ? loadv(bias + j * VW) : (vf){0};                                        \
+        _Pragma("GCC unroll 16") for (int m = 0; m < R; m++) acc[m][j] = b;                        \
+    }                                                                                              \
+    const int32_t groups = K / T##_G;                                                              \
+    for (int32_t gi = 0; gi < groups; gi++) {                                                      \
+        const uint8_t *rec = w + (int64_t)(gi / (T##_SB / T##_G)) * T##_REC;                       \
+        const int g = gi % (T##_SB / T##_G);                                                       \
+        vf part[R][NV];                                                                            \
+        _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                       \
+            _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) part[m][j] = (vf){0};            \
+        const float *xg = x + (int64_t)gi * T##_G;                                                 \
+        _Pragma("GCC unroll 2") for (int kk = 0; kk < T##_G; kk++) {                               \
+            vf q[NV];                                                                              \
+            T##_codes(rec, g * T##_G + kk, q);                                                     \
+            _Pragma("GCC unroll 16") for (int m = 0; m < R; m++) {                                 \
+                const float xv = xg[m * ldx + kk];                                                 \
+                _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) part[m][j] += xv * q[j];     \
+            }                                                                                      \
+        }                                                                                          \
+        vf s[NV], o[NV];                                                                           \
+        T##_scales(rec, g, s, o);                                                                  \
+        _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                       \
+            _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) {                                \
+                acc[m][j] += s[j] * part[m][j];                                                    \
+                if (T##_OFFSET) acc[m][j] += o[j] * xsum[m * groups + gi];                         \
+            }                                                                                      \
+    }                                                                                              \
+    _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                           \
+        _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++)                                      \
+            storev(y + m * ldy + j * VW, acc[m][j]);                                               \
+}
+
+#define DEFINE_TILE_DEQUANT(T)                                                                     \
+static void tile_##T(const uint8_t *w, int32_t k0, int32_t kc, float *buf)                        \
+{                                                                                                  \
+    for (int32_t gi = k0 / T##_G; gi < (k0 + kc) / T##_G; gi++) {                                  \
+        const uint8_t *rec = w + (int64_t)(gi / (T##_SB / T##_G)) * T##_REC;                       \
+        const int g = gi % (T##_SB / T##_G);                                                       \
+        vf s[NV], o[NV];                                                                           \
+        T##_scales(rec, g, s, o);                                                                  \
+        float *out = buf + (int64_t)(gi * T##_G - k0) * 32;                                        \
+        for (int kk = 0; kk < T##_G; kk++) {                                                       \
+            vf q[NV];                                                                              \
+            T##_codes(rec, g * T##_G + kk, q);                                                     \
+            _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++)                                  \
+                storev(out + kk * 32 + j * VW, T##_OFFSET ? s[j] * q[j] + o[j] : s[j] * q[j]);     \
+        }                                                                                          \
+    }                                                                                              \
+}
+
+#if FEW_ROWS == 4
+#define DEFINE_QUANT(T)                                                                            \
+    DEFINE_FEW(T, 1) DEFINE_FEW(T, 2) DEFINE_FEW(T, 3) DEFINE_FEW(T, 4) DEFINE_TILE_DEQUANT(T)     \
+    static const few_fn few_##T[] = {few_##T##_1, few_##T##_2, few_##T##_3, few_##T##_4};
+#else
+#define DEFINE_QUANT(T)                                                                            \
+    DEFINE_FEW(T, 1) DEFINE_FEW(T, 2) DEFINE_TILE_DEQUANT(T)                                       \
+    static const few_fn few_##T[] = {few_##T##_1, few_##T##_2};
+#endif
+
+typedef void (*few_fn)(const float *, int64_t, const float *, const uint8_t *, const float *,
+                       float *, int64_t, int32_t);
+
+DEFINE_QUANT(Q4_0)
+DEFINE_QUANT(Q4_1)
+DEFINE_QUANT(Q8_0)
+DEFINE_QUANT(Q4_K)
+DEFINE_QUANT(Q6_K)
+
+typedef struct {
+    int32_t sb, g, rec;
+    const few_fn *few; /* by rows - 1 */
+    void (*tile)(const uint8_t *, int32_t, int32_t, float *);
+} qtype_t;
+
+#define QTYPE(T) {T##_SB, T##_G, T##_REC, few_##T, tile_##T}
+
+static const qtype_t *qtype(int32_t type)
+{
+    static const qtype_t q4_0 = QTYPE(Q4_0), q4_1 = QTYPE(Q4_1), q8_0 = QTYPE(Q8_0),
+                         q4_k = QTYPE(Q4_K), q6_k = QTYPE(Q6_K);
+    switch (type) {
+    case Q4_0: return &q4_0;
+    case Q4_1: return &q4_1;
+    case Q8_0: return &q8_0;
+    case Q4_K: return &q4_k;
+    case Q6_K: return &q6_k;
+    default: return 0;
+    }
+}
+
+/* Bytes of one 32-column block of a [N, K] weight of this type; 0 for an unknown type or a K
+ * that is not a whole number of records. */
+int64_t quant_block_bytes(int32_t type, int32_t K)
+{
+    const qtype_t *t = qtype(type);
+    return t && K % t->sb == 0 ? (int64_t)(K / t->sb) * t->rec : 0;
+}
+
+/* One block's columns into y: a full block in place, the last, partial one (N % 32 columns)
+ * through a [rows, 32] scratch. */
+static void few_block(const qtype_t *t, const float *x, int64_t ldx, const float *xsum,
+                      const uint8_t *w, const float *bias, float *y, int64_t ldy, int64_t M,
+                      int32_t K, int32_t cols)
+{
+    for (int64_t m = 0; m < M; m += FEW_ROWS) {
+        const int rows = M - m < FEW_ROWS ? (int)(M - m) : FEW_ROWS;
+        const float *xs = xsum + m * (K / t->g);
+        if (cols == 32) {
+            t->few[rows - 1](x + m * ldx, ldx, xs, w, bias, y + m * ldy, ldy, K);
+            continue;
+        }
+        float b[32] = {0}, out[FEW_ROWS * 32];
+        if (bias) memcpy(b, bias, cols * sizeof(float));
+        t->few[rows - 1](x + m * ldx, ldx, xs, w, b, out, 32, K);
+        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * ldy, out + r * 32, cols * sizeof(float));
+    }
+}
+
+static void tiled_block(const qtype_t *t, const float *x, int64_t ldx, const uint8_t *w,
+                        const float *bias, float *y, int64_t ldy, int64_t M, int32_t K, int32_t cols)
+{
+    float buf[KC * 32] __attribute__((aligned(64)));
+    if (cols == 32) {
+        for (int32_t k0 = 0; k0 < K; k0 += KC) {
+            const int32_t kc = K - k0 < KC ? K - k0 : KC;
+            t->tile(w, k0, kc, buf);
+            block_tiles(x + k0, ldx, buf, bias, k0 > 0, y, ldy, M, kc);
+        }
+        return;
+    }
+    enum { ROWS = 64 };
+    float b[32] = {0}, out[ROWS * 32];
+    if (bias) memcpy(b, bias, cols * sizeof(float));
+    for (int64_t m = 0; m < M; m += ROWS) {
+        const int64_t rows = M - m < ROWS ? M - m : ROWS;
+        for (int32_t k0 = 0; k0 < K; k0 += KC) {
+            const int32_t kc = K - k0 < KC ? K - k0 : KC;
+            t->tile(w, k0, kc, buf);
+            block_tiles(x + m * ldx + k0, ldx, buf, b, k0 > 0, out, 32, rows, kc);
+        }
+        for (int64_t r = 0; r < rows; r++) memcpy(y + (m + r) * ldy, out + r * 32, cols * sizeof(float));
+    }
+}
+
+/* x: [M, K] rows ldx apart; w: the packed weight of `type`, [ceil(N/32)] blocks; bias: [N] or
+ * NULL; y: [M, N] rows ldy apart. Returns -1 for an unknown type or a K that is not a whole
+ * number of records, -2 when the few-rows path cannot get its scratch. */
+int32_t quant_linear_f32(int32_t type, const float *x, int64_t ldx, const uint8_t *w,
+                         const float *bias, float *y, int64_t ldy, int64_t M, int32_t K, int32_t N,
+                         int32_t num_threads)
+{
+    const qtype_t *t = qtype(type);
+    const int64_t block_bytes = quant_block_bytes(type, K);
+    if (!block_bytes) return -1;
+    const int32_t blocks = (N + 31) / 32;
+    if (M <= FEW_ROWS) {
+        const int32_t groups = K / t->g;
+        float xsum[FEW_ROWS * groups];
+        for (int64_t m = 0; m < M; m++)
+            for (int32_t gi = 0; gi < groups; gi++) {
+                float sum = 0.0f;
+                for (int kk = 0; kk < t->g; kk++) sum += x[m * ldx + gi * t->g + kk];
+                xsum[m * groups + gi] = sum;
+            }
+        #pragma omp parallel for num_threads(num_threads) schedule(static)
+        for (int32_t nb = 0; nb < blocks; nb++) {
+            const int32_t cols = N - nb * 32 < 32 ? N - nb * 32 : 32;
+            few_block(t, x, ldx, xsum, w + nb * block_bytes, bias ? bias + nb * 32 : 0,
+                      y + nb * 32, ldy, M, K, cols);
+        }
+        return 0;
+    }
+    #pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int32_t nb = 0; nb < blocks; nb++) {
+        const int32_t cols = N - nb * 32 < 32 ? N - nb * 32 : 32;
+        tiled_block(t, x, ldx, w + nb * block_bytes, bias ? bias + nb * 32 : 0, y + nb * 32, ldy,
+                    M, K, cols);
+    }
+    return 0;
+}
+
+/* The packed weight dequantized to fp32 rows: out [N, K] rows ldo apart. */
+int32_t quant_dequantize_f32(int32_t type, const uint8_t *w, float *out, int64_t ldo, int32_t K,
+                             int32_t N, int32_t num_threads)
+{
+    const qtype_t *t = qtype(type);
+    const int64_t block_bytes = quant_block_bytes(type, K);
+    if (!block_bytes) return -1;
+    const int32_t blocks = (N + 31) / 32;
+    #pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int32_t nb = 0; nb < blocks; nb++) {
+        float buf[KC * 32] __attribute__((aligned(64)));
+        const int32_t cols = N - nb * 32 < 32 ? N - nb * 32 : 32;
+        for (int32_t k0 = 0; k0 < K; k0 += KC) {
+            const int32_t kc = K - k0 < KC ? K - k0 : KC;
+            t->tile(w + nb * block_bytes, k0, kc, buf);
+            for (int32_t c = 0; c < cols; c++)
+                for (int32_t k = 0; k < kc; k++)
+                    out[(int64_t)(nb * 32 + c) * ldo + k0 + k] = buf[k * 32 + c];
+        }
+    }
+    return 0;
+}

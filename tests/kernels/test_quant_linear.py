@@ -1,0 +1,123 @@
+"""The quantized CPU kernels (kernels/cpu/quant_linear.c) against gguf's dequantize followed by a
+float64 matmul, for every type they run: odd column counts (a partial last block), K past the
+dequantized tile's 256 rows, the few-rows and the tiled paths, bias, outputs written into a
+wider tensor, and builds for other vector widths."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as GGMLType
+from gguf import quants
+from gguf.constants import GGML_QUANT_SIZES
+
+from kernels import cpu_library, cpu_ops
+from kernels.gguf_quant import QuantizedWeight, pack
+
+pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+
+TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K]
+# Byte offsets of the fp16 super-block scales of the types gguf cannot quantize (random codes
+# and sub-block scales, scales kept small and finite).
+_K_SCALES = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
+
+
+def quantized(qtype: GGMLType, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, torch.Tensor]:
+    """A random [n, k] weight as GGUF bytes of qtype, and gguf's dequantization of it."""
+    rng = np.random.default_rng(seed)
+    if qtype in _K_SCALES:
+        block, size = GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
+        for at in _K_SCALES[qtype]:
+            scales = rng.uniform(1e-4, 1e-3, (n, k // block)).astype(np.float16)
+            raw[..., at : at + 2] = scales.view(np.uint8).reshape(n, k // block, 2)
+        raw = raw.reshape(n, -1)
+    else:
+        raw = quants.quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+    return raw, torch.from_numpy(quants.dequantize(raw, qtype).reshape(n, k).copy())
+
+
+def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    y = x.double() @ weight.double().t()
+    return (y if bias is None else y + bias.double()).float()
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    # Summation order only: relative to the outputs' scale.
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [32, 70])
+def test_dequantize_is_ggufs(qtype: GGMLType, n: int) -> None:
+    k = 512
+    raw, expected = quantized(qtype, n, k, seed=n)
+    assert torch.equal(cpu_ops.quant_dequantize(pack(qtype, raw, n, k)), expected)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 40])
+def test_matches_dequantize_then_matmul(qtype: GGMLType, rows: int) -> None:
+    block = GGML_QUANT_SIZES[qtype][0]
+    n, k = 70, block * (3 if block == 256 else 25)  # 2 full blocks + 6 columns; K = 768 or 800
+    raw, weight = quantized(qtype, n, k, seed=rows)
+    packed = pack(qtype, raw, n, k)
+    gen = torch.Generator().manual_seed(rows)
+    x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
+    _assert_close(cpu_ops.quant_linear(x, packed, bias), _reference(x, weight, bias))
+    _assert_close(cpu_ops.quant_linear(x, packed), _reference(x, weight, None))
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_1, GGMLType.Q6_K], ids=lambda t: t.name)
+def test_strided_inputs_outputs_and_threads(qtype: GGMLType) -> None:
+    n, k = 40, 256
+    raw, weight = quantized(qtype, n, k)
+    packed = pack(qtype, raw, n, k)
+    wide = torch.randn(9, k + 10)
+    x = wide[:, 3 : 3 + k]  # rows k + 10 apart
+    out = torch.zeros(9, 100)
+    cpu_ops.quant_linear(x, packed, out=out[:, 50:90])
+    _assert_close(out[:, 50:90], _reference(x, weight, None))
+    assert not out[:, :50].any() and not out[:, 90:].any()
+    x3 = torch.randn(2, 3, k)
+    _assert_close(cpu_ops.quant_linear(x3, packed), _reference(x3, weight, None))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = cpu_ops.quant_linear(x, packed)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(single, cpu_ops.quant_linear(x, packed))  # threads split columns only
+    assert cpu_ops.quant_linear(torch.empty(0, k), packed).shape == (0, n)
+
+
+def test_refuses_what_it_would_misread() -> None:
+    raw, _ = quantized(GGMLType.Q4_1, 64, 64)
+    packed = pack(GGMLType.Q4_1, raw, 64, 64)
+    with pytest.raises(ValueError, match="do not match the kernel's layout"):
+        cpu_ops.quant_linear(torch.randn(2, 64), packed._replace(data=packed.data[:-1]))
+    with pytest.raises(ValueError, match="does not match the weight's 64 inputs"):
+        cpu_ops.quant_linear(torch.randn(2, 65), packed)
+    with pytest.raises(ValueError, match="bias"):
+        cpu_ops.quant_linear(torch.randn(2, 64), packed, torch.randn(63))
+    with pytest.raises(ValueError, match="whole blocks"):
+        pack(GGMLType.Q4_1, raw[:, :-1], 64, 64)
+    with pytest.raises(ValueError, match="no CPU kernel"):
+        pack(GGMLType.Q5_K, raw, 64, 64)
+    assert isinstance(packed, QuantizedWeight) and packed.nbytes == 2 * 2 * 640
+
+
+@pytest.mark.parametrize("march", ["x86-64-v4", "x86-64"])
+def test_builds_for_other_vector_widths(march: str, tmp_path: Path) -> None:
+    """The kernels compile for AVX-512 (16-float vectors) and for plain x86-64 (the fallbacks of
+    vec.h), not only for this machine."""
+    cc = cpu_library._compiler()
+    flags = [f for f in cpu_library._FLAGS if f not in ("-march=native", "-O3")]
+    source = Path(cpu_library.__file__).parent / "cpu" / "quant_linear.c"
+    result = subprocess.run([cc, *flags, "-O0", f"-march={march}", "-Wno-psabi", "-c", str(source),
+                             "-o", str(tmp_path / "quant_linear.o")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
