@@ -28,13 +28,19 @@ def _machine() -> dict[str, Any]:
 
     import torch
 
-    cpu = platform.processor()
+    cpu, flags = platform.processor(), set()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            lines = f.read().splitlines()
+        cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+        flags = set(next(line for line in lines if line.startswith("flags")).split(":", 1)[1].split())
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    # The vector extensions the CPU kernels are built for (-march=native).
+    vector = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_tile")
+              if f in flags]
+    return {"cpu": cpu, "cpu_flags": vector, "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
 
 
@@ -233,10 +239,11 @@ def bench_null_model(args: argparse.Namespace) -> dict[str, Any]:
 def run_bench(args: argparse.Namespace) -> int:
     """Run the chosen workload and print its figures as JSON."""
     from frontend.bench_device import bench_device
+    from frontend.bench_structured import bench_structured
 
     fn = {"throughput": bench_throughput, "prefix-shared": bench_prefix_shared,
           "single-stream": bench_single_stream, "null-model": bench_null_model,
-          "device": bench_device}[args.workload]
+          "device": bench_device, "structured": bench_structured}[args.workload]
     result = fn(args)
     text = json.dumps(result, indent=2)
     print(text)
