@@ -19,6 +19,7 @@ import zmq
 import zmq.asyncio
 
 from engine_core.core_launcher import CoreProcess
+from engine_core.curve_auth import HandshakeWatch, key_from_env, secure_client
 from engine_core.frames import INLINE_MAX_BYTES, FrameEncoder
 from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutputs,
                                   EngineCoreReady, EngineCoreRequest, OutputType, RequestError,
@@ -49,7 +50,8 @@ class _ClientBase:
     """What both clients share: the child process, the codec and the liveness check."""
 
     def __init__(self, ctx: zmq.Context, address: str | None,
-                 engine_args: dict[str, Any] | None) -> None:
+                 engine_args: dict[str, Any] | None, auth_key: str | None = None) -> None:
+        auth_key = auth_key or key_from_env()
         self.process = CoreProcess(engine_args or {}) if address is None else None
         self.address = self.process.address if self.process is not None else address
         self.ready: EngineCoreReady | None = None
@@ -58,12 +60,18 @@ class _ClientBase:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, 0)
         self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._handshake: HandshakeWatch | None = None
+        if auth_key is not None:
+            secure_client(self._socket, auth_key)
+        if address is not None:  # a refused key shows up here, not as a silent server
+            self._handshake = HandshakeWatch(self._socket)
         self._socket.connect(self.address)
         self._encoder = FrameEncoder()
         self._decoders = output_decoders()
         self._call_ids = itertools.count()
         self._dead: str | None = None
-        self._finalizer = weakref.finalize(self, _close, self._socket, ctx, self.process)
+        self._finalizer = weakref.finalize(self, _close, self._socket, ctx, self.process,
+                                           self._handshake)
 
     def shutdown(self) -> None:
         """Close the socket and stop the child engine core, if this client started one."""
@@ -82,6 +90,10 @@ class _ClientBase:
         return kind, msg
 
     def _check_alive(self) -> None:
+        if self._dead is None and self._handshake is not None:
+            refused = self._handshake.failure()
+            if refused is not None:
+                self._dead = f"cannot talk to the engine core at {self.address}: {refused}"
         if self._dead is None and self.process is not None:
             code = self.process.exit_code()
             if code is not None:
@@ -91,7 +103,10 @@ class _ClientBase:
             raise EngineDeadError(self._dead)
 
 
-def _close(socket: zmq.Socket, ctx: zmq.Context, process: CoreProcess | None) -> None:
+def _close(socket: zmq.Socket, ctx: zmq.Context, process: CoreProcess | None,
+           handshake: HandshakeWatch | None) -> None:
+    if handshake is not None:
+        handshake.close()
     socket.close(linger=0)
     ctx.term()
     if process is not None:
@@ -122,8 +137,9 @@ class EngineCoreClient(_ClientBase):
     """Blocking client: connects to address, or starts a child engine core given engine_args."""
 
     def __init__(self, address: str | None = None, engine_args: dict[str, Any] | None = None, *,
-                 startup_timeout: float = 300.0, client_name: str = "") -> None:
-        super().__init__(zmq.Context(), address, engine_args)
+                 startup_timeout: float = 300.0, client_name: str = "",
+                 auth_key: str | None = None) -> None:
+        super().__init__(zmq.Context(), address, engine_args, auth_key)
         self._outputs: collections.deque[EngineCoreOutputs | RequestError] = collections.deque()
         self._results: dict[int, UtilityOutput] = {}
         try:
@@ -204,8 +220,8 @@ class AsyncEngineCoreClient(_ClientBase):
     """asyncio client; build it with `await AsyncEngineCoreClient.create(...)`."""
 
     def __init__(self, address: str | None = None,
-                 engine_args: dict[str, Any] | None = None) -> None:
-        super().__init__(zmq.asyncio.Context(), address, engine_args)
+                 engine_args: dict[str, Any] | None = None, auth_key: str | None = None) -> None:
+        super().__init__(zmq.asyncio.Context(), address, engine_args, auth_key)
         self._outputs: asyncio.Queue[EngineCoreOutputs | RequestError | BaseException] = \
             asyncio.Queue()
         self._calls: dict[int, asyncio.Future[UtilityOutput]] = {}
@@ -215,10 +231,11 @@ class AsyncEngineCoreClient(_ClientBase):
 
     @classmethod
     async def create(cls, address: str | None = None, engine_args: dict[str, Any] | None = None,
-                     *, startup_timeout: float = 300.0,
-                     client_name: str = "") -> AsyncEngineCoreClient:
-        """Connect (or start a child engine core) and wait for its READY."""
-        client = cls(address, engine_args)
+                     *, startup_timeout: float = 300.0, client_name: str = "",
+                     auth_key: str | None = None) -> AsyncEngineCoreClient:
+        """Connect (or start a child engine core) and wait for its READY. auth_key (default:
+        $ENGINE_CORE_KEY) is the engine core's shared secret, when it has one."""
+        client = cls(address, engine_args, auth_key)
         try:
             await client._send(RequestType.HELLO, ClientHello(PROTOCOL_VERSION, client_name))
             try:

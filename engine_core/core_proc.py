@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 import zmq
 
+from engine_core.curve_auth import ENV_KEY, is_exposed, key_from_env, secure_server
 from engine_core.engine_core import EngineCore
 from engine_core.frames import INLINE_MAX_BYTES, FrameDecoder, FrameEncoder, tolist
 from engine_core.process_lifecycle import set_process_name
@@ -48,7 +49,8 @@ class EngineCoreProc:
     """Serves one EngineCore to any number of DEALER clients on a bound ROUTER socket."""
 
     def __init__(self, engine: EngineCore, address: str,
-                 on_stats: Callable[[SchedulerStats], None] | None = None) -> None:
+                 on_stats: Callable[[SchedulerStats], None] | None = None,
+                 auth_key: str | None = None) -> None:
         self.engine = engine
         self._on_stats = on_stats
         config = engine.config
@@ -63,8 +65,15 @@ class EngineCoreProc:
         self._router.setsockopt(zmq.SNDHWM, 0)
         self._router.setsockopt(zmq.RCVHWM, 0)
         self._router.setsockopt(zmq.LINGER, 2000)
+        # With a shared secret only its holders pass the handshake, and the wire is encrypted.
+        self._auth = secure_server(self._ctx, self._router, auth_key) if auth_key else None
         self._router.bind(address)
         self.address = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        if auth_key is None and is_exposed(self.address):
+            logger.warning(
+                "the engine core listens on %s without authentication: anyone who reaches it "
+                "can submit requests, read stats and reset the cache. Set %s to a secret (its "
+                "clients set the same) or listen on a loopback address", self.address, ENV_KEY)
         wake = f"inproc://engine-core-out-{id(self)}"
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.bind(wake)
@@ -93,6 +102,8 @@ class EngineCoreProc:
         self._outputs.put(_STOP)
         for t in threads:
             t.join(timeout=5)
+        if self._auth is not None:
+            self._auth.stop()
         if not any(t.is_alive() for t in threads):  # term() would wait for their sockets
             self._ctx.term()
         self.engine.shutdown()
@@ -339,7 +350,7 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
                          daemon=True).start()
     engine = EngineCore(engine_config_from_kwargs(**engine_args).resolve())
     recorder = EngineStatsRecorder(engine.config.model.served_model_name or "")
-    proc = EngineCoreProc(engine, address, on_stats=recorder.record)
+    proc = EngineCoreProc(engine, address, on_stats=recorder.record, auth_key=key_from_env())
     return proc.run()
 
 

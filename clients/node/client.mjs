@@ -1,9 +1,36 @@
 // A client of the engine core wire protocol (docs/protocol.md): one DEALER socket, frames
 // [type byte, msgpack payload, buffer frames...], array-like messages in field order.
+import { createHash, createPrivateKey, createPublicKey } from "node:crypto";
 import { decode, encode, ExtensionCodec } from "@msgpack/msgpack";
 import { Dealer } from "zeromq";
 
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
+
+// ENGINE_CORE_KEY (docs/protocol.md): CurveZMQ key pairs derived from one shared secret.
+const Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+function z85(bytes) {
+  let out = "";
+  for (let i = 0; i < bytes.length; i += 4) {
+    let value = ((bytes[i] << 24) >>> 0) + (bytes[i + 1] << 16) + (bytes[i + 2] << 8) + bytes[i + 3];
+    let chunk = "";
+    for (let j = 0; j < 5; j++, value = Math.floor(value / 85)) chunk = Z85[value % 85] + chunk;
+    out += chunk;
+  }
+  return out;
+}
+const X25519_PKCS8_PREFIX = Buffer.from("302e020100300506032b656e04220420", "hex");
+function keyPair(label, secret) {
+  const secretKey = createHash("sha256").update(Buffer.from(label, "latin1")).update(secret, "utf8").digest();
+  const privateKey = createPrivateKey({ key: Buffer.concat([X25519_PKCS8_PREFIX, secretKey]), format: "der", type: "pkcs8" });
+  const spki = createPublicKey(privateKey).export({ format: "der", type: "spki" });
+  return { publicKey: z85(spki.subarray(spki.length - 32)), secretKey: z85(secretKey) };
+}
+/** The Dealer options of a client holding the engine core's secret. */
+export function curveOptions(secret) {
+  const server = keyPair("engine-core/server\0", secret);
+  const client = keyPair("engine-core/client\0", secret);
+  return { curveServerKey: server.publicKey, curvePublicKey: client.publicKey, curveSecretKey: client.secretKey };
+}
 // A large array travels as msgpack Ext 1, [dtype, shape, buffer index], its bytes in a frame.
 export const ARRAY_EXT_CODE = 1;
 const TYPED_ARRAYS = { int32: Int32Array, int64: BigInt64Array, float32: Float32Array };
@@ -33,8 +60,10 @@ export const FINISH_REASONS = ["stop", "length", "abort"];
 
 /** Connects to an engine core, completes the handshake, sends requests, reads messages. */
 export class EngineCoreClient {
-  constructor(address, { receiveTimeoutMs = 120000 } = {}) {
-    this.socket = new Dealer({ linger: 0, receiveTimeout: receiveTimeoutMs });
+  /** key: the engine core's shared secret (default: $ENGINE_CORE_KEY), when it has one. */
+  constructor(address, { receiveTimeoutMs = 120000, key = process.env.ENGINE_CORE_KEY } = {}) {
+    const curve = key ? curveOptions(key) : {};
+    this.socket = new Dealer({ linger: 0, receiveTimeout: receiveTimeoutMs, ...curve });
     this.socket.connect(address);
     this.address = address;
   }
