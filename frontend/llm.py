@@ -81,13 +81,18 @@ class LLM:
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
              use_tqdm: bool = True, chat_template: str | None = None,
-             add_generation_prompt: bool = True,
-             continue_final_message: bool = False) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them, through the chat template."""
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, through the chat template.
+
+        tools (OpenAI's function definitions) are rendered by the template, as vLLM's LLM.chat
+        does; to force a call, constrain the output (SamplingParams.structured_outputs)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [{"prompt_token_ids": apply_chat_template(
             self.tokenizer, conv, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, chat_template=chat_template)}
+            continue_final_message=continue_final_message, chat_template=chat_template,
+            tools=tools, chat_template_kwargs=chat_template_kwargs)}
             for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 

@@ -164,3 +164,26 @@ def test_equal_constraints_share_one_compile(llm):
         StructuredOutputsParams(json=json.dumps(SCHEMA), disable_any_whitespace=True))
     assert a.compiled is b.compiled
     assert manager.request_grammar(REGEX).compiled is not a.compiled
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                                                    "days": {"type": "integer", "minimum": 1,
+                                                             "maximum": 7}},
+                   "required": ["city", "days"]}}}]
+TOOLS_TEMPLATE = (
+    "{% if tools %}Tools:{% for t in tools %} {{ t.function.name }}{% endfor %}\n{% endif %}"
+    "{% if mood %}Mood: {{ mood }}\n{% endif %}"
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+
+
+def test_chat_renders_tools_and_template_kwargs_and_a_constrained_call_validates(llm):
+    parameters = TOOLS[0]["function"]["parameters"]
+    params = _params(StructuredOutputsParams(json=parameters, disable_any_whitespace=True))
+    [out] = llm.chat([{"role": "user", "content": "Weather in Paris?"}], params, tools=TOOLS,
+                     chat_template=TOOLS_TEMPLATE, chat_template_kwargs={"mood": "sunny"},
+                     use_tqdm=False)
+    prompt = llm.get_tokenizer().decode(out.prompt_token_ids)
+    assert "Tools: get_weather" in prompt and "Mood: sunny" in prompt
+    jsonschema.validate(json.loads(out.outputs[0].text), parameters)
