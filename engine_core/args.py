@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine_core.config import BLOCK_SIZES, DEVICES, DTYPES, EXECUTOR_BACKENDS, HASH_ALGOS, LOAD_FORMATS
+from engine_core.config import (BLOCK_SIZES, DEVICES, DTYPES, EXECUTOR_BACKENDS, HASH_ALGOS, LOAD_FORMATS,
+                                QUANTIZATIONS)
 
 
 def context_length(value: str) -> int:
@@ -24,7 +25,13 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         ("--model", "model", dict(help="model directory or .gguf file (default: SmolLM2-135M-Instruct)")),
         ("--tokenizer", "tokenizer", dict(help="tokenizer directory (default: the model's)")),
         ("--served-model-name", "served_model_name", dict(help="name the API answers to")),
-        ("--dtype", "dtype", dict(choices=DTYPES, help="auto: float32 on CPU, bfloat16 on GPU")),
+        ("--dtype", "dtype", dict(choices=DTYPES, help="auto: float32 on CPU, bfloat16 on GPU; an "
+                                                    "explicit dtype without --quantization "
+                                                    "dequantizes a GGUF model at load")),
+        ("--quantization", "quantization",
+         dict(choices=QUANTIZATIONS, help="gguf: keep a GGUF model's linear weights quantized (CPU, "
+                                          "float32 activations; the default for GGUF models on "
+                                          "CPU with --dtype auto)")),
         ("--max-model-len", "max_model_len", dict(type=context_length,
                                                   help="context length, prompt + output (e.g. 4096, 32k)")),
         ("--seed", "seed", dict(type=int, help="random seed (default 0)")),

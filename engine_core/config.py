@@ -9,6 +9,7 @@ from typing import Any
 from engine_core.model_arch import ModelArchConfig
 
 DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
+QUANTIZATIONS = ("gguf",)
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
@@ -121,10 +122,17 @@ class ModelConfig:
     max_model_len: int | None = None
     seed: int = 0
     max_logprobs: int = 20
+    # 'gguf': linear weights stay as the GGUF file quantizes them, run by the CPU kernels with
+    # float32 activations. None: resolve() picks 'gguf' for a GGUF model (a .gguf file or the
+    # default model) on the CPU when dtype is 'auto'; an explicit dtype dequantizes at load.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                              f"got {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.max_logprobs < -1:
@@ -295,6 +303,9 @@ class EngineConfig:
         self.model_path = str(resolve_model_path(self.model.model))
         self.arch = ModelArchConfig.from_model_dir(self.model_path)
         self.device_type = self.device.resolved()
+        self.model.quantization = self._resolve_quantization()
+        if self.model.quantization == "gguf":
+            self.load.load_format = "gguf"  # the loader reads the GGUF file itself
         self.torch_dtype_name = _resolve_dtype(self.model.dtype, self.arch.torch_dtype,
                                                self.device_type)
         # A kernel that cannot run these would fail at the first forward, after the model loaded.
@@ -322,6 +333,42 @@ class EngineConfig:
                 f"and of KV heads ({kv_heads})"
             )
         return self
+
+    def _resolve_quantization(self) -> str | None:
+        """'gguf' when the linear weights stay GGUF-quantized, else None (ModelConfig.quantization);
+        --load-format gguf asks for the same. Refuses what the quantized path cannot run."""
+        from gpu_worker.loader.default_model import gguf_source
+        from kernels import cpu_ops
+
+        requested = "gguf" if self.load.load_format == "gguf" else self.model.quantization
+        is_gguf = gguf_source(self.model.model) is not None
+        tp = self.parallel.tensor_parallel_size
+        if requested is None:
+            auto = (is_gguf and self.device_type == "cpu" and self.model.dtype == "auto" and tp == 1
+                    and self.load.load_format == "auto" and cpu_ops.available())
+            return "gguf" if auto else None
+        if not is_gguf:
+            raise ConfigError(f"quantization 'gguf' needs a GGUF model (a .gguf file or the default "
+                              f"model), not {self.model.model!r}")
+        if self.device_type != "cpu":
+            raise ConfigError(f"GGUF quantized weights run on the CPU only (there is no "
+                              f"{self.device_type} kernel for them): use --device cpu, or drop "
+                              f"--quantization gguf and pass --dtype bfloat16 or --dtype float32 "
+                              f"to dequantize them at load")
+        if self.model.dtype not in ("auto", "float32", "float"):
+            raise ConfigError(f"quantization 'gguf' computes in float32, not {self.model.dtype}; "
+                              f"drop --quantization to run dequantized weights in {self.model.dtype}")
+        if tp > 1:
+            raise ConfigError(f"GGUF quantized weights are not split across tensor-parallel ranks: "
+                              f"tensor_parallel_size {tp} needs dequantized weights (--dtype "
+                              f"float32, without --quantization gguf)")
+        if self.load.load_format not in ("auto", "gguf"):
+            raise ConfigError(f"quantization 'gguf' loads the GGUF file, not load_format "
+                              f"{self.load.load_format!r}")
+        if not cpu_ops.available():
+            raise ConfigError("GGUF quantized weights need the C CPU kernels, which are not "
+                              "available here (no C compiler, or ENGINE_CPU_KERNELS=0)")
+        return "gguf"
 
     @property
     def max_model_len(self) -> int:

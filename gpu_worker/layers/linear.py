@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_worker.layers.quant_linear import QuantizedProjection
 from kernels import cpu_ops
+from kernels.gguf_quant import QuantizedWeight
 
 
 # Row count from which F.linear beats the split layout plus its output copy, measured on the
@@ -23,7 +25,8 @@ class Linear(nn.Module):
     runs about twice as fast as torch's matmul at every batch size. Otherwise
     use_split_layout() re-lays W as [S, in, out/S] for S threads: one batched matmul then gives
     each thread a contiguous slice of W to stream, which reads memory about twice as fast as
-    MKL's single-row GEMV and is no slower for large batches.
+    MKL's single-row GEMV and is no slower for large batches. A weight the loader kept
+    GGUF-quantized (use_quantized()) runs the quantized kernels instead.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
@@ -32,6 +35,18 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.split_weight: torch.Tensor | None = None
         self.blocked_weight: torch.Tensor | None = None
+        self.quantized: QuantizedProjection | None = None
+
+    def use_quantized(self, parts: list[QuantizedWeight]) -> None:
+        """Run on W given as quantized row runs (in order) and drop the fp32 W (a tied
+        embedding keeps its own reference)."""
+        projection = QuantizedProjection(parts)
+        if projection.out_features != self.weight.shape[0] or \
+                projection.in_features != self.weight.shape[1]:
+            raise ValueError(f"quantized weight [{projection.out_features}, "
+                             f"{projection.in_features}] does not fit {tuple(self.weight.shape)}")
+        self.quantized = projection
+        self.weight = None
 
     def use_blocked_layout(self) -> bool:
         """Switch to the C kernel's layout; False (nothing changed) where it does not apply."""
@@ -57,6 +72,8 @@ class Linear(nn.Module):
 
     def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ W^T + bias in whichever layout W is held."""
+        if self.quantized is not None:
+            return self.quantized(x, bias)
         if self.blocked_weight is not None and x.dtype == torch.float32:
             return cpu_ops.linear(x, self.blocked_weight, bias)
         rows = x.reshape(-1, x.shape[-1])

@@ -45,16 +45,26 @@ def _gguf_cache_dir(gguf_path: Path) -> Path:
     return cache_root() / "models" / f"{gguf_path.stem}-{digest}"
 
 
-def resolve_model_path(model: str | None) -> Path:
-    """Return a local model directory: the default or a .gguf file (converted once), or an existing dir."""
+def gguf_source(model: str | None) -> Path | None:
+    """The GGUF file a model argument names (the default model's, or a .gguf path), else None."""
     if model is None or model in DEFAULT_MODEL_ALIASES:
-        gguf_path = find_default_gguf()
-        return convert_gguf(gguf_path, cache_root() / "models" / gguf_path.stem)
+        return find_default_gguf()
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
-        return convert_gguf(path, _gguf_cache_dir(path))
+        return path
+    return None
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """Return a local model directory: the default or a .gguf file (converted once), or an existing dir."""
+    gguf_path = gguf_source(model)
+    if gguf_path is not None:
+        default = model is None or model in DEFAULT_MODEL_ALIASES
+        out = cache_root() / "models" / gguf_path.stem if default else _gguf_cache_dir(gguf_path)
+        return convert_gguf(gguf_path, out)
+    path = Path(model).expanduser()
     if path.is_dir():
         return path
     raise FileNotFoundError(

@@ -1,8 +1,12 @@
-"""Convert a llama-architecture GGUF file into a Hugging Face-style fp32 model directory."""
+"""Convert a llama-architecture GGUF file into a Hugging Face-style fp32 model directory.
+
+The directory also links its source file as model.gguf, which the loader reads instead of the
+fp32 weights when they stay quantized (load_format 'gguf')."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -12,9 +16,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 from safetensors.torch import save_file
+
+from gpu_worker.loader.gguf_tensors import GGUFTensor
 
 _LAYER_TENSORS = {
     "attn_q": "self_attn.q_proj",
@@ -32,6 +38,9 @@ _GLOBAL_TENSORS = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+logger = logging.getLogger(__name__)
+
+GGUF_LINK = "model.gguf"
 # Only weights: llama.cpp also permutes Q/K biases, and Llama checkpoints carry none.
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _GLOBAL_RE = re.compile(r"(\w+)\.weight")
@@ -96,19 +105,29 @@ def _build_config(meta: dict[str, Any], has_output: bool) -> dict[str, Any]:
     }
 
 
+def hf_row_order(rows: np.ndarray, name: str, num_heads: int, num_kv_heads: int) -> np.ndarray:
+    """The rows of HF tensor name as transformers has them: q and k rows un-permuted (rows may
+    be floats or a quantized tensor's blocks)."""
+    if name.endswith("q_proj.weight"):
+        return unpermute_rotary_rows(rows, num_heads)
+    if name.endswith("k_proj.weight"):
+        return unpermute_rotary_rows(rows, num_kv_heads)
+    return rows
+
+
+def dense_tensor(tensor: ReaderTensor | GGUFTensor, name: str, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """A GGUF tensor dequantized to fp32 in Hugging Face row order."""
+    weight = dequantize(tensor.data, tensor.tensor_type)
+    # GGUF lists dimensions fastest-first; numpy/torch want them slowest-first.
+    weight = weight.reshape(tuple(int(d) for d in reversed(tensor.shape)))
+    weight = hf_row_order(weight, name, num_heads, num_kv_heads)
+    # A fresh array: F32 tensors come back as views of the reader's memory map.
+    return torch.from_numpy(np.array(weight, dtype=np.float32, order="C"))
+
+
 def _load_tensors(reader: GGUFReader, names: list[str], config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for tensor, name in zip(reader.tensors, names):
-        weight = dequantize(tensor.data, tensor.tensor_type)
-        # GGUF lists dimensions fastest-first; numpy/torch want them slowest-first.
-        weight = weight.reshape(tuple(int(d) for d in reversed(tensor.shape)))
-        if name.endswith("q_proj.weight"):
-            weight = unpermute_rotary_rows(weight, config["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
-            weight = unpermute_rotary_rows(weight, config["num_key_value_heads"])
-        # A fresh array: F32 tensors come back as views of the reader's memory map.
-        tensors[name] = torch.from_numpy(np.array(weight, dtype=np.float32, order="C"))
-    return tensors
+    heads = config["num_attention_heads"], config["num_key_value_heads"]
+    return {name: dense_tensor(tensor, name, *heads) for tensor, name in zip(reader.tensors, names)}
 
 
 def _save_tokenizer(gguf_path: Path, meta: dict[str, Any], config: dict[str, Any], out: Path) -> None:
@@ -134,10 +153,27 @@ def _save_tokenizer(gguf_path: Path, meta: dict[str, Any], config: dict[str, Any
     config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
 
 
+def link_source(model_dir: Path, gguf_path: Path) -> None:
+    """model_dir/model.gguf -> gguf_path, replaced atomically when it points elsewhere."""
+    link, target = model_dir / GGUF_LINK, gguf_path.resolve()
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        return
+    tmp = model_dir / f".{GGUF_LINK}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
-    """Write gguf_path atomically as an fp32 LlamaForCausalLM directory out_dir; an existing one is kept."""
+    """Write gguf_path atomically as an fp32 LlamaForCausalLM directory out_dir; an existing one is
+    kept (and its link to the source refreshed)."""
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if out_dir.is_dir():
+        try:
+            link_source(out_dir, gguf_path)
+        except OSError as e:  # a read-only cache still serves the fp32 weights
+            logger.warning("cannot link %s into %s (%s): quantized loading will not find it",
+                           gguf_path, out_dir, e)
         return out_dir
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
@@ -158,9 +194,11 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         _save_tokenizer(gguf_path, meta, config, tmp)
+        link_source(tmp, gguf_path)
         # mkdtemp and safetensors create owner-only entries; model directories are normally world-readable.
         for entry in tmp.iterdir():
-            entry.chmod(0o644)
+            if not entry.is_symlink():  # chmod would follow the link to the source file
+                entry.chmod(0o644)
         tmp.chmod(0o755)
         try:
             os.rename(tmp, out_dir)

@@ -13,6 +13,8 @@ from torch import nn
 
 from engine_core.model_arch import ModelArchConfig
 from gpu_worker.layers.linear import use_cpu_layout
+from gpu_worker.loader.gguf_convert import GGUF_LINK
+from gpu_worker.loader.gguf_weights import load_gguf_weights
 from gpu_worker.models.registry import model_class
 from gpu_worker.models.weights import WeightLoadError
 
@@ -69,12 +71,18 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 def load_model(model_dir: str | Path, arch: ModelArchConfig, dtype: torch.dtype,
                device: torch.device, load_format: str = "auto", seed: int = 0) -> nn.Module:
-    """The model with weights from model_dir, or random weights when load_format is 'dummy'."""
+    """The model with weights from model_dir, or random weights when load_format is 'dummy';
+    with 'gguf' the linear weights stay quantized as in the GGUF file model_dir links (CPU)."""
     cls = model_class(arch.architecture, source=str(Path(model_dir) / "config.json"))
+    if load_format == "gguf" and (device.type != "cpu" or dtype != torch.float32):
+        raise ValueError(f"GGUF quantized weights run on the CPU with float32 activations, not on "
+                         f"{device.type} in {dtype}; dequantize them with --dtype")
     with _default_dtype(dtype), torch.device(device):
         model = cls(arch)
     if load_format == "dummy":
         _fill_dummy(model, seed, device)
+    elif load_format == "gguf":
+        load_gguf_weights(model, Path(model_dir) / GGUF_LINK)
     else:
         model.load_weights(iter_safetensors(model_dir))
     if device.type == "cpu":

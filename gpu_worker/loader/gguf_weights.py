@@ -1,0 +1,80 @@
+"""Loading a model from its GGUF file with the linear weights kept quantized (CPU kernels).
+
+Every Linear whose checkpoint tensors are all of a type the CPU kernels run (kernels.gguf_quant)
+takes their blocks, packed in row order (the fused qkv and gate_up projections take several); a
+tied output projection takes the token embedding's. The rest (norms, the embedding table that
+the lookup gathers rows from, tensors of other types) is dequantized to fp32 and loaded as from
+safetensors.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+
+from torch import nn
+
+from gpu_worker.layers.linear import Linear
+from gpu_worker.loader.gguf_convert import dense_tensor, hf_row_order, hf_tensor_name
+from gpu_worker.loader.gguf_tensors import GGUFTensor, read_gguf_tensors
+from gpu_worker.models.weights import WeightLoadError
+from gpu_worker.parallel.group import tp_world_size
+from kernels.gguf_quant import QUANT_TYPES, QuantizedWeight, pack
+
+logger = logging.getLogger(__name__)
+
+_EMBEDDING = "model.embed_tokens.weight"
+
+
+def _checkpoint_rows(model: nn.Module, name: str) -> list[str]:
+    """The checkpoint tensors that make up Linear `name`'s weight, in row order."""
+    if name == "lm_head" and model.cfg.tie_word_embeddings:
+        return [_EMBEDDING]
+    parent, _, leaf = name.rpartition(".")
+    shards = [s for s in model.stacked_shards if s.fused == leaf]
+    if not shards:
+        return [f"{name}.weight"]
+    owner = model.get_submodule(parent)
+    shards.sort(key=lambda s: owner.shard_slice(s.shard_id)[0])
+    return [f"{parent}.{s.original}.weight" for s in shards]
+
+
+def _packed(tensor: GGUFTensor, name: str, model: nn.Module) -> QuantizedWeight:
+    in_features, out_features = (int(d) for d in tensor.shape)
+    cfg = model.cfg
+    rows = hf_row_order(tensor.data, name, cfg.num_attention_heads, cfg.num_key_value_heads)
+    return pack(tensor.tensor_type, rows, out_features, in_features)
+
+
+def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
+    """Fill model from gguf_path, linear weights quantized where a kernel runs their type."""
+    if tp_world_size() > 1:
+        raise WeightLoadError("GGUF quantized weights are not split across tensor-parallel ranks; "
+                              "use --dtype float32 (dequantized weights) with tensor parallelism")
+    if not gguf_path.is_file():
+        raise WeightLoadError(f"{gguf_path.parent}: no {gguf_path.name} to load quantized weights "
+                              f"from; load_format 'gguf' needs a GGUF model (a .gguf file or the "
+                              f"default model)")
+    tensors = {hf_tensor_name(t.name): t for t in read_gguf_tensors(gguf_path)}
+    quantized: Counter[str] = Counter()
+    consumed: set[str] = set()
+    for name, module in model.named_modules():
+        if not isinstance(module, Linear):
+            continue
+        sources = _checkpoint_rows(model, name)
+        if not all(s in tensors and tensors[s].tensor_type in QUANT_TYPES for s in sources):
+            continue
+        try:
+            module.use_quantized([_packed(tensors[s], s, model) for s in sources])
+        except ValueError as e:
+            raise WeightLoadError(f"{gguf_path}: {', '.join(sources)}: {e}") from None
+        quantized.update(tensors[s].tensor_type.name for s in sources)
+        consumed.update(s for s in sources if s != _EMBEDDING)  # the lookup still needs it
+    dense = [name for name in tensors if name not in consumed]
+    logger.info("%s: linear weights kept quantized (%s); %d tensors dequantized to fp32",
+                gguf_path.name, ", ".join(f"{n} x{c}" for n, c in sorted(quantized.items())),
+                len(dense))
+    heads = model.cfg.num_attention_heads, model.cfg.num_key_value_heads
+    model.load_weights((str(gguf_path), name, dense_tensor(tensors[name], name, *heads))
+                       for name in dense)

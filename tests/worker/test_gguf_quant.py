@@ -1,0 +1,216 @@
+"""GGUF models with their linear weights kept quantized: how the configuration decides it, what
+the loader keeps quantized (mixed types in fused projections included) and that it holds exactly
+the dequantized model's weights; the float32 path stays as before. Greedy equality of the
+quantized default model with transformers is tests/worker/test_greedy_equality.py (the default
+configuration on the CPU is quantized, which the first test here pins)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as GGMLType
+from gguf import GGUFWriter, quants
+from safetensors.torch import load_file
+
+from engine_core.args import add_engine_args, engine_kwargs
+from engine_core.config import ConfigError, engine_config_from_kwargs
+from engine_core.model_arch import ModelArchConfig
+from engine_core.sampling_params import SamplingParams
+from gpu_worker.layers.linear import Linear
+from gpu_worker.loader.gguf_convert import GGUF_LINK, dense_tensor
+from gpu_worker.loader.gguf_tensors import read_gguf_tensors
+from gpu_worker.loader.model_loader import load_model
+from gpu_worker.models.weights import WeightLoadError
+from kernels import cpu_ops
+from tests.hf_reference import NEW_TOKENS, greedy, prompt_ids
+from tests.kernels.library_env import library_env
+from tests.kernels.test_quant_linear import quantized
+from tests.tiny_models import make_tiny_model
+from tests.worker.runner_utils import make_runner
+
+pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+
+CPU = torch.device("cpu")
+
+
+def _resolved(**kwargs):
+    return engine_config_from_kwargs(**{"device": "cpu", **kwargs}).resolve()
+
+
+def test_gguf_models_stay_quantized_on_the_cpu_by_default():
+    config = _resolved()
+    assert (config.model.quantization, config.load.load_format) == ("gguf", "gguf")
+    assert config.torch_dtype_name == "float32"
+    assert _resolved(dtype="float32", quantization="gguf").model.quantization == "gguf"
+    assert _resolved(load_format="gguf").model.quantization == "gguf"
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"dtype": "float32"}, {"dtype": "bfloat16"}, {"device": "cuda"},
+    {"tensor_parallel_size": 3}, {"load_format": "safetensors"},
+])
+def test_what_dequantizes_at_load_as_before(kwargs):
+    config = _resolved(**kwargs)
+    assert config.model.quantization is None and config.load.load_format != "gguf"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"device": "cuda"}, "CPU only .* --dtype bfloat16 or --dtype float32"),
+    ({"dtype": "bfloat16"}, "computes in float32, not bfloat16"),
+    ({"tensor_parallel_size": 3}, "not split across tensor-parallel ranks"),
+    ({"load_format": "dummy"}, "not load_format 'dummy'"),
+])
+def test_what_quantized_weights_cannot_run_is_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        _resolved(quantization="gguf", **kwargs)
+
+
+def test_quantization_needs_a_gguf_model_and_the_kernels(tmp_path):
+    tiny = make_tiny_model(tmp_path / "tiny")
+    with pytest.raises(ConfigError, match="needs a GGUF model"):
+        _resolved(model=str(tiny), quantization="gguf")
+    assert _resolved(model=str(tiny)).model.quantization is None
+    with pytest.raises(ConfigError, match="quantization must be one of gguf"):
+        engine_config_from_kwargs(quantization="awq")
+    with library_env(ENGINE_CPU_KERNELS="0"):
+        assert _resolved().model.quantization is None
+        with pytest.raises(ConfigError, match="need the C CPU kernels"):
+            _resolved(quantization="gguf")
+
+
+def test_quantization_flag():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_kwargs(parser.parse_args(["--quantization", "gguf"])) == {"quantization": "gguf"}
+
+
+def test_loader_refuses_quantized_weights_off_the_cpu(tmp_path):
+    config = _resolved()
+    with pytest.raises(ValueError, match="CPU with float32 activations, not on cuda"):
+        load_model(config.model_path, config.arch, torch.float32, torch.device("cuda"), "gguf")
+    with pytest.raises(WeightLoadError, match="no model.gguf"):
+        tiny = make_tiny_model(tmp_path / "tiny")
+        load_model(tiny, ModelArchConfig.from_model_dir(tiny), torch.float32, CPU, "gguf")
+
+
+def test_default_model_holds_the_dequantized_weights():
+    """Every linear layer of the default model runs its Q4_1 blocks (the tied output projection
+    the embedding's Q8_0 ones), which dequantize to exactly the converted fp32 weights."""
+    config = _resolved()
+    model = load_model(config.model_path, config.arch, torch.float32, CPU, "gguf")
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    assert all(m.quantized is not None and m.weight is None for m in linears.values())
+    assert [p.qtype for p in linears["lm_head"].quantized.parts] == [GGMLType.Q8_0]
+    assert {p.qtype for m in linears.values() for p in m.quantized.parts} == {GGMLType.Q4_1,
+                                                                            GGMLType.Q8_0}
+    # One packed weight per fused projection: q, k and v rows are whole 32-column blocks.
+    assert all(len(m.quantized.parts) == 1 for m in linears.values())
+    fp32 = load_file(Path(config.model_path) / "model.safetensors")
+    embedding = fp32["model.embed_tokens.weight"]
+    assert torch.equal(model.model.embed_tokens.weight, embedding)
+    assert torch.equal(linears["lm_head"].quantized.dequantize(), embedding)
+    layer = "model.layers.7"
+    qkv = torch.cat([fp32[f"{layer}.self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(linears[f"{layer}.self_attn.qkv_proj"].quantized.dequantize(), qkv)
+    gate_up = torch.cat([fp32[f"{layer}.mlp.{p}_proj.weight"] for p in ("gate", "up")])
+    assert torch.equal(linears[f"{layer}.mlp.gate_up_proj"].quantized.dequantize(), gate_up)
+    down = linears[f"{layer}.mlp.down_proj"].quantized.dequantize()
+    assert torch.equal(down, fp32[f"{layer}.mlp.down_proj.weight"])
+
+
+# --- a tiny llama written as GGUF with a different type per tensor --------------------------
+
+# Fused projections of mixed types (q and k Q4_K, v Q6_K; gate and up Q8_0), a type without a
+# kernel (Q5_0: dequantized at load), and an untied output projection in Q6_K.
+_TYPES = {"attn_q": GGMLType.Q4_K, "attn_k": GGMLType.Q4_K, "attn_v": GGMLType.Q6_K,
+          "attn_output": GGMLType.Q4_1, "ffn_gate": GGMLType.Q8_0, "ffn_up": GGMLType.Q8_0,
+          "ffn_down": GGMLType.Q5_0, "output": GGMLType.Q6_K, "token_embd": GGMLType.Q4_0}
+_SHAPES = {"attn_q": (256, 256), "attn_k": (128, 256), "attn_v": (128, 256),
+           "attn_output": (256, 256), "ffn_gate": (512, 256), "ffn_up": (512, 256),
+           "ffn_down": (256, 512), "output": (512, 256), "token_embd": (512, 256)}
+
+
+def _write_gguf(path: Path, layers: int) -> Path:
+    """Random quantized tensors; the model reads q and k rows un-permuted, as any file's."""
+    writer = GGUFWriter(str(path), "llama")
+    names = [n for n in _TYPES if n in ("output", "token_embd")] + [
+        f"blk.{i}.{n}" for i in range(layers) for n in _TYPES if n not in ("output", "token_embd")]
+    for seed, name in enumerate(names):
+        kind = name.rsplit(".", 1)[-1]
+        qtype = _TYPES[kind]
+        n, k = _SHAPES[kind]
+        if qtype == GGMLType.Q5_0:
+            raw = quants.quantize(np.random.default_rng(seed).standard_normal((n, k), np.float32), qtype)
+        else:
+            raw, _ = quantized(qtype, n, k, seed)
+        writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
+    for i in range(layers):
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{i}.{norm}.weight", np.ones(256, np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(256, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """(quantized model, fp32 model of the same file dequantized)."""
+    root = tmp_path_factory.mktemp("mixed")
+    model_dir = make_tiny_model(root / "tiny", hidden_size=256, intermediate_size=512,
+                                num_attention_heads=4, num_key_value_heads=2)
+    config = json.loads((model_dir / "config.json").read_text())
+    gguf_file = _write_gguf(root / "tiny.gguf", config["num_hidden_layers"])
+    (model_dir / GGUF_LINK).symlink_to(gguf_file)
+    arch = ModelArchConfig.from_model_dir(model_dir)
+    model = load_model(model_dir, arch, torch.float32, CPU, "gguf")
+    from gpu_worker.loader.gguf_convert import hf_tensor_name
+    from gpu_worker.models.registry import model_class
+
+    reference = model_class(arch.architecture)(arch)
+    reference.load_weights((str(gguf_file), hf_tensor_name(t.name),
+                            dense_tensor(t, hf_tensor_name(t.name), 4, 2))
+                           for t in read_gguf_tensors(gguf_file))
+    return model, reference
+
+
+def test_mixed_types_keep_their_blocks_per_part(mixed):
+    model, _ = mixed
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    assert [(p.qtype, p.out_features) for p in attn.qkv_proj.quantized.parts] == [
+        (GGMLType.Q4_K, 384), (GGMLType.Q6_K, 128)]  # q and k merged, v its own
+    assert [(p.qtype, p.out_features) for p in mlp.gate_up_proj.quantized.parts] == [
+        (GGMLType.Q8_0, 1024)]
+    assert mlp.down_proj.quantized is None and mlp.down_proj.blocked_weight is not None
+    assert [p.qtype for p in model.lm_head.quantized.parts] == [GGMLType.Q6_K]
+
+
+def test_mixed_types_equal_the_dequantized_model(mixed):
+    model, reference = mixed
+    ours = dict(model.named_modules())
+    x = torch.randn(5, 512)
+    for name, ref in reference.named_modules():
+        if isinstance(ref, Linear) and ours[name].quantized is not None:
+            assert torch.equal(ours[name].quantized.dequantize(), ref.weight), name
+            inputs = x[:, : ref.weight.shape[1]]
+            torch.testing.assert_close(ours[name](inputs), ref(inputs), rtol=1e-5, atol=1e-4)
+    assert torch.equal(model.model.embed_tokens.weight, reference.model.embed_tokens.weight)
+
+
+def test_float32_dtype_keeps_the_dequantized_model():
+    """--dtype float32 on the default model: fp32 weights as before, transformers' tokens."""
+    runner, driver = make_runner(None, dtype="float32", max_model_len=512, kv_cache_memory="64MiB")
+    assert not any(isinstance(m, Linear) and m.quantized is not None for m in runner.model.modules())
+    ids = prompt_ids()
+    prompts = {r: ids[r] for r in ("p0", "p9", "p13")}
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
+    outputs = driver.run(prompts, params, NEW_TOKENS)
+    assert outputs == {r: greedy(tuple(p))[0] for r, p in prompts.items()}
