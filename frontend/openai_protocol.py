@@ -70,7 +70,12 @@ ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaResponseFormat | Stru
 
 
 class StructuredOutputsRequest(StructuredOutputsParams, forbid_unknown_fields=True):
-    """vLLM's structured_outputs request field: StructuredOutputsParams' fields."""
+    """vLLM's structured_outputs request field: StructuredOutputsParams' fields. It may set no
+    kind of constraint when response_format or tool_choice sets one (frontend.response_format
+    checks the merged whole)."""
+
+    def __post_init__(self) -> None:
+        pass
 
 
 class _SamplingFields(_Request, kw_only=True):

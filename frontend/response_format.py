@@ -1,16 +1,32 @@
-"""A request's constraint on its output, OpenAI's response_format or vLLM's structured_outputs,
-as StructuredOutputsParams; checked here, so that an invalid schema, regex or grammar is a 400
-naming the field instead of a failure in the engine."""
+"""A request's constraint on its output, as StructuredOutputsParams: OpenAI's response_format,
+vLLM's structured_outputs, or the constraint of tool_choice "required" or a named function.
+
+At most one of them sets the kind of constraint; structured_outputs without a kind gives only
+options (disable_any_whitespace, ...) that refine the other's, as vLLM merges them. The result
+is checked here, so that an invalid schema, regex or grammar is a 400 naming the field instead
+of a failure in the engine.
+"""
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import msgspec
 
-from engine_core.sampling_params import StructuredOutputsParams
+from engine_core.sampling_params import STRUCTURED_OUTPUT_KINDS, StructuredOutputsParams
 from engine_core.structured_output.grammar import check_grammar
 from frontend.errors import bad_request
 from frontend.openai_protocol import (JsonObjectFormat, JsonSchemaResponseFormat,
                                       StructuralTagFormat, _SamplingFields)
+
+
+class _Source(NamedTuple):
+    """Where a constraint's kind comes from: the field a 400 names, and how to call it."""
+
+    kind: str
+    spec: Any
+    param: str
+    what: str
 
 
 def checked(params: StructuredOutputsParams, param: str, what: str) -> StructuredOutputsParams:
@@ -23,24 +39,47 @@ def checked(params: StructuredOutputsParams, param: str, what: str) -> Structure
     return params
 
 
-def requested_constraint(req: _SamplingFields) -> StructuredOutputsParams | None:
-    """The constraint response_format or structured_outputs asks for (at most one of them)."""
-    fmt = req.response_format
-    if fmt is not None and req.structured_outputs is not None:
-        raise bad_request("give at most one of response_format and structured_outputs",
-                          "structured_outputs")
-    if req.structured_outputs is not None:
-        given = req.structured_outputs
-        params = StructuredOutputsParams(**msgspec.structs.asdict(given))
+def requested_constraint(req: _SamplingFields,
+                         tool_constraint: StructuredOutputsParams | None = None,
+                         ) -> StructuredOutputsParams | None:
+    """The constraint the request asks for (tool_constraint: its tool_choice's), checked."""
+    source = _response_format(req)
+    if tool_constraint is not None:
+        if source is not None:
+            raise bad_request("tool_choice 'required' or a named function constrains the output "
+                              "itself; it cannot be combined with response_format",
+                              "tool_choice")
+        source = _Source(tool_constraint.kind, getattr(tool_constraint, tool_constraint.kind),
+                         "tools", "the tools' parameters")
+    given = msgspec.structs.asdict(req.structured_outputs) if req.structured_outputs else {}
+    if source is None:
+        if not given:
+            return None
+        params = _params(given)
         return checked(params, "structured_outputs", f"structured_outputs.{params.kind}")
+    if any(given[k] not in (None, False) for k in given if k in STRUCTURED_OUTPUT_KINDS):
+        raise bad_request("structured_outputs sets a constraint besides response_format or "
+                          "tool_choice; give it once (structured_outputs may add options such "
+                          "as disable_any_whitespace)", "structured_outputs")
+    return checked(_params({**given, source.kind: source.spec}), source.param, source.what)
+
+
+def _params(fields: dict[str, Any]) -> StructuredOutputsParams:
+    try:
+        return StructuredOutputsParams(**fields)
+    except ValueError as e:
+        raise bad_request(str(e), "structured_outputs") from None
+
+
+def _response_format(req: _SamplingFields) -> _Source | None:
+    fmt = req.response_format
     if isinstance(fmt, JsonObjectFormat):
-        return checked(StructuredOutputsParams(json_object=True), "response_format",
-                       "response_format")
+        return _Source("json_object", True, "response_format", "response_format")
     if isinstance(fmt, JsonSchemaResponseFormat):
         if fmt.json_schema.schema is None:
             raise bad_request("response_format.json_schema.schema is required",
                               "response_format")
-        return checked(StructuredOutputsParams(json=fmt.json_schema.schema), "response_format",
+        return _Source("json", fmt.json_schema.schema, "response_format",
                        "response_format.json_schema.schema")
     if isinstance(fmt, StructuralTagFormat):
         if (fmt.format is None) == (fmt.structures is None):
@@ -49,6 +88,6 @@ def requested_constraint(req: _SamplingFields) -> StructuredOutputsParams | None
         if fmt.structures is not None and fmt.triggers is None:
             raise bad_request("a structural_tag response_format with structures needs "
                               "triggers", "response_format")
-        return checked(StructuredOutputsParams(structural_tag=msgspec.to_builtins(fmt)),
-                       "response_format", "response_format (structural_tag)")
+        return _Source("structural_tag", msgspec.to_builtins(fmt), "response_format",
+                       "response_format (structural_tag)")
     return None  # text, or none given

@@ -20,7 +20,7 @@ from frontend.serving import (ServingContext, json_response, merged_deltas, requ
                               prompt_logprobs_json, sampling_params, stream_sse, top_entries,
                               usage)
 from frontend.tool_parsers.openai_calls import StreamedCalls, finish_reason, message_calls
-from frontend.tool_parsers.tool_choice import ToolChoice, resolve_tool_choice
+from frontend.tool_parsers.tool_choice import resolve_tool_choice
 from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 from tokenizer_proc.tokenizer import check_chat_template_kwargs
 
@@ -100,16 +100,12 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                           "exclusive; set add_generation_prompt to false", "continue_final_message")
     tools = resolve_tool_choice(req.tools, req.tool_choice, req.parallel_tool_calls,
                                 ctx.tool_parser)
-    constraint = requested_constraint(req)
-    if constraint is not None and tools.constraint is not None:
-        raise bad_request("tool_choice 'required' or a named function constrains the output "
-                          "itself; it cannot be combined with response_format or "
-                          "structured_outputs", "tool_choice")
+    constraint = requested_constraint(req, tools.constraint)
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     params = sampling_params(req, max_tokens, logprobs=k, prompt_logprobs=req.prompt_logprobs,
-                             structured_outputs=constraint or tools.constraint)
+                             structured_outputs=constraint)
     if tools.keep_special_tokens:
         params.skip_special_tokens = False
     base_id = request_id("chatcmpl")

@@ -14,7 +14,6 @@ import msgspec
 from engine_core.sampling_params import StructuredOutputsParams
 from frontend.errors import bad_request
 from frontend.openai_protocol import ChatTool, FunctionDefinition, NamedToolChoice
-from frontend.response_format import checked
 from frontend.tool_parsers import TOOL_PARSERS
 from frontend.tool_parsers.forced import NamedFunctionParser, RequiredParser
 from frontend.tool_parsers.streamer import ToolCallParser
@@ -27,6 +26,7 @@ class ToolChoice:
     """A request's tool use; the default uses none."""
 
     tools: list[dict[str, Any]] | None = None  # for the chat template, as OpenAI sends them
+    # What "required" or a named function asks (frontend.response_format checks it).
     constraint: StructuredOutputsParams | None = None
     parser: Callable[..., ToolCallParser] | None = None  # parser(eager=...) reads one choice
     parallel: bool = True  # false: only a choice's first call counts
@@ -61,16 +61,13 @@ def resolve_tool_choice(tools: list[ChatTool] | None, choice: str | NamedToolCho
                           keep_special_tokens=parser.needs_special_tokens)
     if choice == "required":
         constraint = StructuredOutputsParams(json=_required_schema(functions, parallel))
-        return ToolChoice(template_tools, checked(constraint, "tools", "the tools' parameters"),
-                          RequiredParser, parallel)
+        return ToolChoice(template_tools, constraint, RequiredParser, parallel)
     if isinstance(choice, NamedToolChoice) and choice.type == "function":
         name = choice.function.name
         if name not in functions:
             raise bad_request(f"Tool '{name}' has not been passed in `tools`.", "tool_choice")
         constraint = StructuredOutputsParams(json=functions[name].parameters or _NO_PARAMETERS)
-        return ToolChoice(template_tools,
-                          checked(constraint, "tools", f"the parameters of tool {name!r}"),
-                          functools.partial(NamedFunctionParser, name))
+        return ToolChoice(template_tools, constraint, functools.partial(NamedFunctionParser, name))
     raise bad_request("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
                       f"'function': {{'name': NAME}}}}; got {msgspec.to_builtins(choice)!r}",
                       "tool_choice")

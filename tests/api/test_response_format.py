@@ -48,6 +48,10 @@ def _base(struct) -> dict:
      StructuredOutputsParams(grammar='root ::= "a" | "b"')),
     ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}},
      StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)),
+    # options alone refine response_format's constraint, as vLLM merges them
+    ({"response_format": {"type": "json_object"},
+      "structured_outputs": {"disable_any_whitespace": True}},
+     StructuredOutputsParams(json_object=True, disable_any_whitespace=True)),
 ])
 def test_mapping(struct, fields, expected):
     req = msgspec.convert({**_base(struct), **fields}, struct)
@@ -70,7 +74,9 @@ def test_mapping(struct, fields, expected):
      "structured_outputs.grammar"),
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "not valid JSON"),
     ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
-     "structured_outputs", "at most one"),
+     "structured_outputs", "give it once"),
+    ({"structured_outputs": {"disable_any_whitespace": True}}, "structured_outputs",
+     "exactly one of"),
 ])
 def test_invalid_constraint_is_a_400(fields, param, words):
     req = msgspec.convert({"prompt": "x", **fields}, CompletionRequest)

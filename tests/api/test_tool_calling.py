@@ -10,6 +10,7 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from engine_core.sampling_params import StructuredOutputsParams
 from engine_core.structured_output.grammar import check_grammar
 from frontend.api_server import build_app
 from frontend.serving import ServingContext
@@ -83,6 +84,8 @@ def refused(body: dict, **ctx_fields) -> dict:
         tool_choice="required"), "tools", "nonsense"),
     (dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}),
      "tool_choice", "cannot be combined"),
+    (dict(tools=TOOLS, tool_choice="required", structured_outputs={"regex": "a"}),
+     "structured_outputs", "give it once"),
     (dict(prediction={"type": "content", "content": "x"}), "prediction", "not supported"),
     (dict(functions=[{"name": "f"}]), "functions", "use tools"),
     (dict(chat_template_kwargs={"tools": []}), "chat_template_kwargs", "'tools'"),
@@ -107,11 +110,13 @@ def test_annotation_fields_are_accepted_and_ignored():
 
 def test_named_function_is_constrained_to_its_parameters():
     status, answer, client = post(
-        dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+        dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+             structured_outputs={"disable_any_whitespace": True}),  # options may refine it
         pieces=['{"city": ', '"Paris"}'])
     request = client.requests[0]
     assert request.tools == TOOLS  # to the chat template, as OpenAI sent them
-    assert request.sampling_params.structured_outputs.json == WEATHER_PARAMS
+    assert request.sampling_params.structured_outputs == StructuredOutputsParams(
+        json=WEATHER_PARAMS, disable_any_whitespace=True)
     choice = answer["choices"][0]
     assert choice["message"]["content"] is None
     [call] = choice["message"]["tool_calls"]
