@@ -11,6 +11,11 @@ import xgrammar as xgr
 
 from engine_core.sampling_params import StructuredOutputsParams
 
+# JSON constraints allow whitespace between tokens (as vLLM does by default), but at most this
+# many characters in a row: pretty-printed JSON nested 7 deep at an indent of 4 still fits,
+# while a model (a weak one especially) cannot spend its whole max_tokens on blank space.
+MAX_WHITESPACE = 32
+
 # xgrammar's messages start with a time and a C++ source location: "[12:00:00] /x/y.cc:83: ".
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
@@ -84,11 +89,12 @@ def build_grammar(params: StructuredOutputsParams) -> xgr.Grammar:
             schema = _schema(params.json, "structured_outputs.json")  # type: ignore[arg-type]
             if params.disable_additional_properties:
                 schema = _no_additional_properties(schema)
-            return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=any_ws)
+            return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=any_ws,
+                                                max_whitespace_cnt=MAX_WHITESPACE)
         if kind == "json_object":
             return xgr.Grammar.from_json_schema(
                 '{"type": "object", "additionalProperties": true}', any_whitespace=any_ws,
-                strict_mode=False)
+                strict_mode=False, max_whitespace_cnt=MAX_WHITESPACE)
         if kind == "regex":
             return xgr.Grammar.from_regex(params.regex)  # type: ignore[arg-type]
         if kind == "choice":

@@ -187,3 +187,15 @@ def test_chat_renders_tools_and_template_kwargs_and_a_constrained_call_validates
     prompt = llm.get_tokenizer().decode(out.prompt_token_ids)
     assert "Tools: get_weather" in prompt and "Mood: sunny" in prompt
     jsonschema.validate(json.loads(out.outputs[0].text), parameters)
+
+
+def test_whitespace_between_json_tokens_is_bounded(llm):
+    """Any whitespace is allowed (vLLM's default), but not without end: a random model, which
+    would otherwise fill max_tokens with blanks, must close the object."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    constraint = StructuredOutputsParams(json=schema)
+    outputs = llm.generate(["x"] * 3, [_params(constraint, seed=i, max_tokens=400)
+                                       for i in range(3)], use_tqdm=False)
+    for out in outputs:
+        assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
+        jsonschema.validate(json.loads(out.outputs[0].text), schema)
