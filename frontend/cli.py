@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("throughput", "offline-mixed, against transformers"),
                        ("prefix-shared", "prefix caching on and off"),
                        ("single-stream", "one request's decode speed"),
-                       ("null-model", "engine overhead, in-process and over ZeroMQ")):
+                       ("null-model", "engine overhead, in-process and over ZeroMQ"),
+                       ("structured", "offline-mixed constrained by a JSON schema against "
+                                      "unconstrained, and grammar-compile TTFT")):
         offline = workloads.add_parser(name, help=text)
         offline.add_argument("--in-process", action="store_true",
                              help="run the engine core in this process (default: its own process)")
