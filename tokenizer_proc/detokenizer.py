@@ -37,13 +37,20 @@ class IncrementalDetokenizer:
         self._min_tokens = params.min_tokens
         self._sent = 0
 
-    def update(self, new_token_ids: list[int], finished: bool) -> str | None:
-        """Append sampled tokens; return the stop string they complete, if any (caller aborts)."""
+    def update(self, new_token_ids: list[int], finished: bool,
+               stop_terminated: bool = False) -> str | None:
+        """Append sampled tokens; return the stop string they complete, if any (caller aborts).
+
+        stop_terminated: the last token is the stop token (EOS or a stop_token_id) that ended
+        the request; as in vLLM its text is left out unless include_stop_str_in_output (with
+        skip_special_tokens=False an EOS would otherwise show as "<|im_end|>")."""
         if self.stop_string is not None:
             return None
         self.finished = self.finished or finished
         num_before = len(self.output_token_ids)
         self.output_token_ids.extend(new_token_ids)
+        if stop_terminated and new_token_ids and not self._include_stop:
+            new_token_ids = new_token_ids[:-1]
         if not self._stop:
             self.output_text += self._decode(new_token_ids)
             return None

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from engine_core.protocol import EngineCoreOutput
+from engine_core.protocol import EngineCoreOutput, FinishReason
 from engine_core.sampling_params import SamplingParams
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
 from tokenizer_proc.request_output import CompletionOutput, RequestOutput
@@ -97,7 +97,8 @@ class OutputProcessor:
             if seq.logprobs is not None and out.new_logprobs is not None:
                 seq.logprobs.extend(convert_logprobs(self.tokenizer, out.new_logprobs))
                 seq.cumulative_logprob += sum(float(row[0]) for row in out.new_logprobs.logprobs)
-            stop = seq.detokenizer.update(out.new_token_ids, out.finished)
+            stop = seq.detokenizer.update(out.new_token_ids, out.finished,
+                                         out.finish_reason == FinishReason.STOP)
             if stop is not None and not out.finished:
                 seq.finish_reason, seq.stop_reason = "stop", stop
                 to_abort.append(out.request_id)

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine_core.protocol import EngineCoreOutput, Logprobs
+from engine_core.protocol import EngineCoreOutput, FinishReason, Logprobs
 from engine_core.sampling_params import SamplingParams
 from gpu_worker.protocol import LogprobsLists
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
@@ -74,7 +74,8 @@ class DeltaStreams:
             if self.stats is not None:
                 self.stats.on_tokens(out.request_id, len(out.new_token_ids), now)
             index, detok = stream.detokenizers[out.request_id]
-            stop = detok.update(out.new_token_ids, out.finished)
+            stop = detok.update(out.new_token_ids, out.finished,
+                                out.finish_reason == FinishReason.STOP)
             finish_reason, stop_reason = None, None
             if stop is not None:
                 finish_reason, stop_reason = "stop", stop
