@@ -239,7 +239,7 @@ def _block_bytes(qtype: int, in_features: int) -> int:
 
 def _check_quantized(weight: QuantizedWeight) -> None:
     """The packed bytes are the size the kernel will read for this type and shape."""
-    block_bytes = _block_bytes(int(weight.qtype), weight.in_features)
+    block_bytes = _block_bytes(weight.qtype, weight.in_features)
     blocks = -(-weight.out_features // LINEAR_BLOCK)
     data = weight.data
     if (not block_bytes or data.dtype != torch.uint8 or not data.is_cpu or not data.is_contiguous()
@@ -251,25 +251,27 @@ def _check_quantized(weight: QuantizedWeight) -> None:
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias) for a weight packed by kernels.gguf_quant.pack(); returns
-    [..., N], written into out (rows any stride, columns packed) when given."""
+    [..., N], written into out ([M, N], rows any stride, columns packed) when given."""
     _check(x, "x")
     _check_quantized(weight)
     n, k = weight.out_features, weight.in_features
     if x.shape[-1] != k:
         raise ValueError(f"x {tuple(x.shape)} does not match the weight's {k} inputs")
     _check_bias(bias, n)
-    rows = _matrix(x, k)
+    # Called per layer per step: the common 2-D packed case skips the reshapes.
+    rows = x if x.dim() == 2 and x.stride(1) == 1 else _matrix(x, k)
+    m = rows.shape[0]
     if out is None:
-        out = torch.empty(rows.shape[0], n)
-    _check(out, "out")
-    if out.dim() != 2 or out.shape != (rows.shape[0], n) or (n > 1 and out.stride(1) != 1):
-        raise ValueError(f"out {tuple(out.shape)} is not [{rows.shape[0]}, {n}] with packed columns")
-    if rows.shape[0]:
-        _lib().quant_linear_f32(int(weight.qtype), rows.data_ptr(), rows.stride(0),
+        out = torch.empty(m, n)
+    else:
+        _check(out, "out")
+        if out.shape != (m, n) or (n > 1 and out.stride(1) != 1):
+            raise ValueError(f"out {tuple(out.shape)} is not [{m}, {n}] with packed columns")
+    if m:
+        _lib().quant_linear_f32(weight.qtype, rows.data_ptr(), rows.stride(0),
                                 weight.data.data_ptr(), None if bias is None else bias.data_ptr(),
-                                out.data_ptr(), out.stride(0), rows.shape[0], k, n,
-                                torch.get_num_threads())
-    return out.view(*x.shape[:-1], n) if out.is_contiguous() else out
+                                out.data_ptr(), out.stride(0), m, k, n, torch.get_num_threads())
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
 
 def quant_dequantize(weight: QuantizedWeight) -> torch.Tensor:

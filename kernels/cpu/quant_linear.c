@@ -38,6 +38,7 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 }; /* GGML's type numb
 #endif
 
 #define KC 256 /* rows of k per dequantized tile: 32 KiB */
+#define PREFETCH 4096 /* bytes ahead of the weight stream the few-rows path prefetches */
 
 /* The 32 columns' 4-bit codes of one k, as ints: q[j] covers columns j*VW .. j*VW + VW-1. */
 static inline __attribute__((always_inline)) void nibbles(const uint8_t *p, vi q[NV])
@@ -169,6 +170,9 @@ static void few_##T##_##R(const float *x, int64_t ldx, const float *xsum, const 
     for (int32_t gi = 0; gi < groups; gi++) {                                                      \
         const uint8_t *rec = w + (int64_t)(gi / (T##_SB / T##_G)) * T##_REC;                       \
         const int g = gi % (T##_SB / T##_G);                                                       \
+        /* The hardware prefetcher alone left ~30% of the bandwidth unused at 2 threads. */        \
+        for (int line = 0; line < T##_REC * T##_G / T##_SB; line += 64)                            \
+            __builtin_prefetch(rec + g * (T##_REC * T##_G / T##_SB) + PREFETCH + line);            \
         vf part[R][NV];                                                                            \
         _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                       \
             _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) part[m][j] = (vf){0};            \
