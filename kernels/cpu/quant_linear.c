@@ -18,11 +18,12 @@
  * Few rows (decode): the weights stream once; a group's codes are multiplied with x as integers
  * turned float, and the group's scale (and offset, through the group's sum of x) is applied once
  * per group: y += s * sum(x q) + o * sum(x). Many rows (prefill, batched decode): each 32-column
- * block is dequantized KC rows at a time into an L1-resident [KC, 32] fp32 tile, and the fp32
- * GEMM's register tiles (gemm_tile.h) run every row of x over it, so each weight is dequantized
- * once per call and the multiply runs at the fp32 GEMM's speed.
+ * block is dequantized into an L2-resident [K, 32] fp32 tile (up to 2048 k at a time) and the
+ * fp32 GEMM's register tiles (gemm_tile.h) run every row of x over it in one pass, so each
+ * weight is dequantized once per call and the multiply runs at the fp32 GEMM's speed.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gemm_tile.h"
@@ -37,7 +38,8 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 }; /* GGML's type numb
 #define FEW_ROWS 2
 #endif
 
-#define KC 256 /* rows of k per dequantized tile: 32 KiB */
+#define KC_MAX 2048 /* rows of k per dequantized tile: at most 256 KiB, within L2 */
+#define KC 256     /* rows of k per step of quant_dequantize_f32 */
 #define PREFETCH 4096 /* bytes ahead of the weight stream the few-rows path prefetches */
 
 /* The 32 columns' 4-bit codes of one k, as ints: q[j] covers columns j*VW .. j*VW + VW-1. */
@@ -285,13 +287,15 @@ static void few_block(const qtype_t *t, const float *x, int64_t ldx, const float
     }
 }
 
+/* tile_T over rows [k0, k0 + kc) of every chunk of at most kc_max rows, then the GEMM tiles over
+M rows: y = x @ W^T + bias for one full block, the partial last one through a scratch. */
 static void tiled_block(const qtype_t *t, const float *x, int64_t ldx, const uint8_t *w,
-                        const float *bias, float *y, int64_t ldy, int64_t M, int32_t K, int32_t cols)
+                        const float *bias, float *y, int64_t ldy, int64_t M, int32_t K, int32_t cols,
+                        float *buf, int32_t kc_max)
 {
-    float buf[KC * 32] __attribute__((aligned(64)));
     if (cols == 32) {
-        for (int32_t k0 = 0; k0 < K; k0 += KC) {
-            const int32_t kc = K - k0 < KC ? K - k0 : KC;
+        for (int32_t k0 = 0; k0 < K; k0 += kc_max) {
+            const int32_t kc = K - k0 < kc_max ? K - k0 : kc_max;
             t->tile(w, k0, kc, buf);
             block_tiles(x + k0, ldx, buf, bias, k0 > 0, y, ldy, M, kc);
         }
@@ -302,8 +306,8 @@ static void tiled_block(const qtype_t *t, const float *x, int64_t ldx, const uin
     if (bias) memcpy(b, bias, cols * sizeof(float));
     for (int64_t m = 0; m < M; m += ROWS) {
         const int64_t rows = M - m < ROWS ? M - m : ROWS;
-        for (int32_t k0 = 0; k0 < K; k0 += KC) {
-            const int32_t kc = K - k0 < KC ? K - k0 : KC;
+        for (int32_t k0 = 0; k0 < K; k0 += kc_max) {
+            const int32_t kc = K - k0 < kc_max ? K - k0 : kc_max;
             t->tile(w, k0, kc, buf);
             block_tiles(x + m * ldx + k0, ldx, buf, b, k0 > 0, out, 32, rows, kc);
         }
@@ -313,7 +317,7 @@ static void tiled_block(const qtype_t *t, const float *x, int64_t ldx, const uin
 
 /* x: [M, K] rows ldx apart; w: the packed weight of `type`, [ceil(N/32)] blocks; bias: [N] or
  * NULL; y: [M, N] rows ldy apart. Returns -1 for an unknown type or a K that is not a whole
- * number of records, -2 when the few-rows path cannot get its scratch. */
+ * number of records, -2 when a thread cannot allocate its dequantized tile. */
 int32_t quant_linear_f32(int32_t type, const float *x, int64_t ldx, const uint8_t *w,
                          const float *bias, float *y, int64_t ldy, int64_t M, int32_t K, int32_t N,
                          int32_t num_threads)
@@ -339,13 +343,26 @@ int32_t quant_linear_f32(int32_t type, const float *x, int64_t ldx, const uint8_
         }
         return 0;
     }
-    #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int32_t nb = 0; nb < blocks; nb++) {
-        const int32_t cols = N - nb * 32 < 32 ? N - nb * 32 : 32;
-        tiled_block(t, x, ldx, w + nb * block_bytes, bias ? bias + nb * 32 : 0, y + nb * 32, ldy,
-                    M, K, cols);
+    /* Each thread dequantizes into its own tile of up to KC_MAX rows of k. */
+    const int32_t kc_max = K < KC_MAX ? K : KC_MAX;
+    int32_t failed = 0;
+    #pragma omp parallel num_threads(num_threads)
+    {
+        float *buf = aligned_alloc(64, (size_t)kc_max * 32 * sizeof(float));
+        if (!buf) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(static)
+        for (int32_t nb = 0; nb < blocks; nb++) {
+            const int32_t cols = N - nb * 32 < 32 ? N - nb * 32 : 32;
+            if (buf)
+                tiled_block(t, x, ldx, w + nb * block_bytes, bias ? bias + nb * 32 : 0,
+                            y + nb * 32, ldy, M, K, cols, buf, kc_max);
+        }
+        free(buf);
     }
-    return 0;
+    return failed ? -2 : 0;
 }
 
 /* The packed weight dequantized to fp32 rows: out [N, K] rows ldo apart. */
