@@ -15,7 +15,7 @@ import msgspec
 from engine_core.sampling_params import SamplingParams
 
 # Bumped on any change a peer of the previous version would misread.
-TOKENIZER_PROTOCOL_VERSION = 1
+TOKENIZER_PROTOCOL_VERSION = 2
 
 
 class ApiRequestType(enum.IntEnum):
