@@ -348,8 +348,8 @@ class EngineConfig:
                     and self.load.load_format == "auto" and cpu_ops.available())
             return "gguf" if auto else None
         if not is_gguf:
-            raise ConfigError(f"quantization 'gguf' needs a GGUF model (a .gguf file or the default "
-                              f"model), not {self.model.model!r}")
+            raise ConfigError(f"quantization 'gguf' needs a GGUF model (a .gguf file or the "
+                              f"default model), not {self.model.model!r}")
         if self.device_type != "cpu":
             raise ConfigError(f"GGUF quantized weights run on the CPU only (there is no "
                               f"{self.device_type} kernel for them): use --device cpu, or drop "
@@ -357,7 +357,8 @@ class EngineConfig:
                               f"to dequantize them at load")
         if self.model.dtype not in ("auto", "float32", "float"):
             raise ConfigError(f"quantization 'gguf' computes in float32, not {self.model.dtype}; "
-                              f"drop --quantization to run dequantized weights in {self.model.dtype}")
+                              f"drop --quantization to run dequantized weights in "
+                              f"{self.model.dtype}")
         if tp > 1:
             raise ConfigError(f"GGUF quantized weights are not split across tensor-parallel ranks: "
                               f"tensor_parallel_size {tp} needs dequantized weights (--dtype "

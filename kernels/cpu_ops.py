@@ -244,8 +244,9 @@ def _check_quantized(weight: QuantizedWeight) -> None:
     data = weight.data
     if (not block_bytes or data.dtype != torch.uint8 or not data.is_cpu or not data.is_contiguous()
             or data.numel() != blocks * block_bytes):
-        raise ValueError(f"{weight.qtype.name} weight [{weight.out_features}, {weight.in_features}]: "
-                         f"{data.numel()} packed bytes do not match the kernel's layout")
+        raise ValueError(f"{weight.qtype.name} weight [{weight.out_features}, "
+                         f"{weight.in_features}]: {data.numel()} packed bytes do not match the "
+                         f"kernel's layout")
 
 
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,

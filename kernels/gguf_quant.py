@@ -77,7 +77,8 @@ def _pack_q4_0(blocks: np.ndarray) -> np.ndarray:
 def _pack_q4_1(blocks: np.ndarray) -> np.ndarray:
     d, m, qs = blocks[..., :2], blocks[..., 2:4], blocks[..., 4:]
     codes = _nibbles(qs).reshape(blocks.shape[0], -1)
-    return _records(_by_column(_halves(d)).swapaxes(-1, -2), _by_column(_halves(m)).swapaxes(-1, -2),
+    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
+                    _by_column(_halves(m)).swapaxes(-1, -2),
                     _nibble_pairs(_codes_by_k(codes, 32)))
 
 
@@ -110,7 +111,8 @@ def _pack_q6_k(blocks: np.ndarray) -> np.ndarray:
     codes = (low | (high << 4)).reshape(n, -1)
     by_k = _codes_by_k(codes, 256)  # [N/32, supers, 256, 32]
     pairs = by_k >> 4
-    high_bytes = pairs[..., 0:8] | (pairs[..., 8:16] << 2) | (pairs[..., 16:24] << 4) | (pairs[..., 24:32] << 6)
+    high_bytes = (pairs[..., 0:8] | (pairs[..., 8:16] << 2) | (pairs[..., 16:24] << 4)
+                  | (pairs[..., 24:32] << 6))
     per_k = np.concatenate([_nibble_pairs(by_k & 15), high_bytes], axis=-1)
     return _records(_by_column(_halves(d)).swapaxes(-1, -2), _by_column(scales), per_k)
 

@@ -2,7 +2,9 @@
 
 Runs this engine's model runner and Hugging Face transformers' generate side by side in one
 process, alternating, and reports decode tokens/s after the first token (median of the runs),
-the ratio, and the fraction of the memory-bandwidth limit (weight bytes / read GB/s).
+the ratio, and the fraction of the memory-bandwidth limit (weight bytes / read GB/s). With
+several --dtype values (e.g. `--dtype auto float32`: a GGUF model's quantized weights, then the
+same weights dequantized) each gets its own runner and the runs alternate between them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine_core.config import engine_config_from_kwargs  # noqa: E402
 from engine_core.sampling_params import SamplingParams  # noqa: E402
+from gpu_worker.layers.linear import Linear  # noqa: E402
 from gpu_worker.model_runner import ModelRunner  # noqa: E402
 from gpu_worker.protocol import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 from scripts.machine_limits import machine_info, memory_read_gbps  # noqa: E402
@@ -49,7 +52,8 @@ def engine_decode(runner: ModelRunner, prompt: list[int], new_tokens: int, run_i
 
 def decode_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes a decode step must read: every weight used by matmuls (the output projection
-    included) and the norms; the embedding table is only gathered from."""
+    included, quantized ones as packed) and the norms; the embedding table is only gathered
+    from."""
     embedding = model.model.embed_tokens.weight
     tensors = [p for p in model.parameters() if p is not embedding]
     head = model.lm_head
@@ -58,7 +62,9 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     relaid = ("split_weight", "split_gate_up", "split_down", "blocked_weight", "fused_gate_up")
     tensors += [t for m in model.modules() for name in relaid
                 if isinstance(t := getattr(m, name, None), torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    quantized = sum(m.quantized.nbytes for m in model.modules()
+                    if isinstance(m, Linear) and m.quantized is not None)
+    return quantized + sum(t.numel() * t.element_size() for t in tensors)
 
 
 def hf_decode(model, prompt: list[int], new_tokens: int) -> float:
@@ -77,18 +83,23 @@ def hf_decode(model, prompt: list[int], new_tokens: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=None, help="model directory or .gguf (default model)")
+    parser.add_argument("--dtype", nargs="+", default=["auto"],
+                        help="engine dtype(s); auto keeps a GGUF model quantized on the CPU")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     args = parser.parse_args()
 
-    config = engine_config_from_kwargs(model=args.model, max_model_len=1024,
-                                       kv_cache_memory="128MiB").resolve()
-    runner = ModelRunner(config, torch.device(config.device_type))
-    runner.load_model()
-    runner.initialize_kv_cache(runner.determine_num_blocks())
-    weight_bytes = decode_weight_bytes(runner.model)
+    runners = {}
+    for dtype in args.dtype:
+        config = engine_config_from_kwargs(model=args.model, dtype=dtype, max_model_len=1024,
+                                           kv_cache_memory="128MiB").resolve()
+        runner = ModelRunner(config, torch.device(config.device_type))
+        runner.load_model()
+        runner.initialize_kv_cache(runner.determine_num_blocks())
+        runners[dtype] = runner
+    config = next(iter(runners.values())).config
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, config.arch.vocab_size, args.prompt_tokens).tolist()
     hf = None
@@ -96,24 +107,34 @@ def main() -> None:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32).eval()
-    engine_decode(runner, prompt, 16, -1)  # warm-up
-    ours, theirs = [], []
+    for runner in runners.values():
+        engine_decode(runner, prompt, 16, -1)  # warm-up
+    ours: dict[str, list[float]] = {dtype: [] for dtype in runners}
+    theirs = []
     for run in range(args.runs):
-        ours.append(engine_decode(runner, prompt, args.new_tokens, run))
+        for dtype, runner in runners.items():
+            ours[dtype].append(engine_decode(runner, prompt, args.new_tokens, run))
         if hf is not None:
             theirs.append(hf_decode(hf, prompt, args.new_tokens))
     gbps = memory_read_gbps()
-    limit = gbps * 1e9 / weight_bytes
-    result = {
-        "workload": "single-stream", "machine": machine_info(), "model": config.model_path,
-        "dtype": config.torch_dtype_name, "engine_decode_tok_s": round(statistics.median(ours), 2),
-        "engine_runs": [round(x, 2) for x in ours], "memory_read_gb_s": round(gbps, 1),
-        "weight_mb": round(weight_bytes / 1e6, 1), "bandwidth_limit_tok_s": round(limit, 1),
-        "fraction_of_limit": round(statistics.median(ours) / limit, 3),
-    }
+    result = {"workload": "single-stream", "machine": machine_info(), "model": config.model_path,
+              "memory_read_gb_s": round(gbps, 1)}
+    for dtype, runner in runners.items():
+        weight_bytes = decode_weight_bytes(runner.model)
+        limit = gbps * 1e9 / weight_bytes
+        median = statistics.median(ours[dtype])
+        result[f"dtype={dtype}"] = {
+            "dtype": runner.config.torch_dtype_name,
+            "quantization": runner.config.model.quantization,
+            "engine_decode_tok_s": round(median, 2),
+            "engine_runs": [round(x, 2) for x in ours[dtype]],
+            "weight_mb": round(weight_bytes / 1e6, 1), "bandwidth_limit_tok_s": round(limit, 1),
+            "fraction_of_limit": round(median / limit, 3),
+        }
+        if theirs:
+            result[f"dtype={dtype}"]["ratio_vs_hf"] = round(median / statistics.median(theirs), 2)
     if theirs:
         result["hf_decode_tok_s"] = round(statistics.median(theirs), 2)
-        result["ratio_vs_hf"] = round(statistics.median(ours) / statistics.median(theirs), 2)
     print(json.dumps(result, indent=2))
 
 

@@ -115,7 +115,8 @@ def hf_row_order(rows: np.ndarray, name: str, num_heads: int, num_kv_heads: int)
     return rows
 
 
-def dense_tensor(tensor: ReaderTensor | GGUFTensor, name: str, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+def dense_tensor(tensor: ReaderTensor | GGUFTensor, name: str, num_heads: int,
+                 num_kv_heads: int) -> torch.Tensor:
     """A GGUF tensor dequantized to fp32 in Hugging Face row order."""
     weight = dequantize(tensor.data, tensor.tensor_type)
     # GGUF lists dimensions fastest-first; numpy/torch want them slowest-first.

@@ -119,5 +119,6 @@ def test_builds_for_other_vector_widths(march: str, tmp_path: Path) -> None:
     flags = [f for f in cpu_library._FLAGS if f not in ("-march=native", "-O3")]
     source = Path(cpu_library.__file__).parent / "cpu" / "quant_linear.c"
     result = subprocess.run([cc, *flags, "-O0", f"-march={march}", "-Wno-psabi", "-c", str(source),
-                             "-o", str(tmp_path / "quant_linear.o")], capture_output=True, text=True)
+                             "-o", str(tmp_path / "quant_linear.o")],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

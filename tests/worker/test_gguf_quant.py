@@ -146,7 +146,8 @@ def _write_gguf(path: Path, layers: int) -> Path:
         qtype = _TYPES[kind]
         n, k = _SHAPES[kind]
         if qtype == GGMLType.Q5_0:
-            raw = quants.quantize(np.random.default_rng(seed).standard_normal((n, k), np.float32), qtype)
+            weight = np.random.default_rng(seed).standard_normal((n, k), np.float32)
+            raw = quants.quantize(weight, qtype)
         else:
             raw, _ = quantized(qtype, n, k, seed)
         writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
@@ -208,7 +209,8 @@ def test_mixed_types_equal_the_dequantized_model(mixed):
 def test_float32_dtype_keeps_the_dequantized_model():
     """--dtype float32 on the default model: fp32 weights as before, transformers' tokens."""
     runner, driver = make_runner(None, dtype="float32", max_model_len=512, kv_cache_memory="64MiB")
-    assert not any(isinstance(m, Linear) and m.quantized is not None for m in runner.model.modules())
+    assert not any(isinstance(m, Linear) and m.quantized is not None
+                   for m in runner.model.modules())
     ids = prompt_ids()
     prompts = {r: ids[r] for r in ("p0", "p9", "p13")}
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
