@@ -3,7 +3,8 @@
 pack() turns a GGUF tensor's blocks (rows of an [N, K] weight, each a run of GGML blocks) into
 32-column blocks of records, each record holding the scales of its 32 columns and then their
 codes k by k, so a kernel reads the weight front to back and gets each k's 32 columns from 16
-(4-bit) or 32 (8-bit) consecutive bytes. The bytes per weight are the file's.
+(4-bit), 20 (5-bit), 24 (6-bit) or 32 (8-bit) consecutive bytes. The bytes per weight are the
+file's (the K types' 6-bit sub-block scales take a byte each).
 """
 
 from __future__ import annotations
@@ -82,6 +83,33 @@ def _pack_q4_1(blocks: np.ndarray) -> np.ndarray:
                     _nibble_pairs(_codes_by_k(codes, 32)))
 
 
+def _five_bit_by_k(codes: np.ndarray, per_record: int) -> np.ndarray:
+    """[N, K] 5-bit codes -> [N/32, K/per_record, per_record, 20]: 16 bytes of nibble pairs,
+    then 4 bytes whose bit c is column c's high bit."""
+    by_k = _codes_by_k(codes, per_record)
+    high = np.packbits(by_k >> 4, axis=-1, bitorder="little")
+    return np.concatenate([_nibble_pairs(by_k & 15), high], axis=-1)
+
+
+def _five_bit_codes(qs: np.ndarray, qh: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1 blocks' codes [N, K] from their nibbles [N, B, 16] and high bits [N, B, 4]."""
+    bits = np.unpackbits(qh, axis=-1, bitorder="little")
+    return (_nibbles(qs) | (bits << 4)).reshape(qs.shape[0], -1)
+
+
+def _pack_q5_0(blocks: np.ndarray) -> np.ndarray:
+    d, qh, qs = blocks[..., :2], blocks[..., 2:6], blocks[..., 6:]
+    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
+                    _five_bit_by_k(_five_bit_codes(qs, qh), 32))
+
+
+def _pack_q5_1(blocks: np.ndarray) -> np.ndarray:
+    d, m, qh, qs = blocks[..., :2], blocks[..., 2:4], blocks[..., 4:8], blocks[..., 8:]
+    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
+                    _by_column(_halves(m)).swapaxes(-1, -2),
+                    _five_bit_by_k(_five_bit_codes(qs, qh), 32))
+
+
 def _pack_q8_0(blocks: np.ndarray) -> np.ndarray:
     d, qs = blocks[..., :2], blocks[..., 2:]
     return _records(_by_column(_halves(d)).swapaxes(-1, -2),
@@ -98,6 +126,21 @@ def _pack_q4_k(blocks: np.ndarray) -> np.ndarray:
                     _by_column(_halves(dmin)).swapaxes(-1, -2),
                     _by_column(sc.reshape(n, supers, 8)), _by_column(mn.reshape(n, supers, 8)),
                     _nibble_pairs(_codes_by_k(codes, 256)))
+
+
+def _pack_q5_k(blocks: np.ndarray) -> np.ndarray:
+    n, supers = blocks.shape[:2]
+    d, dmin, scales = blocks[..., :2], blocks[..., 2:4], blocks[..., 4:16]
+    qh, qs = blocks[..., 16:48], blocks[..., 48:]
+    sc, mn = Q4_K.get_scale_min(scales.reshape(-1, 12))
+    low = _nibbles(qs.reshape(n, supers, 4, 32)).reshape(n, supers, 256)
+    # Bit i of high byte l: element 32 i + l.
+    high = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
+    codes = (low | (high.reshape(n, supers, 256) << 4)).reshape(n, -1)
+    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
+                    _by_column(_halves(dmin)).swapaxes(-1, -2),
+                    _by_column(sc.reshape(n, supers, 8)), _by_column(mn.reshape(n, supers, 8)),
+                    _five_bit_by_k(codes, 256))
 
 
 def _pack_q6_k(blocks: np.ndarray) -> np.ndarray:
@@ -120,8 +163,11 @@ def _pack_q6_k(blocks: np.ndarray) -> np.ndarray:
 _PACKERS = {
     GGMLType.Q4_0: _pack_q4_0,
     GGMLType.Q4_1: _pack_q4_1,
+    GGMLType.Q5_0: _pack_q5_0,
+    GGMLType.Q5_1: _pack_q5_1,
     GGMLType.Q8_0: _pack_q8_0,
     GGMLType.Q4_K: _pack_q4_k,
+    GGMLType.Q5_K: _pack_q5_k,
     GGMLType.Q6_K: _pack_q6_k,
 }
 # The quantization types the kernels run; other GGUF types are dequantized at load.

@@ -1,19 +1,22 @@
-/* y = x @ W^T (+ bias) for fp32 activations and GGUF-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K,
- * Q6_K), dequantizing inside the kernel: the result is the dequantized fp32 model's up to the
- * order of the sums.
+/* y = x @ W^T (+ bias) for fp32 activations and GGUF-quantized weights (Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0, Q4_K, Q5_K, Q6_K), dequantizing inside the kernel: the result is the dequantized fp32
+ * model's up to the order of the sums.
  *
  * Layout (written by kernels/quant_pack.py): W's output rows in blocks of 32 columns, as the fp32
  * GEMM's [N/32, K, 32], each block a run of records of SB input rows (k). A record holds its
  * scales for all 32 columns, then its codes k by k: 4-bit codes as 16 bytes a k (byte j: column j
- * in the low nibble, column j + 16 in the high one), 8-bit codes as 32 bytes. Per type:
+ * in the low nibble, column j + 16 in the high one), 5-bit codes as those 16 bytes and 4 of high
+ * bits (bit c: column c), 8-bit codes as 32 bytes. Per type:
  *   Q4_0 (SB 32):  d[32] f16 | codes        w = d * (q - 8)
  *   Q4_1 (SB 32):  d[32] f16 | m[32] f16 | codes            w = d * q + m
+ *   Q5_0, Q5_1:    as Q4_0 (q - 16) and Q4_1, with 5-bit codes
  *   Q8_0 (SB 32):  d[32] f16 | int8 codes   w = d * q
  *   Q4_K (SB 256): d[32] f16 | dmin[32] f16 | sc[8][32] | mn[8][32] | codes
  *                  w = (d * sc[g]) * q - dmin * mn[g] for group g = k / 32
+ *   Q5_K:          as Q4_K with 5-bit codes
  *   Q6_K (SB 256): d[32] f16 | sc[16][32] int8 | per k: 16 bytes of low nibbles, 8 bytes of high
  *                  bit pairs (byte j, bits 2i: column j + 8i)   w = (d * sc[k / 16]) * (q - 32)
- * The same bytes per weight as the GGUF file (the K-types' 6-bit scales take a byte each: +3%).
+ * The same bytes per weight as the GGUF file (the K-types' 6-bit scales take a byte each: +2-3%).
  *
  * Few rows (decode): the weights stream once; a group's codes are multiplied with x as integers
  * turned float, and the group's scale (and offset, through the group's sum of x) is applied once
@@ -28,7 +31,7 @@
 
 #include "gemm_tile.h"
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 }; /* GGML's type numbers */
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 }; /* GGML's */
 
 /* Rows up to which the scaled-group path (weights streamed once per row tile) beats
  * dequantizing into the fp32 tile. */
@@ -60,6 +63,23 @@ static inline __attribute__((always_inline)) void nibble_floats(const uint8_t *p
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) q[j] = to_float(n[j] - zero);
 }
 
+/* The 32 columns' 5-bit codes of one k (16 bytes of nibbles, then 4 of high bits) minus `zero`. */
+static inline __attribute__((always_inline)) void five_bit_floats(const uint8_t *p, int zero, vf q[NV])
+{
+#if VW == 16
+    const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#else
+    const vi lane = {0, 1, 2, 3, 4, 5, 6, 7};
+#endif
+    int32_t bits;
+    memcpy(&bits, p + 16, 4);
+    const vi high = (vi){0} + bits;
+    vi n[NV];
+    nibbles(p, n);
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+        q[j] = to_float((n[j] | (((high >> (lane + j * VW)) & 1) << 4)) - zero);
+}
+
 /* Q6_K's high bit pairs of the 32 columns (byte j, bits 2i: column j + 8i), shifted into place. */
 static inline __attribute__((always_inline)) void high_pairs(const uint8_t *p, vi q[NV])
 {
@@ -80,25 +100,24 @@ static inline __attribute__((always_inline)) void high_pairs(const uint8_t *p, v
 /* Per type: SB, G (k per scale group), REC (record bytes), OFFSET (whether w has an additive
  * term), scales(rec, g, s, o) and codes(rec, k, q), k within the record. */
 
-#define Q4_0_SB 32
-#define Q4_0_G 32
-#define Q4_0_REC (64 + 32 * 16)
-#define Q4_0_OFFSET 0
-static inline __attribute__((always_inline)) void Q4_0_scales(const uint8_t *r, int g, vf s[NV], vf o[NV])
+/* The per-type constants, and codes read by `decode` from `at` bytes into the record, `step`
+ * bytes a k, minus `zero`. */
+#define QUANT_TYPE(T, sb, g, rec, offset, decode, at, step, zero)                                 \
+    enum { T##_SB = sb, T##_G = g, T##_REC = rec, T##_OFFSET = offset };                          \
+    static inline __attribute__((always_inline)) void T##_codes(const uint8_t *r, int k, vf q[NV]) \
+    {                                                                                              \
+        decode(r + at + k * step, zero, q);                                                        \
+    }
+
+/* d[32] f16 per record. */
+static inline __attribute__((always_inline)) void scale_only(const uint8_t *r, int g, vf s[NV], vf o[NV])
 {
     (void)g, (void)o;
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) s[j] = load_f16(r + j * VW * 2);
 }
-static inline __attribute__((always_inline)) void Q4_0_codes(const uint8_t *r, int k, vf q[NV])
-{
-    nibble_floats(r + 64 + k * 16, 8, q);
-}
 
-#define Q4_1_SB 32
-#define Q4_1_G 32
-#define Q4_1_REC (128 + 32 * 16)
-#define Q4_1_OFFSET 1
-static inline __attribute__((always_inline)) void Q4_1_scales(const uint8_t *r, int g, vf s[NV], vf o[NV])
+/* d[32] f16, m[32] f16 per record. */
+static inline __attribute__((always_inline)) void scale_and_min(const uint8_t *r, int g, vf s[NV], vf o[NV])
 {
     (void)g;
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {
@@ -106,55 +125,54 @@ static inline __attribute__((always_inline)) void Q4_1_scales(const uint8_t *r, 
         o[j] = load_f16(r + 64 + j * VW * 2);
     }
 }
-static inline __attribute__((always_inline)) void Q4_1_codes(const uint8_t *r, int k, vf q[NV])
-{
-    nibble_floats(r + 128 + k * 16, 0, q);
-}
 
-#define Q8_0_SB 32
-#define Q8_0_G 32
-#define Q8_0_REC (64 + 32 * 32)
-#define Q8_0_OFFSET 0
-#define Q8_0_scales Q4_0_scales
-static inline __attribute__((always_inline)) void Q8_0_codes(const uint8_t *r, int k, vf q[NV])
-{
-    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
-        q[j] = to_float(widen_i8(r + 64 + k * 32 + j * VW));
-}
-
-#define Q4_K_SB 256
-#define Q4_K_G 32
-#define Q4_K_REC (128 + 512 + 256 * 16)
-#define Q4_K_OFFSET 1
-static inline __attribute__((always_inline)) void Q4_K_scales(const uint8_t *r, int g, vf s[NV], vf o[NV])
+/* d[32] f16, dmin[32] f16, then per group of 32 k the 6-bit scales and mins as bytes. */
+static inline __attribute__((always_inline)) void k_scale_and_min(const uint8_t *r, int g, vf s[NV], vf o[NV])
 {
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) {
         s[j] = load_f16(r + j * VW * 2) * to_float(widen_u8(r + 128 + g * 32 + j * VW));
         o[j] = -load_f16(r + 64 + j * VW * 2) * to_float(widen_u8(r + 384 + g * 32 + j * VW));
     }
 }
-static inline __attribute__((always_inline)) void Q4_K_codes(const uint8_t *r, int k, vf q[NV])
-{
-    nibble_floats(r + 640 + k * 16, 0, q);
-}
 
-#define Q6_K_SB 256
-#define Q6_K_G 16
-#define Q6_K_REC (64 + 512 + 256 * 24)
-#define Q6_K_OFFSET 0
-static inline __attribute__((always_inline)) void Q6_K_scales(const uint8_t *r, int g, vf s[NV], vf o[NV])
+/* Q6_K: d[32] f16, then per group of 16 k the int8 scales. */
+static inline __attribute__((always_inline)) void k6_scale(const uint8_t *r, int g, vf s[NV], vf o[NV])
 {
     (void)o;
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
         s[j] = load_f16(r + j * VW * 2) * to_float(widen_i8(r + 64 + g * 32 + j * VW));
 }
-static inline __attribute__((always_inline)) void Q6_K_codes(const uint8_t *r, int k, vf q[NV])
+
+static inline __attribute__((always_inline)) void int8_floats(const uint8_t *p, int zero, vf q[NV])
+{
+    (void)zero;
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) q[j] = to_float(widen_i8(p + j * VW));
+}
+
+static inline __attribute__((always_inline)) void six_bit_floats(const uint8_t *p, int zero, vf q[NV])
 {
     vi lo[NV], hi[NV];
-    nibbles(r + 576 + k * 24, lo);
-    high_pairs(r + 576 + k * 24 + 16, hi);
-    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) q[j] = to_float((lo[j] | hi[j]) - 32);
+    nibbles(p, lo);
+    high_pairs(p + 16, hi);
+    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) q[j] = to_float((lo[j] | hi[j]) - zero);
 }
+
+QUANT_TYPE(Q4_0, 32, 32, 64 + 32 * 16, 0, nibble_floats, 64, 16, 8)
+QUANT_TYPE(Q4_1, 32, 32, 128 + 32 * 16, 1, nibble_floats, 128, 16, 0)
+QUANT_TYPE(Q5_0, 32, 32, 64 + 32 * 20, 0, five_bit_floats, 64, 20, 16)
+QUANT_TYPE(Q5_1, 32, 32, 128 + 32 * 20, 1, five_bit_floats, 128, 20, 0)
+QUANT_TYPE(Q8_0, 32, 32, 64 + 32 * 32, 0, int8_floats, 64, 32, 0)
+QUANT_TYPE(Q4_K, 256, 32, 640 + 256 * 16, 1, nibble_floats, 640, 16, 0)
+QUANT_TYPE(Q5_K, 256, 32, 640 + 256 * 20, 1, five_bit_floats, 640, 20, 0)
+QUANT_TYPE(Q6_K, 256, 16, 576 + 256 * 24, 0, six_bit_floats, 576, 24, 32)
+#define Q4_0_scales scale_only
+#define Q4_1_scales scale_and_min
+#define Q5_0_scales scale_only
+#define Q5_1_scales scale_and_min
+#define Q8_0_scales scale_only
+#define Q4_K_scales k_scale_and_min
+#define Q5_K_scales k_scale_and_min
+#define Q6_K_scales k6_scale
 
 /* Per type T, two ways through one 32-column block w (K/SB records):
  * few_T_R: R rows of x; xsum [R, K/G] the rows' sums per group (used by offset types).
@@ -233,8 +251,11 @@ typedef void (*few_fn)(const float *, int64_t, const float *, const uint8_t *, c
 
 DEFINE_QUANT(Q4_0)
 DEFINE_QUANT(Q4_1)
+DEFINE_QUANT(Q5_0)
+DEFINE_QUANT(Q5_1)
 DEFINE_QUANT(Q8_0)
 DEFINE_QUANT(Q4_K)
+DEFINE_QUANT(Q5_K)
 DEFINE_QUANT(Q6_K)
 
 typedef struct {
@@ -247,13 +268,17 @@ typedef struct {
 
 static const qtype_t *qtype(int32_t type)
 {
-    static const qtype_t q4_0 = QTYPE(Q4_0), q4_1 = QTYPE(Q4_1), q8_0 = QTYPE(Q8_0),
-                         q4_k = QTYPE(Q4_K), q6_k = QTYPE(Q6_K);
+    static const qtype_t q4_0 = QTYPE(Q4_0), q4_1 = QTYPE(Q4_1), q5_0 = QTYPE(Q5_0),
+                         q5_1 = QTYPE(Q5_1), q8_0 = QTYPE(Q8_0), q4_k = QTYPE(Q4_K),
+                         q5_k = QTYPE(Q5_K), q6_k = QTYPE(Q6_K);
     switch (type) {
     case Q4_0: return &q4_0;
     case Q4_1: return &q4_1;
+    case Q5_0: return &q5_0;
+    case Q5_1: return &q5_1;
     case Q8_0: return &q8_0;
     case Q4_K: return &q4_k;
+    case Q5_K: return &q5_k;
     case Q6_K: return &q6_k;
     default: return 0;
     }

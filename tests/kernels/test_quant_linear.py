@@ -20,10 +20,11 @@ from kernels.gguf_quant import QuantizedWeight, pack
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
 
-TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K]
+TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+         GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
 # Byte offsets of the fp16 super-block scales of the types gguf cannot quantize (random codes
 # and sub-block scales, scales kept small and finite).
-_K_SCALES = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
+_K_SCALES = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
 
 
 def quantized(qtype: GGMLType, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, torch.Tensor]:
@@ -107,7 +108,7 @@ def test_refuses_what_it_would_misread() -> None:
     with pytest.raises(ValueError, match="whole blocks"):
         pack(GGMLType.Q4_1, raw[:, :-1], 64, 64)
     with pytest.raises(ValueError, match="no CPU kernel"):
-        pack(GGMLType.Q5_K, raw, 64, 64)
+        pack(GGMLType.Q2_K, raw, 64, 64)
     assert isinstance(packed, QuantizedWeight) and packed.nbytes == 2 * 2 * 640
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as GGMLType
-from gguf import GGUFWriter, quants
+from gguf import GGUFWriter
 from safetensors.torch import load_file
 
 from engine_core.args import add_engine_args, engine_kwargs
@@ -126,11 +126,11 @@ def test_default_model_holds_the_dequantized_weights():
 
 # --- a tiny llama written as GGUF with a different type per tensor --------------------------
 
-# Fused projections of mixed types (q and k Q4_K, v Q6_K; gate and up Q8_0), a type without a
-# kernel (Q5_0: dequantized at load), and an untied output projection in Q6_K.
+# Fused projections of mixed types (q and k Q4_K, v Q6_K), a fused projection with a part of no
+# kernel (gate F16: gate_up stays fp32), the other types, and an untied output projection.
 _TYPES = {"attn_q": GGMLType.Q4_K, "attn_k": GGMLType.Q4_K, "attn_v": GGMLType.Q6_K,
-          "attn_output": GGMLType.Q4_1, "ffn_gate": GGMLType.Q8_0, "ffn_up": GGMLType.Q8_0,
-          "ffn_down": GGMLType.Q5_0, "output": GGMLType.Q6_K, "token_embd": GGMLType.Q4_0}
+          "attn_output": GGMLType.Q5_K, "ffn_gate": GGMLType.F16, "ffn_up": GGMLType.Q8_0,
+          "ffn_down": GGMLType.Q5_1, "output": GGMLType.Q6_K, "token_embd": GGMLType.Q5_0}
 _SHAPES = {"attn_q": (256, 256), "attn_k": (128, 256), "attn_v": (128, 256),
            "attn_output": (256, 256), "ffn_gate": (512, 256), "ffn_up": (512, 256),
            "ffn_down": (256, 512), "output": (512, 256), "token_embd": (512, 256)}
@@ -145,12 +145,12 @@ def _write_gguf(path: Path, layers: int) -> Path:
         kind = name.rsplit(".", 1)[-1]
         qtype = _TYPES[kind]
         n, k = _SHAPES[kind]
-        if qtype == GGMLType.Q5_0:
-            weight = np.random.default_rng(seed).standard_normal((n, k), np.float32)
-            raw = quants.quantize(weight, qtype)
-        else:
-            raw, _ = quantized(qtype, n, k, seed)
-        writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
+        if qtype == GGMLType.F16:
+            weight = np.random.default_rng(seed).standard_normal((n, k), np.float32) * 0.05
+            writer.add_tensor(f"{name}.weight", weight.astype(np.float16))
+            continue
+        raw, _ = quantized(qtype, n, k, seed)
+        writer.add_tensor(f"{name}.weight", raw, raw_dtype=qtype)
     for i in range(layers):
         for norm in ("attn_norm", "ffn_norm"):
             writer.add_tensor(f"blk.{i}.{norm}.weight", np.ones(256, np.float32))
@@ -188,9 +188,9 @@ def test_mixed_types_keep_their_blocks_per_part(mixed):
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
     assert [(p.qtype, p.out_features) for p in attn.qkv_proj.quantized.parts] == [
         (GGMLType.Q4_K, 384), (GGMLType.Q6_K, 128)]  # q and k merged, v its own
-    assert [(p.qtype, p.out_features) for p in mlp.gate_up_proj.quantized.parts] == [
-        (GGMLType.Q8_0, 1024)]
-    assert mlp.down_proj.quantized is None and mlp.down_proj.blocked_weight is not None
+    assert [p.qtype for p in attn.o_proj.quantized.parts] == [GGMLType.Q5_K]
+    assert [p.qtype for p in mlp.down_proj.quantized.parts] == [GGMLType.Q5_1]
+    assert mlp.gate_up_proj.quantized is None and mlp.gate_up_proj.blocked_weight is not None
     assert [p.qtype for p in model.lm_head.quantized.parts] == [GGMLType.Q6_K]
 
 
