@@ -39,6 +39,7 @@ _SIGNATURES = {
     "rotary_f32": (None, [_P, _I64, _I64, _I32, _I32, _P, _P, _I32]),
     "quant_linear_f32": (_I32, [_I32, _P, _I64, _P, _P, _P, _I64, _I64, _I32, _I32, _I32]),
     "quant_dequantize_f32": (_I32, [_I32, _P, _P, _I64, _I32, _I32, _I32]),
+    "quant_rows_f32": (_I32, [_I32, _P, _I32, _I32, _P, _I64, _P, _I32]),
     "quant_block_bytes": (_I64, [_I32, _I32]),
 }
 

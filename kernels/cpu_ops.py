@@ -283,3 +283,20 @@ def quant_dequantize(weight: QuantizedWeight) -> torch.Tensor:
                                 weight.in_features, weight.in_features, weight.out_features,
                                 torch.get_num_threads())
     return out
+
+
+def quant_rows(weight: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ids (int64, any shape) of the packed weight as fp32 [*ids.shape, K]: an embedding
+    lookup on a quantized table."""
+    _check_quantized(weight)
+    _check(ids, "ids", torch.int64)
+    flat = ids.reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    out = torch.empty(*ids.shape, weight.in_features)
+    rc = _lib().quant_rows_f32(weight.qtype, weight.data.data_ptr(), weight.in_features,
+                               weight.out_features, flat.data_ptr(), flat.numel(), out.data_ptr(),
+                               torch.get_num_threads())
+    if rc == -3:
+        raise IndexError(f"ids outside the table's {weight.out_features} rows")
+    return out

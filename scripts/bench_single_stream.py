@@ -57,7 +57,8 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     embedding = model.model.embed_tokens.weight
     tensors = [p for p in model.parameters() if p is not embedding]
     head = model.lm_head
-    if head.split_weight is None and head.blocked_weight is None and head.weight is embedding:
+    if (embedding is not None and head.split_weight is None and head.blocked_weight is None
+            and head.weight is embedding):
         tensors.append(embedding)  # tied and used as is by the output projection
     relaid = ("split_weight", "split_gate_up", "split_down", "blocked_weight", "fused_gate_up")
     tensors += [t for m in model.modules() for name in relaid

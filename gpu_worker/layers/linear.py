@@ -88,13 +88,25 @@ class Linear(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding table [vocab, hidden]."""
+    """Token embedding table [vocab, hidden]; a table the loader kept GGUF-quantized
+    (use_quantized()) is looked up row by row in its packed form."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
+        self.quantized: QuantizedWeight | None = None
+
+    def use_quantized(self, table: QuantizedWeight) -> None:
+        """Look rows up in the packed table and drop the fp32 one."""
+        if (table.out_features, table.in_features) != tuple(self.weight.shape):
+            raise ValueError(f"quantized table [{table.out_features}, {table.in_features}] does "
+                             f"not fit {tuple(self.weight.shape)}")
+        self.quantized = table
+        self.weight = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return cpu_ops.quant_rows(self.quantized, ids)
         return F.embedding(ids, self.weight)
 
 

@@ -1,9 +1,9 @@
 """Loading a model from its GGUF file with the linear weights kept quantized (CPU kernels).
 
 Every Linear whose checkpoint tensors are all of a type the CPU kernels run (kernels.gguf_quant)
-takes their blocks, packed in row order (the fused qkv and gate_up projections take several); a
-tied output projection takes the token embedding's. The rest (norms, the embedding table that
-the lookup gathers rows from, tensors of other types) is dequantized to fp32 and loaded as from
+takes their blocks, packed in row order (the fused qkv and gate_up projections take several);
+the token embedding looks its rows up in its packed table, which a tied output projection
+shares. The rest (norms, tensors of other types) is dequantized to fp32 and loaded as from
 safetensors.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from torch import nn
 
-from gpu_worker.layers.linear import Linear
+from gpu_worker.layers.linear import Embedding, Linear
 from gpu_worker.loader.gguf_convert import dense_tensor, hf_row_order, hf_tensor_name
 from gpu_worker.loader.gguf_tensors import GGUFTensor, read_gguf_tensors
 from gpu_worker.models.weights import WeightLoadError
@@ -57,24 +57,33 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
                               f"from; load_format 'gguf' needs a GGUF model (a .gguf file or the "
                               f"default model)")
     tensors = {hf_tensor_name(t.name): t for t in read_gguf_tensors(gguf_path)}
-    quantized: Counter[str] = Counter()
-    consumed: set[str] = set()
+    packed: dict[str, QuantizedWeight] = {}  # one copy of a table the output projection shares
+
+    def packed_tensor(name: str) -> QuantizedWeight:
+        if name not in packed:
+            packed[name] = _packed(tensors[name], name, model)
+        return packed[name]
+
     for name, module in model.named_modules():
-        if not isinstance(module, Linear):
+        if isinstance(module, Linear):
+            sources = _checkpoint_rows(model, name)
+        elif isinstance(module, Embedding):
+            sources = [f"{name}.weight"]
+        else:
             continue
-        sources = _checkpoint_rows(model, name)
         if not all(s in tensors and tensors[s].tensor_type in QUANT_TYPES for s in sources):
             continue
         try:
-            module.use_quantized([_packed(tensors[s], s, model) for s in sources])
+            if isinstance(module, Linear):
+                module.use_quantized([packed_tensor(s) for s in sources])
+            else:
+                module.use_quantized(packed_tensor(sources[0]))
         except ValueError as e:
             raise WeightLoadError(f"{gguf_path}: {', '.join(sources)}: {e}") from None
-        quantized.update(tensors[s].tensor_type.name for s in sources)
-        consumed.update(s for s in sources if s != _EMBEDDING)  # the lookup still needs it
-    dense = [name for name in tensors if name not in consumed]
-    logger.info("%s: linear weights kept quantized (%s); %d tensors dequantized to fp32",
-                gguf_path.name, ", ".join(f"{n} x{c}" for n, c in sorted(quantized.items())),
-                len(dense))
+    types = Counter(tensors[name].tensor_type.name for name in packed)
+    dense = [name for name in tensors if name not in packed]
+    logger.info("%s: kept quantized: %s; %d tensors dequantized to fp32", gguf_path.name,
+                ", ".join(f"{n} x{c}" for n, c in sorted(types.items())), len(dense))
     heads = model.cfg.num_attention_heads, model.cfg.num_key_value_heads
     model.load_weights((str(gguf_path), name, dense_tensor(tensors[name], name, *heads))
                        for name in dense)

@@ -390,6 +390,19 @@ int32_t quant_linear_f32(int32_t type, const float *x, int64_t ldx, const uint8_
     return failed ? -2 : 0;
 }
 
+/* Columns [first, first + count) of one packed block, dequantized into rows of out (ldo apart). */
+static void block_columns(const qtype_t *t, const uint8_t *w, int32_t K, int32_t first,
+                          int32_t count, float *out, int64_t ldo)
+{
+    float buf[KC * 32] __attribute__((aligned(64)));
+    for (int32_t k0 = 0; k0 < K; k0 += KC) {
+        const int32_t kc = K - k0 < KC ? K - k0 : KC;
+        t->tile(w, k0, kc, buf);
+        for (int32_t c = 0; c < count; c++)
+            for (int32_t k = 0; k < kc; k++) out[c * ldo + k0 + k] = buf[k * 32 + first + c];
+    }
+}
+
 /* The packed weight dequantized to fp32 rows: out [N, K] rows ldo apart. */
 int32_t quant_dequantize_f32(int32_t type, const uint8_t *w, float *out, int64_t ldo, int32_t K,
                              int32_t N, int32_t num_threads)
@@ -399,16 +412,30 @@ int32_t quant_dequantize_f32(int32_t type, const uint8_t *w, float *out, int64_t
     if (!block_bytes) return -1;
     const int32_t blocks = (N + 31) / 32;
     #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int32_t nb = 0; nb < blocks; nb++) {
-        float buf[KC * 32] __attribute__((aligned(64)));
-        const int32_t cols = N - nb * 32 < 32 ? N - nb * 32 : 32;
-        for (int32_t k0 = 0; k0 < K; k0 += KC) {
-            const int32_t kc = K - k0 < KC ? K - k0 : KC;
-            t->tile(w + nb * block_bytes, k0, kc, buf);
-            for (int32_t c = 0; c < cols; c++)
-                for (int32_t k = 0; k < kc; k++)
-                    out[(int64_t)(nb * 32 + c) * ldo + k0 + k] = buf[k * 32 + c];
-        }
-    }
+    for (int32_t nb = 0; nb < blocks; nb++)
+        block_columns(t, w + nb * block_bytes, K, 0, N - nb * 32 < 32 ? N - nb * 32 : 32,
+                      out + (int64_t)nb * 32 * ldo, ldo);
     return 0;
+}
+
+/* Rows ids[0..count) of the packed [N, K] weight as fp32: out [count, K] (an embedding lookup;
+ * each row costs its block's dequantization). Returns -3 when an id is outside [0, N). */
+int32_t quant_rows_f32(int32_t type, const uint8_t *w, int32_t K, int32_t N, const int64_t *ids,
+                       int64_t count, float *out, int32_t num_threads)
+{
+    const qtype_t *t = qtype(type);
+    const int64_t block_bytes = quant_block_bytes(type, K);
+    if (!block_bytes) return -1;
+    int32_t bad = 0;
+    #pragma omp parallel for num_threads(num_threads) schedule(static) if (count > 1)
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t n = ids[i];
+        if (n < 0 || n >= N) {
+            #pragma omp atomic write
+            bad = 1;
+            continue;
+        }
+        block_columns(t, w + (n / 32) * block_bytes, K, (int32_t)(n % 32), 1, out + i * K, K);
+    }
+    return bad ? -3 : 0;
 }

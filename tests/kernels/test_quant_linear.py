@@ -1,7 +1,7 @@
-"""The quantized CPU kernels (kernels/cpu/quant_linear.c) against gguf's dequantize followed by a
-float64 matmul, for every type they run: odd column counts (a partial last block), K past the
-dequantized tile's 256 rows, the few-rows and the tiled paths, bias, outputs written into a
-wider tensor, and builds for other vector widths."""
+"""The quantized CPU kernels (kernels/cpu/quant_linear.c) against gguf's dequantize (and row
+lookups in it) followed by a float64 matmul, for every type they run: odd column counts (a
+partial last block), K past 256 rows, the few-rows and the tiled paths, bias, outputs written
+into a wider tensor, and builds for other vector widths."""
 
 from __future__ import annotations
 
@@ -54,10 +54,13 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [32, 70])
-def test_dequantize_is_ggufs(qtype: GGMLType, n: int) -> None:
+def test_dequantize_and_row_lookup_are_ggufs(qtype: GGMLType, n: int) -> None:
     k = 512
     raw, expected = quantized(qtype, n, k, seed=n)
-    assert torch.equal(cpu_ops.quant_dequantize(pack(qtype, raw, n, k)), expected)
+    packed = pack(qtype, raw, n, k)
+    assert torch.equal(cpu_ops.quant_dequantize(packed), expected)
+    ids = torch.tensor([[n - 1, 0], [33 % n, 5]])  # the partial last block's row included
+    assert torch.equal(cpu_ops.quant_rows(packed, ids), expected[ids])
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

@@ -101,7 +101,8 @@ def test_loader_refuses_quantized_weights_off_the_cpu(tmp_path):
 
 def test_default_model_holds_the_dequantized_weights():
     """Every linear layer of the default model runs its Q4_1 blocks (the tied output projection
-    the embedding's Q8_0 ones), which dequantize to exactly the converted fp32 weights."""
+    the embedding's Q8_0 ones, which the lookup shares), which dequantize to exactly the
+    converted fp32 weights."""
     config = _resolved()
     model = load_model(config.model_path, config.arch, torch.float32, CPU, "gguf")
     linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
@@ -113,7 +114,10 @@ def test_default_model_holds_the_dequantized_weights():
     assert all(len(m.quantized.parts) == 1 for m in linears.values())
     fp32 = load_file(Path(config.model_path) / "model.safetensors")
     embedding = fp32["model.embed_tokens.weight"]
-    assert torch.equal(model.model.embed_tokens.weight, embedding)
+    table = model.model.embed_tokens
+    assert table.weight is None and table.quantized is linears["lm_head"].quantized.parts[0]
+    ids = torch.tensor([[0, 49151, 7], [31, 32, 12345]])
+    assert torch.equal(table(ids), embedding[ids])
     assert torch.equal(linears["lm_head"].quantized.dequantize(), embedding)
     layer = "model.layers.7"
     qkv = torch.cat([fp32[f"{layer}.self_attn.{p}_proj.weight"] for p in "qkv"])
@@ -203,7 +207,10 @@ def test_mixed_types_equal_the_dequantized_model(mixed):
             assert torch.equal(ours[name].quantized.dequantize(), ref.weight), name
             inputs = x[:, : ref.weight.shape[1]]
             torch.testing.assert_close(ours[name](inputs), ref(inputs), rtol=1e-5, atol=1e-4)
-    assert torch.equal(model.model.embed_tokens.weight, reference.model.embed_tokens.weight)
+    ids = torch.arange(512).reshape(2, 256)
+    assert torch.equal(model.model.embed_tokens(ids), reference.model.embed_tokens(ids))
+    with pytest.raises(IndexError, match="outside the table's 512 rows"):
+        model.model.embed_tokens(torch.tensor([512]))
 
 
 def test_float32_dtype_keeps_the_dequantized_model():
