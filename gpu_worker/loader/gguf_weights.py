@@ -48,7 +48,8 @@ def _packed(tensor: GGUFTensor, name: str, model: nn.Module) -> QuantizedWeight:
 
 
 def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
-    """Fill model from gguf_path, linear weights quantized where a kernel runs their type."""
+    """Fill model from gguf_path, linear weights and the embedding quantized where a kernel runs
+    their type."""
     if tp_world_size() > 1:
         raise WeightLoadError("GGUF quantized weights are not split across tensor-parallel ranks; "
                               "use --dtype float32 (dequantized weights) with tensor parallelism")

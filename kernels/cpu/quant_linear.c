@@ -19,8 +19,8 @@
  * The same bytes per weight as the GGUF file (the K-types' 6-bit scales take a byte each: +2-3%).
  *
  * Few rows (decode): the weights stream once; a group's codes are multiplied with x as integers
- * turned float, and the group's scale (and offset, through the group's sum of x) is applied once
- * per group: y += s * sum(x q) + o * sum(x). Many rows (prefill, batched decode): each 32-column
+ * turned float, and the group's scale (and offset and zero point, through the group's sum of x)
+ * is applied once per group: y += s * sum(x q) + (o - s z) * sum(x). Many rows (prefill, batched decode): each 32-column
  * block is dequantized into an L2-resident [K, 32] fp32 tile (up to 2048 k at a time) and the
  * fp32 GEMM's register tiles (gemm_tile.h) run every row of x over it in one pass, so each
  * weight is dequantized once per call and the multiply runs at the fp32 GEMM's speed.
@@ -98,15 +98,20 @@ static inline __attribute__((always_inline)) void high_pairs(const uint8_t *p, v
 }
 
 /* Per type: SB, G (k per scale group), REC (record bytes), OFFSET (whether w has an additive
- * term), scales(rec, g, s, o) and codes(rec, k, q), k within the record. */
+ * term), ZERO (subtracted from the codes), scales(rec, g, s, o), and codes(rec, k, q) (minus
+ * ZERO) and raw(rec, k, q) (as stored), k within the record. */
 
 /* The per-type constants, and codes read by `decode` from `at` bytes into the record, `step`
- * bytes a k, minus `zero`. */
+ * bytes a k. */
 #define QUANT_TYPE(T, sb, g, rec, offset, decode, at, step, zero)                                 \
-    enum { T##_SB = sb, T##_G = g, T##_REC = rec, T##_OFFSET = offset };                          \
+    enum { T##_SB = sb, T##_G = g, T##_REC = rec, T##_OFFSET = offset, T##_ZERO = zero };         \
     static inline __attribute__((always_inline)) void T##_codes(const uint8_t *r, int k, vf q[NV]) \
     {                                                                                              \
         decode(r + at + k * step, zero, q);                                                        \
+    }                                                                                              \
+    static inline __attribute__((always_inline)) void T##_raw(const uint8_t *r, int k, vf q[NV])   \
+    {                                                                                              \
+        decode(r + at + k * step, 0, q);                                                           \
     }
 
 /* d[32] f16 per record. */
@@ -199,7 +204,7 @@ static void few_##T##_##R(const float *x, int64_t ldx, const float *xsum, const 
         const float *xg = x + (int64_t)gi * T##_G;                                                 \
         _Pragma("GCC unroll 2") for (int kk = 0; kk < T##_G; kk++) {                               \
             vf q[NV];                                                                              \
-            T##_codes(rec, g * T##_G + kk, q);                                                     \
+            T##_raw(rec, g * T##_G + kk, q);                                                       \
             _Pragma("GCC unroll 16") for (int m = 0; m < R; m++) {                                 \
                 const float xv = xg[m * ldx + kk];                                                 \
                 _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) part[m][j] += xv * q[j];     \
@@ -210,7 +215,9 @@ static void few_##T##_##R(const float *x, int64_t ldx, const float *xsum, const 
         _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                       \
             _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) {                                \
                 acc[m][j] += s[j] * part[m][j];                                                    \
+                /* The codes' zero point comes off once per group, with the offset. */          \
                 if (T##_OFFSET) acc[m][j] += o[j] * xsum[m * groups + gi];                         \
+                if (T##_ZERO) acc[m][j] -= (float)T##_ZERO * s[j] * xsum[m * groups + gi];         \
             }                                                                                      \
     }                                                                                              \
     _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                           \
