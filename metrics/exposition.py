@@ -35,12 +35,16 @@ def mark_process_dead(pid: int, path: str | None = None) -> None:
     multiprocess.mark_process_dead(pid, path or os.environ.get(ENV_VAR))
 
 
+def metrics_registry(path: str | None = None) -> CollectorRegistry:
+    """The registry /metrics renders: every process's metrics in multiprocess mode."""
+    path = path or os.environ.get(ENV_VAR)
+    if not path:
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=path)
+    return registry
+
+
 def render_metrics(path: str | None = None) -> tuple[bytes, str]:
     """(body, content type) of every process's metrics for GET /metrics."""
-    path = path or os.environ.get(ENV_VAR)
-    if path:
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=path)
-    else:
-        registry = REGISTRY
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(metrics_registry(path)), CONTENT_TYPE_LATEST
