@@ -49,6 +49,9 @@ class TokenizerReady(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     model_name: str
     max_model_len: int
     vocab_size: int
+    # The engine core's KV cache (appended with defaults: a peer that lacks them reads 0).
+    num_blocks: int = 0
+    block_size: int = 0
 
 
 class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -56,7 +56,8 @@ class TokenizerProc:
         self.chat_template = chat_template  # --chat-template: for requests that give none
         self.engine = engine
         self.ready = TokenizerReady(TOKENIZER_PROTOCOL_VERSION, index, engine.ready.model_name,
-                                    engine.ready.max_model_len, engine.ready.vocab_size)
+                                    engine.ready.max_model_len, engine.ready.vocab_size,
+                                    engine.ready.num_blocks, engine.ready.block_size)
         self.streams = DeltaStreams(tokenizer, RequestStatsRecorder(engine.ready.model_name,
                                                                     engine.ready.max_model_len))
         self._ctx = zmq.asyncio.Context()
