@@ -32,13 +32,15 @@ from frontend.openai_protocol import (REQUEST_STRUCTS, RESPONSE_STRUCTS, ChatCom
 from frontend.serving import ServingContext, json_response
 from frontend.serving_chat import chat_messages, create_chat_completion, template_kwargs
 from frontend.serving_completions import create_completion
+from frontend.ui import routes as ui
 from metrics.exposition import render_metrics
 
 logger = logging.getLogger("api_server")
 
 DEFAULT_MAX_REQUEST_BODY = 16 * 1024 * 1024
 # Paths answered without an API key.
-OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
+# The built-in page's own files are open too: the page asks for the key (docs/ui.md).
+OPEN_PATHS = frozenset({"/health", "/version", "/metrics", *ui.PAGE_PATHS})
 
 CTX = web.AppKey("ctx", ServingContext)
 STATE = web.AppKey("state", dict)
@@ -300,6 +302,8 @@ async def run_api_server(args: argparse.Namespace) -> int:
     app = build_app(ctx, api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
                     max_body=args.max_request_body,
                     engine_alive=lambda: args.engine_pid is None or pid_alive(args.engine_pid))
+    if not args.disable_ui:
+        ui.register(app, ctx, config)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=args.shutdown_timeout)
     await runner.setup()
@@ -330,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-request-body", type=int, default=DEFAULT_MAX_REQUEST_BODY)
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
     parser.add_argument("--ready-file")
+    parser.add_argument("--disable-ui", action="store_true")
     add_chat_args(parser)
     args = parser.parse_args(argv)
     start_child_process(process_name(args.index), args.parent_pid)

@@ -48,7 +48,8 @@ def _serve(args: argparse.Namespace) -> int:
     chat = ChatOptions.from_args(args)  # a bad flag fails before anything starts
     return serve(engine_kwargs(args), args.tokenizer_workers, args.tokenizer_listen,
                  args.shutdown_timeout, args.startup_timeout, args.api_server_count, args.host,
-                 args.port, args.api_key, args.max_request_body, chat)
+                 args.port, args.api_key, args.max_request_body, chat,
+                 disable_ui=args.disable_ui)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "0: none, clients speak to the tokenizer processes)")
     http.add_argument("--max-request-body", type=int, default=16 * 1024 * 1024, metavar="BYTES",
                      help="largest request body; larger ones get 413 (default 16 MiB)")
+    http.add_argument("--disable-ui", action="store_true",
+                     help="do not serve the built-in page at / and /ui (docs/ui.md)")
     procs.add_argument("--tokenizer-workers", type=int, default=1, metavar="M",
                      help="tokenizer processes (default 1)")
     procs.add_argument("--tokenizer-listen", action="append", metavar="ADDR",

@@ -67,7 +67,7 @@ class Launcher:
                  shutdown_timeout: float = 10.0, api_server_count: int = 1,
                  host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                  max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
-                 chat: ChatOptions = ChatOptions()) -> None:
+                 chat: ChatOptions = ChatOptions(), disable_ui: bool = False) -> None:
         if api_server_count < 0:
             raise ValueError(f"--api-server-count must be at least 0, got {api_server_count}")
         if tokenizer_workers < 1:
@@ -91,6 +91,7 @@ class Launcher:
         self.api_key = api_key
         self.max_request_body = max_request_body
         self.chat = chat
+        self.disable_ui = disable_ui
         # The chat template travels to the children as a file (it may be long).
         self.chat_template_file: str | None = None
         if chat.chat_template is not None:
@@ -136,6 +137,8 @@ class Launcher:
                 "--shutdown-timeout", str(self.shutdown_timeout),
                 "--max-request-body", str(self.max_request_body), "--ready-file", ready_file,
                 *self.chat.argv(self.chat_template_file)]
+        if self.disable_ui:
+            args.append("--disable-ui")
         for address in self.tokenizer_addresses:
             args += ["--tokenizer-address", address]
         # The key travels in the environment, not on the command line that ps shows.
@@ -261,13 +264,14 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
           startup_timeout: float = 600.0, api_server_count: int = 1, host: str = "127.0.0.1",
           port: int = 8000, api_key: str | None = None,
           max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
-          chat: ChatOptions = ChatOptions()) -> int:
+          chat: ChatOptions = ChatOptions(), disable_ui: bool = False) -> int:
     """Run `engine serve` until SIGTERM/SIGINT (exit code 0) or a child's failure (1)."""
     signals: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _frame: signals.append(s))
     launcher = Launcher(engine_args, tokenizer_workers, tokenizer_listen, shutdown_timeout,
-                        api_server_count, host, port, api_key, max_request_body, chat)
+                        api_server_count, host, port, api_key, max_request_body, chat,
+                        disable_ui=disable_ui)
     try:
         launcher.start(startup_timeout, stop_requested=lambda: bool(signals))
         core = launcher.tiers[0][0].ready
