@@ -64,6 +64,18 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         ("--distributed-executor-backend", "distributed_executor_backend",
          dict(choices=EXECUTOR_BACKENDS,
               help="uni: worker in the engine process; mp: one process per rank (default: mp when TP > 1)")),
+        ("--data-parallel-size", "data_parallel_size",
+         dict(type=int, help="engine cores (replicas) behind engine serve, each with its own "
+                             "workers; requests go to the least loaded (default 1)")),
+        ("--data-parallel-size-local", "data_parallel_size_local",
+         dict(type=int, help="how many of the engine cores run on this host (default: all)")),
+        ("--data-parallel-start-rank", "data_parallel_start_rank",
+         dict(type=int, help="the DP rank of this host's first engine core (default 0)")),
+        ("--data-parallel-address", "data_parallel_address",
+         dict(help="address of the first host, where other hosts' engine cores register "
+                   "(default 127.0.0.1)")),
+        ("--data-parallel-rpc-port", "data_parallel_rpc_port",
+         dict(type=int, help="port of that registration socket on the first host (default 29550)")),
     ],
     "load": [
         ("--load-format", "load_format", dict(choices=LOAD_FORMATS, help="dummy: random weights")),
@@ -80,7 +92,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
             if flag == "--model" and model_positional:
                 group.add_argument("model", nargs="?", default=None, help=kwargs["help"])
                 continue
-            extra = ("-tp",) if flag == "--tensor-parallel-size" else ()
+            extra = {"--tensor-parallel-size": ("-tp",),
+                     "--data-parallel-size": ("-dp",)}.get(flag, ())
             group.add_argument(flag, *extra, dest=field, default=None, **kwargs)
 
 

@@ -222,8 +222,20 @@ class ParallelConfig:
     # 'uni': the worker runs in the engine core's process; 'mp': one worker process per rank.
     # None picks 'mp' when tensor_parallel_size > 1, else 'uni'.
     distributed_executor_backend: str | None = None
+    # Data parallelism (engine serve only): data_parallel_size engine cores in all, of which
+    # data_parallel_size_local (default: all) run on this host from data_parallel_start_rank;
+    # other hosts' ranks join at data_parallel_address:data_parallel_rpc_port.
+    data_parallel_size: int = 1
+    data_parallel_size_local: int | None = None
+    data_parallel_start_rank: int = 0
+    data_parallel_address: str = "127.0.0.1"
+    data_parallel_rpc_port: int = 29550
+    # Set by engine serve for each engine core it starts; None outside a DP group.
+    data_parallel_rank: int | None = None
 
     def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ConfigError(f"data_parallel_size must be at least 1, got {self.data_parallel_size}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}"

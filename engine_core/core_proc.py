@@ -83,6 +83,10 @@ class EngineCoreProc:
         self._inputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._owners: dict[str, bytes] = {}  # live request id -> client identity (busy loop only)
+        # A data-parallel rank tells every client its load after each step, so that their load
+        # balancers see requests other clients placed here (docs/protocol.md).
+        self._publish_load = config.parallel.data_parallel_size > 1
+        self._clients: set[bytes] = set()  # identities that said HELLO (busy loop only)
         self._utilities = engine_utilities(engine)
 
     def run(self) -> int:
@@ -127,7 +131,9 @@ class EngineCoreProc:
                 self._step()
 
     def _handle(self, identity: bytes, kind: RequestType, msg: Any) -> None:
-        if kind == RequestType.ADD:
+        if kind == RequestType.HELLO:
+            self._clients.add(identity)
+        elif kind == RequestType.ADD:
             if msg.request_id in self._owners:
                 self._send(identity, OutputType.ERROR, RequestError(
                     msg.request_id, f"request id {msg.request_id!r} is already in use"))
@@ -167,6 +173,10 @@ class EngineCoreProc:
         for identity, outs in per_client.items():
             self._send(identity, OutputType.OUTPUTS,
                        EngineCoreOutputs(outs, step.scheduler_stats, step.timestamp))
+        if self._publish_load and step.scheduler_stats is not None:
+            load = EngineCoreOutputs([], step.scheduler_stats, step.timestamp)
+            for identity in self._clients.difference(per_client):
+                self._send(identity, OutputType.OUTPUTS, load)
 
     def _send(self, identity: bytes, kind: OutputType, msg: Any) -> None:
         self._outputs.put((identity, kind, msg))
@@ -248,6 +258,7 @@ class EngineCoreProc:
                     "", f"protocol version mismatch: the engine core speaks version "
                     f"{PROTOCOL_VERSION}, the client {msg.protocol_version}")
             clients.add(identity)
+            self._inputs.put((identity, kind, msg))  # the busy loop publishes load to it
             return OutputType.READY, self.ready
         clients.add(identity)
         if kind == RequestType.ADD:
@@ -348,8 +359,12 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
     if parent_pid is not None:
         threading.Thread(target=on_parent_exit, args=(parent_pid,), name="engine-core-parent",
                          daemon=True).start()
-    engine = EngineCore(engine_config_from_kwargs(**engine_args).resolve())
-    recorder = EngineStatsRecorder(engine.config.model.served_model_name or "")
+    config = engine_config_from_kwargs(**engine_args).resolve()
+    rank = config.parallel.data_parallel_rank
+    if rank is not None:
+        set_process_name(f"engine-core-{rank}")
+    engine = EngineCore(config)
+    recorder = EngineStatsRecorder(config.model.served_model_name or "", engine=rank or 0)
     proc = EngineCoreProc(engine, address, on_stats=recorder.record, auth_key=key_from_env())
     return proc.run()
 

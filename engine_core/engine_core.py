@@ -7,7 +7,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from engine_core.config import EngineConfig
+from engine_core.config import ConfigError, EngineConfig
 from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine_core.request import Request, RequestStatus
 from engine_core.scheduler import Scheduler
@@ -41,6 +41,10 @@ class EngineCore:
     """Adds, aborts and steps requests; knows token ids only, never text."""
 
     def __init__(self, config: EngineConfig) -> None:
+        parallel = config.parallel
+        if parallel.data_parallel_size > 1 and parallel.data_parallel_rank is None:
+            raise ConfigError(f"--data-parallel-size {parallel.data_parallel_size} runs several "
+                              "engine cores, which only `engine serve` starts; this runs one")
         if config.arch is None:
             config.resolve()
         assert config.arch is not None

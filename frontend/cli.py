@@ -49,7 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(engine_kwargs(args), args.tokenizer_workers, args.tokenizer_listen,
                  args.shutdown_timeout, args.startup_timeout, args.api_server_count, args.host,
                  args.port, args.api_key, args.max_request_body, chat,
-                 disable_ui=args.disable_ui)
+                 disable_ui=args.disable_ui, headless=args.headless)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="largest request body; larger ones get 413 (default 16 MiB)")
     http.add_argument("--disable-ui", action="store_true",
                      help="do not serve the built-in page at / and /ui (docs/ui.md)")
+    procs.add_argument("--headless", action="store_true",
+                       help="run only this host's data-parallel engine cores (ranks "
+                            "--data-parallel-start-rank on) and register them with the first "
+                            "host at --data-parallel-address:--data-parallel-rpc-port; no API "
+                            "server (docs/scale-out.md)")
     procs.add_argument("--tokenizer-workers", type=int, default=1, metavar="M",
                      help="tokenizer processes (default 1)")
     procs.add_argument("--tokenizer-listen", action="append", metavar="ADDR",

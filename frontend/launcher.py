@@ -1,8 +1,11 @@
-"""`engine serve`: start the engine core and the tokenizer processes, supervise them, drain on
+"""`engine serve`: start the engine cores and the tokenizer processes, supervise them, drain on
 SIGTERM/SIGINT, and stop everything when any child dies.
 
-Children are started in tiers (engine core, then tokenizer processes, then the HTTP API
-servers) and stopped in the reverse order. The engine core and tokenizer processes are ready
+Children are started in tiers (engine cores: one per local data-parallel rank, then tokenizer
+processes, each connected to every rank, then the HTTP API servers) and stopped in the reverse
+order. With ranks on other hosts, the first host waits for them to register before it starts
+its tokenizer processes; `--headless` starts only engine cores and registers them with the
+first host (frontend/dp_rendezvous.py). The engine core and tokenizer processes are ready
 when they answer a HELLO on their socket with READY, an API server when it has written its
 ready file; every child watches the launcher's pid and exits when it is gone.
 """
@@ -30,6 +33,8 @@ from engine_core.core_launcher import CoreProcess
 from engine_core.frames import FrameDecoder
 from engine_core.protocol import PROTOCOL_VERSION, ClientHello, output_decoders
 from frontend import api_server
+from frontend.dp_rendezvous import (FirstHost, HeadlessHost, RendezvousError,
+                                    local_address_towards, tcp_address)
 from frontend.chat_args import ChatOptions
 from metrics.exposition import setup_multiprocess_dir
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, TokenizerHello,
@@ -44,6 +49,42 @@ _STOP_TIMEOUT_S = 10.0
 
 class LaunchError(RuntimeError):
     """A child failed to start or died; the message names it."""
+
+
+@dataclass(frozen=True)
+class DataParallelPlan:
+    """Which data-parallel ranks this host runs, from the --data-parallel-* flags."""
+
+    size: int
+    local: range
+    headless: bool
+    address: str
+    rpc_port: int
+
+    @classmethod
+    def from_args(cls, engine_args: dict[str, Any], headless: bool) -> DataParallelPlan:
+        """The plan, or ValueError naming the flag that does not fit."""
+        size = engine_args.get("data_parallel_size", 1)
+        start = engine_args.get("data_parallel_start_rank", 0)
+        count = engine_args.get("data_parallel_size_local")
+        count = size - start if count is None else count
+        if size < 1:
+            raise ValueError(f"--data-parallel-size must be at least 1, got {size}")
+        if not headless and start != 0:
+            raise ValueError("--data-parallel-start-rank is for --headless hosts: the first host "
+                             "runs ranks 0 to --data-parallel-size-local - 1")
+        if not 1 <= count <= size - start or start < 0:
+            raise ValueError(f"--data-parallel-size-local {count} from --data-parallel-start-rank "
+                             f"{start} does not fit --data-parallel-size {size} (each host runs at "
+                             "least one rank)")
+        return cls(size, range(start, start + count), headless,
+                   engine_args.get("data_parallel_address", "127.0.0.1"),
+                   engine_args.get("data_parallel_rpc_port", 29550))
+
+    @property
+    def remote(self) -> range:
+        """The ranks other hosts run, as the first host sees them (empty when headless)."""
+        return range(0) if self.headless else range(self.local.stop, self.size)
 
 
 @dataclass
@@ -67,7 +108,11 @@ class Launcher:
                  shutdown_timeout: float = 10.0, api_server_count: int = 1,
                  host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                  max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
-                 chat: ChatOptions = ChatOptions(), disable_ui: bool = False) -> None:
+                 chat: ChatOptions = ChatOptions(), disable_ui: bool = False,
+                 headless: bool = False) -> None:
+        self.dp = DataParallelPlan.from_args(engine_args, headless)
+        if headless:
+            api_server_count = 0
         if api_server_count < 0:
             raise ValueError(f"--api-server-count must be at least 0, got {api_server_count}")
         if tokenizer_workers < 1:
@@ -99,9 +144,12 @@ class Launcher:
             Path(self.chat_template_file).write_text(chat.chat_template, encoding="utf-8")
         # Held (bound, not listening) from start-up to stop: reserves the port, resolves port 0.
         self._port_socket: socket.socket | None = None
-        self._core: CoreProcess | None = None
+        self._cores: list[CoreProcess] = []
+        self.engine_addresses: list[str] = []  # every rank's, in rank order
         self.tiers: list[list[Child]] = []
         self._ctx = zmq.Context()
+        self._first_host: FirstHost | None = None
+        self._headless_host: HeadlessHost | None = None
 
     # ---- start-up ----
 
@@ -114,20 +162,78 @@ class Launcher:
             except OSError as e:
                 raise LaunchError(f"cannot bind {self.host}:{self.port}: {e}") from None
             self.port = self._port_socket.getsockname()[1]
-        self._core = CoreProcess(self.engine_args, own_process_group=True)
-        core = Child("engine-core", self._core.popen, self._core.address,
-                     _hello_frames(ClientHello(PROTOCOL_VERSION, "launcher")), output_decoders())
-        self.tiers.append([core])
-        # Tokenizer processes load their tokenizer while the engine core loads the model.
-        self.tiers.append([self._start_tokenizer(i, a, core.popen.pid)
-                           for i, a in enumerate(self.tokenizer_addresses)])
         deadline = time.monotonic() + timeout
-        self._await_ready([c for tier in self.tiers for c in tier], timeout, stop_requested)
+        if self.dp.remote:  # first, so that a port in use fails before the model loads
+            try:
+                self._first_host = FirstHost(self._ctx, self.dp.address, self.dp.rpc_port,
+                                             self.dp.size, self.dp.remote.start)
+            except RendezvousError as e:
+                raise LaunchError(str(e)) from None
+        self.tiers.append(self._start_cores())
+        if self.dp.headless:
+            self._await_ready(self.tiers[0], timeout, stop_requested)
+            self._register(max(1.0, deadline - time.monotonic()), stop_requested)
+            return
+        if self._first_host is not None:
+            self._await_registrations(deadline, timeout, stop_requested)
+            self.engine_addresses += [self._first_host.addresses[r] for r in self.dp.remote]
+        engine_pids = [c.popen.pid for c in self.tiers[0]]
+        # Tokenizer processes load their tokenizer while the engine cores load the model.
+        self.tiers.append([self._start_tokenizer(i, a, engine_pids)
+                           for i, a in enumerate(self.tokenizer_addresses)])
+        self._await_ready([c for tier in self.tiers for c in tier],
+                          max(1.0, deadline - time.monotonic()), stop_requested)
         if self.api_server_count:
-            self.tiers.append([self._start_api_server(i, core.popen.pid)
+            self.tiers.append([self._start_api_server(i, engine_pids[0])
                                for i in range(self.api_server_count)])
             self._await_files(self.tiers[-1], max(1.0, deadline - time.monotonic()),
                               stop_requested)
+
+    def _start_cores(self) -> list[Child]:
+        """Start this host's engine cores; a headless host's listen on TCP for the first host."""
+        children = []
+        host = local_address_towards(self.dp.address) if self.dp.headless else ""
+        for rank in self.dp.local:
+            args = self.engine_args if self.dp.size == 1 else \
+                {**self.engine_args, "data_parallel_rank": rank}
+            core = CoreProcess(args, own_process_group=True,
+                               address=tcp_address(host, _free_port(host)) if host else None)
+            self._cores.append(core)
+            self.engine_addresses.append(core.address)
+            name = "engine-core" if self.dp.size == 1 else f"engine-core-{rank}"
+            children.append(Child(name, core.popen, core.address,
+                                  _hello_frames(ClientHello(PROTOCOL_VERSION, "launcher")),
+                                  output_decoders()))
+        return children
+
+    def _await_registrations(self, deadline: float, timeout: float,
+                             stop_requested: Callable[[], bool]) -> None:
+        """Wait until headless hosts registered every rank this host does not run."""
+        assert self._first_host is not None
+        print(f"engine serve: waiting for ranks {self.dp.remote.start}-{self.dp.size - 1} to "
+              f"register at {self._first_host.address}", flush=True)
+        while self._first_host.missing():
+            try:
+                self._first_host.poll(_POLL_S)
+            except RendezvousError as e:
+                raise LaunchError(str(e)) from None
+            if time.monotonic() > deadline:
+                raise LaunchError(f"data-parallel ranks {self._first_host.missing()} did not "
+                                  f"register within {timeout:.0f} s")
+            self._check_start_up([], deadline, timeout, stop_requested)
+
+    def _register(self, timeout: float, stop_requested: Callable[[], bool]) -> None:
+        """A headless host: register this host's ready engine cores with the first host."""
+        self._headless_host = HeadlessHost(self._ctx, self.dp.address, self.dp.rpc_port)
+
+        def check() -> None:
+            self._check_start_up([], float("inf"), timeout, stop_requested)
+
+        try:
+            self._headless_host.register(self.dp.local.start, self.engine_addresses, timeout,
+                                         check)
+        except RendezvousError as e:
+            raise LaunchError(str(e)) from None
 
     def _start_api_server(self, index: int, engine_pid: int) -> Child:
         ready_file = f"{self._dir}/api-{index}.ready"
@@ -155,13 +261,13 @@ class Launcher:
             self._check_start_up(children, deadline, timeout, stop_requested)
             time.sleep(0.05)
 
-    def _start_tokenizer(self, index: int, address: str, engine_pid: int) -> Child:
-        assert self._core is not None
+    def _start_tokenizer(self, index: int, address: str, engine_pids: list[int]) -> Child:
         template = ["--chat-template", self.chat_template_file] if self.chat_template_file else []
+        engines = [a for address in self.engine_addresses for a in ("--engine-address", address)]
+        pids = [a for pid in engine_pids for a in ("--engine-pid", str(pid))]
         popen = _spawn(["tokenizer_proc.tokenizer_proc", "--index", str(index), "--listen", address,
-                        "--engine-address", self._core.address,
-                        "--engine-args", json.dumps(self.engine_args),
-                        "--engine-pid", str(engine_pid), "--parent-pid", str(os.getpid()),
+                        *engines, "--engine-args", json.dumps(self.engine_args), *pids,
+                        "--parent-pid", str(os.getpid()),
                         "--shutdown-timeout", str(self.shutdown_timeout), *template])
         return Child(process_name(index), popen, address,
                      _hello_frames(TokenizerHello(TOKENIZER_PROTOCOL_VERSION, "launcher")),
@@ -199,6 +305,11 @@ class Launcher:
                         stop_requested: Callable[[], bool]) -> None:
         """Raise LaunchError when a child died, a signal came, or the deadline passed."""
         self.check_children("during start-up")
+        if self._first_host is not None:  # registered hosts wait for answers meanwhile
+            try:
+                self._first_host.poll(0)
+            except RendezvousError as e:
+                raise LaunchError(str(e)) from None
         if stop_requested():
             raise LaunchError("stopped by a signal during start-up")
         if time.monotonic() > deadline:
@@ -217,14 +328,36 @@ class Launcher:
                                       f"with code {code}")
 
     def supervise(self, stop_requested: Callable[[], bool]) -> None:
-        """Return when stop_requested() turns true; LaunchError when a child dies first."""
+        """Return when stop_requested() turns true, or a headless host's first host stops it
+        without an error; LaunchError when a child (or another host's) dies first."""
         while not stop_requested():
             self.check_children()
-            time.sleep(_POLL_S)
+            try:
+                if self._first_host is not None:
+                    self._first_host.poll(_POLL_S)
+                elif self._headless_host is not None:
+                    stop = self._headless_host.poll(_POLL_S)
+                    if stop is not None:
+                        if stop.failed:
+                            raise LaunchError("the first host stopped on an error")
+                        print("engine serve: the first host stopped; stopping", flush=True)
+                        self._headless_host.close()
+                        self._headless_host = None  # it knows: nothing to tell it
+                        return
+                else:
+                    time.sleep(_POLL_S)
+            except RendezvousError as e:
+                raise LaunchError(str(e)) from None
 
-    def stop(self, drain: bool) -> None:
-        """Stop the tiers in reverse start order; drain lets in-flight requests finish first."""
+    def stop(self, drain: bool, failure: str | None = None) -> None:
+        """Stop the tiers in reverse start order; drain lets in-flight requests finish first.
+        failure (a child's death) goes to the other hosts of a data-parallel group."""
+        if self._headless_host is not None:
+            self._headless_host.fail(failure or "the headless host was stopped")
+            self._headless_host.close()
         for depth, tier in reversed(list(enumerate(self.tiers))):
+            if depth == 0 and self._first_host is not None:  # nobody sends them requests now
+                self._first_host.stop(failed=failure is not None)
             # Every tier in front of the engine core (tier 0) may be draining requests.
             timeout = self.shutdown_timeout + _STOP_TIMEOUT_S if drain and depth else \
                 _STOP_TIMEOUT_S
@@ -242,10 +375,17 @@ class Launcher:
                     child.popen.wait()
         if self._port_socket is not None:
             self._port_socket.close()
-        if self._core is not None:
-            self._core.terminate()  # already stopped; removes its socket directory
+        for core in self._cores:
+            core.terminate()  # already stopped; removes its socket directory
         self._ctx.term()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _free_port(host: str) -> int:
+    """A TCP port that was free on host a moment ago."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def _hello_frames(hello: msgspec.Struct) -> list[bytes]:
@@ -264,23 +404,30 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
           startup_timeout: float = 600.0, api_server_count: int = 1, host: str = "127.0.0.1",
           port: int = 8000, api_key: str | None = None,
           max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
-          chat: ChatOptions = ChatOptions(), disable_ui: bool = False) -> int:
-    """Run `engine serve` until SIGTERM/SIGINT (exit code 0) or a child's failure (1)."""
+          chat: ChatOptions = ChatOptions(), disable_ui: bool = False,
+          headless: bool = False) -> int:
+    """Run `engine serve` until SIGTERM/SIGINT (exit code 0) or a child's failure (1).
+    headless: only this host's data-parallel engine cores, registered with the first host."""
     signals: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _frame: signals.append(s))
     launcher = Launcher(engine_args, tokenizer_workers, tokenizer_listen, shutdown_timeout,
                         api_server_count, host, port, api_key, max_request_body, chat,
-                        disable_ui=disable_ui)
+                        disable_ui=disable_ui, headless=headless)
     try:
         launcher.start(startup_timeout, stop_requested=lambda: bool(signals))
-        core = launcher.tiers[0][0].ready
-        print(f"engine core listening on {launcher.tiers[0][0].address}: model "
-              f"{core.model_name}, max_model_len {core.max_model_len}, {core.num_blocks} KV "
-              f"blocks of {core.block_size} tokens", flush=True)
-        for i, address in enumerate(launcher.tokenizer_addresses):
+        for rank, child in zip(launcher.dp.local, launcher.tiers[0]):
+            core = child.ready
+            name = "engine core" if launcher.dp.size == 1 else f"engine core rank {rank}"
+            print(f"{name} listening on {child.address}: model {core.model_name}, "
+                  f"max_model_len {core.max_model_len}, {core.num_blocks} KV blocks of "
+                  f"{core.block_size} tokens", flush=True)
+        for rank in launcher.dp.remote:
+            print(f"engine core rank {rank} (headless) at {launcher.engine_addresses[rank]}",
+                  flush=True)
+        for i, address in enumerate(launcher.tokenizer_addresses if not headless else ()):
             print(f"tokenizer {i} listening on {address}", flush=True)
-        if api_server_count:
+        if launcher.api_server_count:
             host = f"[{launcher.host}]" if ":" in launcher.host else launcher.host
             print(f"API server{'s' if api_server_count > 1 else ''} ({api_server_count}) "
                   f"listening on http://{host}:{launcher.port}", flush=True)
@@ -288,8 +435,12 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
         launcher.supervise(stop_requested=lambda: bool(signals))
     except LaunchError as e:
         print(f"engine serve: error: {e}; stopping the rest", file=sys.stderr, flush=True)
-        launcher.stop(drain=False)
+        launcher.stop(drain=False, failure=str(e))
         return 1
+    if not signals:  # a headless host that its first host stopped
+        launcher.stop(drain=False)
+        print("engine serve: stopped", flush=True)
+        return 0
     print(f"engine serve: got {signal.Signals(signals[0]).name}; draining for up to "
           f"{shutdown_timeout} s", flush=True)
     launcher.stop(drain=True)

@@ -16,18 +16,19 @@ class EngineStatsRecorder:
     """Records one engine core's SchedulerStats every step; logs throughput every interval."""
 
     def __init__(self, model_name: str, log_interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, engine: int = 0) -> None:
         m = engine_metrics()
         # Labelled children are bound once: record() runs every step.
-        self._running = m.num_requests_running.labels(model_name)
-        self._waiting = m.num_requests_waiting.labels(model_name)
-        self._kv_usage = m.kv_cache_usage_perc.labels(model_name)
-        self._queries = m.prefix_cache_queries.labels(model_name)
-        self._hits = m.prefix_cache_hits.labels(model_name)
-        self._preemptions = m.num_preemptions.labels(model_name)
-        self._prompt = m.prompt_tokens.labels(model_name)
-        self._generation = m.generation_tokens.labels(model_name)
-        self._iteration = m.iteration_tokens.labels(model_name)
+        labels = (model_name, str(engine))
+        self._running = m.num_requests_running.labels(*labels)
+        self._waiting = m.num_requests_waiting.labels(*labels)
+        self._kv_usage = m.kv_cache_usage_perc.labels(*labels)
+        self._queries = m.prefix_cache_queries.labels(*labels)
+        self._hits = m.prefix_cache_hits.labels(*labels)
+        self._preemptions = m.num_preemptions.labels(*labels)
+        self._prompt = m.prompt_tokens.labels(*labels)
+        self._generation = m.generation_tokens.labels(*labels)
+        self._iteration = m.iteration_tokens.labels(*labels)
         self._interval = log_interval_s
         self._clock = clock
         self._window_start = self._last_record = float("-inf")

@@ -15,7 +15,8 @@ REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
-_LABELS = ["model_name"]
+# engine: the engine core's data-parallel rank ("0" without data parallelism), as vLLM labels.
+_LABELS = ["model_name", "engine"]
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:

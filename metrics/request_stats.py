@@ -11,13 +11,30 @@ queue time overestimated by the same amount (their sum, the TTFT, stays exact).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from metrics.registry import request_metrics
 
 
 @dataclass
+class _Series:
+    """One engine's labelled histograms (bound once per engine: observed on every token)."""
+
+    ttft: Any
+    itl: Any
+    e2e: Any
+    queue: Any
+    prefill: Any
+    decode: Any
+    prompt_tokens: Any
+    generation_tokens: Any
+
+
+@dataclass
 class _Timeline:
     arrival: float
+    engine: int
+    series: _Series
     scheduled: float = 0.0
     first_token: float = 0.0
     last_token: float = 0.0
@@ -25,34 +42,40 @@ class _Timeline:
 
 
 class RequestStatsRecorder:
-    """Observes TTFT, inter-token, e2e, queue/prefill/decode times and token counts per request."""
+    """Observes TTFT, inter-token, e2e, queue/prefill/decode times and token counts per request,
+    labelled with the engine (data-parallel rank) that served it."""
 
     def __init__(self, model_name: str, max_model_len: int = 65536) -> None:
-        m = request_metrics(max_model_len)
+        self._m = request_metrics(max_model_len)
         self._model_name = model_name
-        self._success = m.request_success
-        self._ttft = m.time_to_first_token.labels(model_name)
-        self._itl = m.inter_token_latency.labels(model_name)
-        self._e2e = m.e2e_request_latency.labels(model_name)
-        self._queue = m.request_queue_time.labels(model_name)
-        self._prefill = m.request_prefill_time.labels(model_name)
-        self._decode = m.request_decode_time.labels(model_name)
-        self._prompt_tokens = m.request_prompt_tokens.labels(model_name)
-        self._generation_tokens = m.request_generation_tokens.labels(model_name)
+        self._series: dict[int, _Series] = {}
         self._requests: dict[str, _Timeline] = {}
-        self._step_start = 0.0
-        self._step_end = 0.0
+        # Per engine: (end of the step before the last, end of the last step).
+        self._steps: dict[int, tuple[float, float]] = {}
 
     def __len__(self) -> int:
         return len(self._requests)
 
-    def on_arrival(self, request_id: str, t: float) -> None:
-        """A request (one engine request: each of n completions counts) arrived at time t."""
-        self._requests[request_id] = _Timeline(t)
+    def _engine_series(self, engine: int) -> _Series:
+        series = self._series.get(engine)
+        if series is None:
+            m, labels = self._m, (self._model_name, str(engine))
+            series = self._series[engine] = _Series(
+                m.time_to_first_token.labels(*labels), m.inter_token_latency.labels(*labels),
+                m.e2e_request_latency.labels(*labels), m.request_queue_time.labels(*labels),
+                m.request_prefill_time.labels(*labels), m.request_decode_time.labels(*labels),
+                m.request_prompt_tokens.labels(*labels),
+                m.request_generation_tokens.labels(*labels))
+        return series
 
-    def on_step(self, engine_timestamp: float) -> None:
-        """An engine step's outputs arrived, stamped with the step's end time."""
-        self._step_start, self._step_end = self._step_end, engine_timestamp
+    def on_arrival(self, request_id: str, t: float, engine: int = 0) -> None:
+        """A request (one engine request: each of n completions counts) arrived at time t and
+        went to engine `engine`."""
+        self._requests[request_id] = _Timeline(t, engine, self._engine_series(engine))
+
+    def on_step(self, engine_timestamp: float, engine: int = 0) -> None:
+        """A step's outputs of engine `engine` arrived, stamped with the step's end time."""
+        self._steps[engine] = (self._steps.get(engine, (0.0, 0.0))[1], engine_timestamp)
 
     def on_tokens(self, request_id: str, n_new: int, t: float) -> None:
         """n_new tokens of a request arrived at time t."""
@@ -61,11 +84,12 @@ class RequestStatsRecorder:
             return
         if tl.num_tokens == 0:
             tl.first_token = t
-            tl.scheduled = min(max(tl.arrival, self._step_start), t)
-            self._ttft.observe(t - tl.arrival)
+            step_start = self._steps.get(tl.engine, (0.0, 0.0))[0]
+            tl.scheduled = min(max(tl.arrival, step_start), t)
+            tl.series.ttft.observe(t - tl.arrival)
         else:
             # vLLM observes one latency per output batch: the gap since the previous batch.
-            self._itl.observe(t - tl.last_token)
+            tl.series.itl.observe(t - tl.last_token)
         tl.last_token = t
         tl.num_tokens += n_new
 
@@ -75,11 +99,12 @@ class RequestStatsRecorder:
         tl = self._requests.pop(request_id, None)
         if tl is None:
             return
-        self._success.labels(self._model_name, finish_reason).inc()
-        self._e2e.observe(t - tl.arrival)
-        self._prompt_tokens.observe(prompt_tokens)
-        self._generation_tokens.observe(tl.num_tokens)
+        series = tl.series
+        self._m.request_success.labels(self._model_name, str(tl.engine), finish_reason).inc()
+        series.e2e.observe(t - tl.arrival)
+        series.prompt_tokens.observe(prompt_tokens)
+        series.generation_tokens.observe(tl.num_tokens)
         if tl.num_tokens:
-            self._queue.observe(tl.scheduled - tl.arrival)
-            self._prefill.observe(tl.first_token - tl.scheduled)
-            self._decode.observe(tl.last_token - tl.first_token)
+            series.queue.observe(tl.scheduled - tl.arrival)
+            series.prefill.observe(tl.first_token - tl.scheduled)
+            series.decode.observe(tl.last_token - tl.first_token)

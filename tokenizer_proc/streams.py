@@ -46,27 +46,29 @@ class DeltaStreams:
         return request_id in self._streams
 
     def add(self, request_id: str, owner: bytes, prompt_token_ids: list[int],
-            params: SamplingParams, arrival_time: float = 0.0) -> list[str]:
-        """Track a request; returns the engine request ids of its n completions."""
+            params: SamplingParams, arrival_time: float = 0.0, engine: int = 0) -> list[str]:
+        """Track a request served by engine (DP rank) `engine`; returns the engine request ids
+        of its n completions."""
         stream = _Stream(request_id, owner, params, len(prompt_token_ids))
         child_ids = child_request_ids(request_id, params.n)
         for index, child_id in enumerate(child_ids):
             if self.stats is not None:
-                self.stats.on_arrival(child_id, arrival_time or time.time())
+                self.stats.on_arrival(child_id, arrival_time or time.time(), engine)
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params)
             stream.detokenizers[child_id] = (index, detok)
             self._children[child_id] = stream
         self._streams[request_id] = stream
         return child_ids
 
-    def process(self, outputs: list[EngineCoreOutput], engine_timestamp: float = 0.0
-                ) -> tuple[list[tuple[bytes, RequestDelta]], list[str]]:
-        """One step's outputs: the deltas with their owners, and engine ids to abort (stop strings)."""
+    def process(self, outputs: list[EngineCoreOutput], engine_timestamp: float = 0.0,
+                engine: int = 0) -> tuple[list[tuple[bytes, RequestDelta]], list[str]]:
+        """One step's outputs of engine `engine`: the deltas with their owners, and engine ids
+        to abort (stop strings)."""
         deltas: list[tuple[bytes, RequestDelta]] = []
         to_abort: list[str] = []
         now = time.time()
         if self.stats is not None:
-            self.stats.on_step(engine_timestamp or now)
+            self.stats.on_step(engine_timestamp or now, engine)
         for out in outputs:
             stream = self._children.get(out.request_id)
             if stream is None:

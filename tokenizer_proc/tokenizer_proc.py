@@ -2,8 +2,9 @@
 engine core, text deltas back.
 
 One ROUTER socket serves every API server; the identity a request came from owns it, so its
-deltas go back there without a lookup service. An AsyncEngineCoreClient talks to the engine
-core. Protocol: tokenizer_proc/protocol.py and docs/protocol.md.
+deltas go back there without a lookup service. A DPEngineCoreClient talks to the engine cores
+(one, or a data-parallel group: each request to the least loaded). Protocol:
+tokenizer_proc/protocol.py and docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from engine_core.client import AsyncEngineCoreClient, EngineDeadError, EngineRequestError
+from engine_core.client import EngineDeadError, EngineRequestError
 from engine_core.config import EngineConfig
+from engine_core.dp_client import DPEngineCoreClient
 from engine_core.process_lifecycle import start_child_process, wait_for_exit
 from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import check_completion_fits, validate_request
@@ -45,10 +47,10 @@ def process_name(index: int) -> str:
 
 
 class TokenizerProc:
-    """Serves API servers on a bound ROUTER socket, forwarding to one engine core."""
+    """Serves API servers on a bound ROUTER socket, forwarding to the engine cores."""
 
     def __init__(self, index: int, config: EngineConfig, tokenizer: Any,
-                 engine: AsyncEngineCoreClient, listen: str,
+                 engine: DPEngineCoreClient, listen: str,
                  chat_template: str | None = None) -> None:
         assert engine.ready is not None
         self.config = config
@@ -74,12 +76,11 @@ class TokenizerProc:
         self._engine_dead: str | None = None
 
     async def serve(self, stop: asyncio.Event, drain_timeout: float,
-                    engine_pid: int | None = None) -> None:
+                    engine_pids: list[int] = ()) -> None:
         """Serve until stop is set, then refuse new requests and drain for up to drain_timeout s."""
         engine_task = asyncio.create_task(self._engine_loop())
         tasks = [asyncio.create_task(self._api_loop()), engine_task]
-        if engine_pid is not None:
-            tasks.append(asyncio.create_task(self._watch_engine(engine_pid, engine_task)))
+        tasks += [asyncio.create_task(self._watch_engine(pid, engine_task)) for pid in engine_pids]
         logger.info("tokenizer %d serving on %s", self.ready.worker_index, self.address)
         await stop.wait()
         self._draining = True
@@ -156,12 +157,14 @@ class TokenizerProc:
         except Exception as e:  # ValueError, a chat template's own errors, bad message shapes
             await self._error(identity, request_id, f"{e}")
             return
-        child_ids = self.streams.add(request_id, identity, prompt_ids, params, request.arrival_time)
+        rank = self.engine.pick_engine()  # the n completions share their engine (and prefix)
+        child_ids = self.streams.add(request_id, identity, prompt_ids, params,
+                                     request.arrival_time, rank)
         for index, child_id in enumerate(child_ids):
             child = request if len(child_ids) == 1 else msgspec.structs.replace(
                 request, request_id=child_id,
                 sampling_params=child_sampling_params(params, index))
-            await self.engine.add_request(child)
+            await self.engine.add_request(child, rank)
 
     def _prompt_token_ids(self, req: GenerateRequest) -> list[int]:
         given = [name for name in ("prompt", "prompt_token_ids", "messages")
@@ -190,11 +193,11 @@ class TokenizerProc:
 
     async def _forward_step(self) -> None:
         try:
-            step = await self.engine.get_output()
+            rank, step = await self.engine.get_output()
         except EngineRequestError as e:
             await self._on_refused(e)
             return
-        deltas, to_abort = self.streams.process(step.outputs, step.timestamp)
+        deltas, to_abort = self.streams.process(step.outputs, step.timestamp, rank)
         if to_abort:
             await self.engine.abort_requests(to_abort)
         per_owner: dict[bytes, list[RequestDelta]] = {}
@@ -211,6 +214,7 @@ class TokenizerProc:
         others = [c for c in self.streams.remove(request_id) if c != e.request_id]
         if others:
             await self.engine.abort_requests(others)
+        self.engine.forget(others)
         await self._error(owner, request_id, str(e))
 
     async def _watch_engine(self, pid: int, engine_task: asyncio.Task[None]) -> None:
@@ -249,11 +253,12 @@ def _first_str(payload: bytes) -> str:
     return raw[0] if isinstance(raw, list) and raw and isinstance(raw[0], str) else ""
 
 
-async def run_tokenizer_proc(index: int, listen: str, engine_address: str,
-                             engine_args: dict[str, Any], engine_pid: int | None = None,
+async def run_tokenizer_proc(index: int, listen: str, engine_addresses: list[str],
+                             engine_args: dict[str, Any], engine_pids: list[int] = (),
                              drain_timeout: float = 10.0, chat_template: str | None = None
                              ) -> int:
-    """Load the tokenizer, connect to the engine core, serve until SIGTERM/SIGINT; the exit code."""
+    """Load the tokenizer, connect to the engine cores (DP rank i at engine_addresses[i]),
+    serve until SIGTERM/SIGINT; the exit code."""
     from engine_core.config import engine_config_from_kwargs
     from tokenizer_proc.tokenizer import load_chat_template, load_tokenizer
 
@@ -263,8 +268,8 @@ async def run_tokenizer_proc(index: int, listen: str, engine_address: str,
         loop.add_signal_handler(sig, stop.set)
     config = engine_config_from_kwargs(**engine_args).resolve()
     tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
-    connect = asyncio.create_task(AsyncEngineCoreClient.create(
-        engine_address, client_name=f"tokenizer-{index}"))
+    connect = asyncio.create_task(DPEngineCoreClient.create(
+        engine_addresses, client_name=f"tokenizer-{index}"))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait([connect, stopping], return_when=asyncio.FIRST_COMPLETED)
     if not connect.done():  # stopped while the engine core was still loading
@@ -276,7 +281,7 @@ async def run_tokenizer_proc(index: int, listen: str, engine_address: str,
     config.model.max_model_len = engine.ready.max_model_len
     proc = TokenizerProc(index, config, tokenizer, engine, listen,
                          load_chat_template(chat_template))
-    await proc.serve(stop, drain_timeout, engine_pid)
+    await proc.serve(stop, drain_timeout, engine_pids)
     return 0
 
 
@@ -285,9 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenizer_proc.tokenizer_proc")
     parser.add_argument("--index", type=int, default=0, help="this worker's index")
     parser.add_argument("--listen", required=True, help="ZeroMQ address to bind for API servers")
-    parser.add_argument("--engine-address", required=True, help="the engine core's address")
+    parser.add_argument("--engine-address", required=True, action="append",
+                        help="an engine core's address; once per DP rank, in rank order")
     parser.add_argument("--engine-args", default="{}", help="EngineConfig keyword arguments as JSON")
-    parser.add_argument("--engine-pid", type=int, help="fail requests when this process exits")
+    parser.add_argument("--engine-pid", type=int, action="append", default=[],
+                        help="fail requests when this (engine core) process exits; repeatable")
     parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests may take to finish after SIGTERM")

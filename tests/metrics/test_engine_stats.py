@@ -20,7 +20,7 @@ class FakeClock:
 
 
 def _value(name: str, model: str) -> float | None:
-    return REGISTRY.get_sample_value(name, {"model_name": model})
+    return REGISTRY.get_sample_value(name, {"model_name": model, "engine": "0"})
 
 
 def test_gauges_show_last_stats_and_counters_sum() -> None:

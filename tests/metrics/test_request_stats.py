@@ -9,7 +9,7 @@ from metrics.request_stats import RequestStatsRecorder
 
 
 def _value(name: str, model: str, **labels: str) -> float | None:
-    return REGISTRY.get_sample_value(name, {"model_name": model, **labels})
+    return REGISTRY.get_sample_value(name, {"model_name": model, "engine": "0", **labels})
 
 
 def test_scripted_timeline() -> None:

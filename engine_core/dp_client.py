@@ -1,0 +1,139 @@
+"""A client of a data-parallel group of engine cores: each request to the least loaded one.
+
+Every engine core of the group (docs/scale-out.md) tells every client its waiting and running
+counts and KV usage after each of its steps (the scheduler_stats of its OUTPUTS messages; ranks
+send a stats-only OUTPUTS to clients that had no output in a step), so a client sees the
+requests other clients placed too, without asking. A request goes to the engine with the lowest
+score, counted as vLLM's DP load balancer counts it: waiting x 4 + running, plus the requests
+this client sent there since that engine's last report; ties go to the lower KV usage, then the
+lower rank. Prefix-cache affinity is not attempted. A request and its n completions stay on
+their engine for their whole life, aborts included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from engine_core.client import AsyncEngineCoreClient, EngineDeadError, EngineRequestError
+from engine_core.protocol import EngineCoreOutputs, EngineCoreReady, EngineCoreRequest
+
+# vLLM's weighting: a waiting request costs more than a running one (it has a prefill ahead).
+_WAITING_WEIGHT = 4
+
+
+@dataclass
+class _Load:
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    sent: int = 0  # requests sent since the engine's last report
+
+    def key(self) -> tuple[int, float]:
+        return self.waiting * _WAITING_WEIGHT + self.running + self.sent, self.kv_usage
+
+
+class DPEngineCoreClient:
+    """asyncio client of N engine cores (ranks 0..N-1); build it with create()."""
+
+    def __init__(self, engines: list[AsyncEngineCoreClient]) -> None:
+        self.engines = engines
+        self.ready: EngineCoreReady | None = engines[0].ready
+        self._loads = [_Load() for _ in engines]
+        self._engine_of: dict[str, int] = {}  # live engine request id -> rank
+        self._outputs: asyncio.Queue[tuple[int, EngineCoreOutputs | BaseException]] = \
+            asyncio.Queue()
+        self._readers = [asyncio.create_task(self._read(rank)) for rank in range(len(engines))]
+
+    @classmethod
+    async def create(cls, addresses: list[str], *, startup_timeout: float = 300.0,
+                     client_name: str = "") -> DPEngineCoreClient:
+        """Connect to every engine core (rank i at addresses[i]) and check they serve one model."""
+        tasks = [asyncio.create_task(AsyncEngineCoreClient.create(
+            a, startup_timeout=startup_timeout, client_name=client_name)) for a in addresses]
+        try:
+            engines = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    task.result().shutdown()
+                else:
+                    task.cancel()
+            raise
+        first = engines[0].ready
+        for rank, engine in enumerate(engines[1:], 1):
+            ready = engine.ready
+            if (ready.model_name, ready.max_model_len, ready.vocab_size) != \
+                    (first.model_name, first.max_model_len, first.vocab_size):
+                for e in engines:
+                    e.shutdown()
+                raise ConnectionError(
+                    f"engine core rank {rank} at {addresses[rank]} serves {ready.model_name!r} "
+                    f"(max_model_len {ready.max_model_len}, vocab {ready.vocab_size}), rank 0 "
+                    f"{first.model_name!r} ({first.max_model_len}, {first.vocab_size}): every "
+                    "rank of a data-parallel group must load the same model and limits")
+        return cls(engines)
+
+    def pick_engine(self) -> int:
+        """The rank a new request should go to: the least loaded."""
+        return min(range(len(self.engines)), key=lambda r: self._loads[r].key())
+
+    async def add_request(self, request: EngineCoreRequest, rank: int) -> None:
+        """Send a request to engine `rank`; it stays there until it finishes."""
+        self._engine_of[request.request_id] = rank
+        self._loads[rank].sent += 1
+        await self.engines[rank].add_request(request)
+
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        """Abort requests on the engines that hold them; unknown ids are ignored."""
+        per_rank: dict[int, list[str]] = {}
+        for request_id in request_ids:
+            rank = self._engine_of.get(request_id)
+            if rank is not None:
+                per_rank.setdefault(rank, []).append(request_id)
+        for rank, ids in per_rank.items():
+            await self.engines[rank].abort_requests(ids)
+
+    def forget(self, request_ids: list[str]) -> None:
+        """Stop tracking requests whose end the caller saw outside get_output (refusals)."""
+        for request_id in request_ids:
+            self._engine_of.pop(request_id, None)
+
+    async def get_output(self) -> tuple[int, EngineCoreOutputs]:
+        """(rank, outputs) of the next step any engine reported; EngineRequestError for a
+        refused request, EngineDeadError (naming the rank) once any engine is gone."""
+        rank, item = await self._outputs.get()
+        if isinstance(item, EngineDeadError):
+            self._outputs.put_nowait((rank, item))  # every later caller sees the failure too
+            raise item
+        if isinstance(item, BaseException):
+            if isinstance(item, EngineRequestError):
+                self._engine_of.pop(item.request_id, None)
+            raise item
+        stats = item.scheduler_stats
+        if stats is not None:
+            self._loads[rank] = _Load(stats.num_waiting_reqs, stats.num_running_reqs,
+                                      stats.kv_cache_usage)
+        for out in item.outputs:
+            if out.finished:
+                self._engine_of.pop(out.request_id, None)
+        return rank, item
+
+    async def _read(self, rank: int) -> None:
+        engine = self.engines[rank]
+        while True:
+            try:
+                self._outputs.put_nowait((rank, await engine.get_output()))
+            except EngineRequestError as e:
+                self._outputs.put_nowait((rank, e))
+            except Exception as e:
+                message = str(e) if len(self.engines) == 1 else f"engine core rank {rank}: {e}"
+                self._outputs.put_nowait((rank, EngineDeadError(message)))
+                return
+
+    def shutdown(self) -> None:
+        """Stop reading and close every engine's connection."""
+        for task in self._readers:
+            task.cancel()
+        for engine in self.engines:
+            engine.shutdown()
