@@ -74,6 +74,16 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
+    # Only these token ids may be sampled.
+    allowed_token_ids: list[int] | None = None
+    # Words (text) never to complete; whoever tokenizes the request (the tokenizer process, the
+    # LLM class) turns them into bad_words_token_ids, the form the engine core applies: the
+    # last token of a sequence is banned when the output so far ends with the tokens before it.
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
+    # Keep only the prompt's last k tokens (-1: as many as the model's context allows);
+    # applied where the prompt is tokenized.
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -121,6 +131,16 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise ValueError("stop strings must be non-empty")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must not be empty")
+        if self.bad_words is not None and any(not w.strip() for w in self.bad_words):
+            raise ValueError("bad_words must be non-empty strings")
+        if self.bad_words_token_ids is not None and any(not w for w in self.bad_words_token_ids):
+            raise ValueError("bad_words_token_ids must hold non-empty token id lists")
+        if self.truncate_prompt_tokens is not None and not (self.truncate_prompt_tokens == -1
+                                                            or self.truncate_prompt_tokens >= 1):
+            raise ValueError("truncate_prompt_tokens must be -1 (the model's context length) or "
+                             f"at least 1, got {self.truncate_prompt_tokens}")
 
     @property
     def greedy(self) -> bool:

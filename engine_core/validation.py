@@ -24,9 +24,17 @@ def validate_request(req: EngineCoreRequest, config: EngineConfig) -> None:
     bad = next((t for t in prompt if not 0 <= t < vocab), None)
     if bad is not None:
         raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+    if req.priority != 0 and config.scheduler.scheduling_policy != "priority":
+        raise InvalidRequestError(f"Got priority {req.priority} but Priority scheduling is not "
+                                  "enabled (start the engine with --scheduling-policy priority)")
     params = req.sampling_params
+    if params.bad_words and params.bad_words_token_ids is None:
+        raise InvalidRequestError("bad_words reached the engine core as text; the engine core "
+                                  "needs them tokenized, as bad_words_token_ids")
     for name, ids in (("stop_token_ids", params.stop_token_ids or ()),
-                      ("logit_bias", (params.logit_bias or {}).keys())):
+                      ("logit_bias", (params.logit_bias or {}).keys()),
+                      ("allowed_token_ids", params.allowed_token_ids or ()),
+                      ("bad_words", (t for w in params.bad_words_token_ids or () for t in w))):
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequestError(f"{name} token id {bad} is outside the vocabulary [0, {vocab})")

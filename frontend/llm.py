@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from engine_core.client import EngineCoreClient, EngineDeadError
 from engine_core.config import engine_config_from_kwargs
@@ -14,11 +14,29 @@ from engine_core.protocol import EngineCoreRequest
 from engine_core.sampling_params import SamplingParams
 from engine_core.structured_output.grammar import check_grammar
 from engine_core.validation import validate_request
+from frontend.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from tokenizer_proc.output_processor import OutputProcessor, child_sampling_params
+from tokenizer_proc.prompt_inputs import truncate_prompt, with_bad_words_tokenized
 from tokenizer_proc.request_output import RequestOutput
 from tokenizer_proc.tokenizer import apply_chat_template, load_tokenizer
 
-PromptInput = str | list[int] | dict[str, Any]
+
+class TextPrompt(TypedDict, total=False):
+    """vLLM's TextPrompt: a prompt as text."""
+
+    prompt: str
+    cache_salt: str
+
+
+class TokensPrompt(TypedDict, total=False):
+    """vLLM's TokensPrompt: a prompt as token ids (prompt, its text, is optional)."""
+
+    prompt_token_ids: list[int]
+    prompt: str
+    cache_salt: str
+
+
+PromptInput = str | list[int] | TextPrompt | TokensPrompt | dict[str, Any]
 
 
 class LLM:
@@ -54,15 +72,23 @@ class LLM:
         """SamplingParams used when generate() is given none."""
         return SamplingParams()
 
-    def generate(self, prompts: PromptInput | Sequence[PromptInput],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+    def generate(self, prompts: PromptInput | Sequence[PromptInput] | None = None,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 prompt_token_ids: list[int] | list[list[int]] | None = None, *,
                  use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order.
 
-        A prompt is a string, a list of token ids, or a dict with 'prompt' or
-        'prompt_token_ids' (and optionally 'cache_salt'). Every prompt is checked before any
-        is scheduled, so a bad one raises ValueError and nothing runs.
+        A prompt is a string, a list of token ids, or a dict (TextPrompt, TokensPrompt) with
+        'prompt' or 'prompt_token_ids' (and optionally 'cache_salt'); vLLM's older
+        prompt_token_ids keyword (one list of ids, or a list of them) is taken too. Every
+        prompt is checked before any is scheduled, so a bad one raises ValueError and nothing
+        runs.
         """
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("give prompts or prompt_token_ids (not both)")
+        if prompts is None:
+            ids = prompt_token_ids or []
+            prompts = [ids] if ids and isinstance(ids[0], int) else list(ids)  # type: ignore
         prompt_list = self._as_prompt_list(prompts)
         params_list = self._as_params_list(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
@@ -70,6 +96,9 @@ class LLM:
         requests = []
         for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
             text, token_ids, salt = self._tokenize(prompt)
+            params = with_bad_words_tokenized(self.tokenizer, params)
+            token_ids = truncate_prompt(token_ids, params.truncate_prompt_tokens,
+                                        self.config.max_model_len)
             request = EngineCoreRequest(str(next(self._ids)), token_ids, params,
                                         priority=priority[i] if priority else 0, cache_salt=salt)
             validate_request(request, self.config)
@@ -95,6 +124,37 @@ class LLM:
             tools=tools, chat_template_kwargs=chat_template_kwargs)}
             for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def beam_search(self, prompts: PromptInput | Sequence[PromptInput],
+                    params: BeamSearchParams, *, use_tqdm: bool = False,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """vLLM's LLM.beam_search: the params.beam_width best continuations of each prompt, best
+        first (each sequence's tokens and text include the prompt, as vLLM's do).
+
+        Each step is one generate() of every live beam for a single token with
+        2 * beam_width logprobs; the prefix cache shares the beams' common prefixes.
+        concurrency_limit: at most this many prompts are searched at once."""
+        prompt_list = self._as_prompt_list(prompts)
+        limit = concurrency_limit or len(prompt_list) or 1
+        outputs: list[BeamSearchOutput] = []
+        progress = _progress(len(prompt_list), use_tqdm)
+        for start in range(0, len(prompt_list), limit):
+            chunk = [self._tokenize(p)[1] for p in prompt_list[start:start + limit]]
+            search = BeamSearch(chunk, params, self.tokenizer.eos_token_id)
+            max_len = self.config.max_model_len
+            while beams := search.pending():
+                # A beam at the context length cannot grow: it ends as it is.
+                live = [t for t in beams if len(t) < max_len]
+                steps = iter(self.generate([{"prompt_token_ids": t} for t in live],
+                                           search.step_params, use_tqdm=False) if live else [])
+                search.advance([_candidates(next(steps)) if len(t) < max_len else None
+                                for t in beams])
+            outputs += search.results(self.tokenizer.decode, include_prompt=True)
+            if progress is not None:
+                progress.update(len(chunk))
+        if progress is not None:
+            progress.close()
+        return outputs
 
     def reset_prefix_cache(self) -> bool:
         """Drop the prefix cache; False while requests hold blocks."""
@@ -177,6 +237,14 @@ class LLM:
         if len(params) != n:
             raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
         return params
+
+
+def _candidates(out: RequestOutput) -> dict[int, float] | None:
+    """A one-token step's candidates (token id -> logprob); None when it produced no token."""
+    completion = out.outputs[0]
+    if not completion.logprobs:
+        return None
+    return {token_id: lp.logprob for token_id, lp in completion.logprobs[0].items()}
 
 
 def _progress(total: int, enabled: bool):

@@ -204,6 +204,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         if sched.structured_output_request_ids:
             apply_grammar_bitmask(logits, sched, batch, self.h2d)
-        metadata = self.sampling.metadata(batch.sample_slots_np, batch.sample_slots)
+        metadata = self.sampling.metadata(batch.sample_slots_np, batch.sample_slots,
+                                          self.states)
         result = self.sampler(logits, metadata)
         return result.sampled_token_ids, result.logprobs

@@ -1,8 +1,17 @@
-"""Logit adjustments that can change the greedy choice: logit bias, min_tokens, and vLLM's penalties."""
+"""Logit adjustments that can change the greedy choice: allowed token ids, logit bias, min_tokens,
+and vLLM's penalties (bad words: gpu_worker/bad_words.py)."""
 
 from __future__ import annotations
 
 import torch
+
+
+def apply_allowed_token_ids(logits: torch.Tensor, restricted: torch.Tensor,
+                            allowed_ids: torch.Tensor) -> torch.Tensor:
+    """Logits with every token but allowed_ids[i, :] at -inf on the rows where restricted[i]."""
+    kept = logits.gather(1, allowed_ids)
+    masked = torch.full_like(logits, float("-inf")).scatter_(1, allowed_ids, kept)
+    return torch.where(restricted.unsqueeze(1), masked, logits)
 
 
 def apply_logit_bias(logits: torch.Tensor, token_ids: torch.Tensor, bias: torch.Tensor) -> None:

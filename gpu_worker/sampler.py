@@ -7,7 +7,9 @@ from typing import NamedTuple
 
 import torch
 
-from gpu_worker.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
+from gpu_worker.bad_words import apply_bad_words
+from gpu_worker.penalties import (apply_allowed_token_ids, apply_logit_bias, apply_min_tokens,
+                                  apply_penalties)
 from gpu_worker.sampling_metadata import SamplingMetadata
 from gpu_worker.truncation import apply_min_p, apply_top_k, apply_top_k_top_p
 
@@ -65,6 +67,11 @@ class Sampler:
 
     @staticmethod
     def _adjust(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        # vLLM's order: allowed token ids, bad words, logit bias and min_tokens, penalties.
+        if md.allowed_token_ids is not None:
+            logits = apply_allowed_token_ids(logits, *md.allowed_token_ids)
+        if md.bad_words is not None:
+            apply_bad_words(logits, *md.bad_words)
         if md.logit_bias is not None:
             apply_logit_bias(logits, *md.logit_bias)
         if md.min_tokens_mask is not None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpu_worker.bad_words import BadWordsBatch
+
 
 @dataclass
 class SamplingMetadata:
@@ -31,6 +33,10 @@ class SamplingMetadata:
     min_tokens_mask: tuple[torch.Tensor, torch.Tensor] | None
     logit_bias: tuple[torch.Tensor, torch.Tensor] | None  # (token ids [N, K], bias [N, K]), 0-padded
     max_num_logprobs: int | None  # max K over rows (-1 resolved to vocab_size); None if no row asks
+    # (rows restricted to allowed_token_ids [N] bool, their allowed ids [N, A] padded by repetition)
+    allowed_token_ids: tuple[torch.Tensor, torch.Tensor] | None = None
+    # (the request state's token-id table [R, W], the step's bad-word entries)
+    bad_words: tuple[torch.Tensor, BadWordsBatch] | None = None
 
     @property
     def no_top_k(self) -> bool:
@@ -65,4 +71,6 @@ class SamplingMetadata:
     @property
     def argmax_only(self) -> bool:
         """True when the sample is the plain argmax of the unprocessed logits."""
-        return self.all_greedy and self.no_penalties and self.no_logit_bias and self.no_min_tokens
+        return (self.all_greedy and self.no_penalties and self.no_logit_bias
+                and self.no_min_tokens and self.allowed_token_ids is None
+                and self.bad_words is None)

@@ -4,7 +4,8 @@ A request's parameters are written once, when it arrives (staged, one copy per s
 new requests). Each step gathers the columns of the rows that sample with one index on the
 device; host mirrors of the same columns decide which sampler stages run, so choosing them never
 reads the device. Penalties keep per-slot output-token counts on the device, advanced by the
-step's post-update; logit bias and min-tokens bans are small padded per-slot tables.
+step's post-update; logit bias, min-tokens bans and allowed token ids are small padded per-slot
+tables; bad words are kept on the host and matched on the device each step (bad_words.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from engine_core.sampling_params import SAMPLING_EPS, SamplingParams
+from gpu_worker.bad_words import TokenHistory, bad_words_batch
 from gpu_worker.sampling_metadata import SamplingMetadata
 from gpu_worker.staging import HostToDevice, StagedWrites
 
@@ -51,8 +53,11 @@ class SamplingStates:
         self.bias_ids = torch.zeros((max_num_reqs, 0), dtype=torch.int64, device=device)
         self.bias_vals = torch.zeros((max_num_reqs, 0), dtype=torch.float32, device=device)
         self.ban_ids = torch.zeros((max_num_reqs, 0), dtype=torch.int64, device=device)
-        self._table_writes = [StagedWrites(t, h2d)
-                              for t in (self.bias_ids, self.bias_vals, self.ban_ids)]
+        self.allowed_ids = torch.zeros((max_num_reqs, 0), dtype=torch.int64, device=device)
+        self._table_writes = [StagedWrites(t, h2d) for t in (self.bias_ids, self.bias_vals,
+                                                             self.ban_ids, self.allowed_ids)]
+        self.restricted_np = np.zeros(max_num_reqs, dtype=bool)  # has allowed_token_ids
+        self.bad_words: dict[int, list[list[int]]] = {}  # slot -> token ids of each word
         self.output_counts: torch.Tensor | None = None  # [R, V] float32
         self.prompt_mask: torch.Tensor | None = None  # [R, V] bool
 
@@ -106,6 +111,18 @@ class SamplingStates:
             self._ensure_width(2, len(banned))
             self._table_writes[2].put_row(slot, _padded(banned, self.ban_ids.shape[1],
                                                         banned[0]))
+        allowed = sorted({t for t in params.allowed_token_ids or () if 0 <= t < v})
+        self.restricted_np[slot] = bool(allowed)
+        if allowed:
+            # Padded with an allowed id again: a repeated index keeps the same logit.
+            self._ensure_width(3, len(allowed))
+            self._table_writes[3].put_row(slot, _padded(allowed, self.allowed_ids.shape[1],
+                                                        allowed[0]))
+        words = [w for w in params.bad_words_token_ids or () if all(0 <= t < v for t in w)]
+        if words:
+            self.bad_words[slot] = words
+        else:
+            self.bad_words.pop(slot, None)
 
     def _ensure_width(self, which: int, width: int) -> None:
         if which in (0, 1):
@@ -117,10 +134,14 @@ class SamplingStates:
             self.bias_vals = _widen(self.bias_vals, width, 0.0)
             self._table_writes[0] = StagedWrites(self.bias_ids, self.h2d)
             self._table_writes[1] = StagedWrites(self.bias_vals, self.h2d)
-        elif self.ban_ids.shape[1] < width:
+        elif which == 2 and self.ban_ids.shape[1] < width:
             self._table_writes[2].apply()
             self.ban_ids = _widen(self.ban_ids, width, None)
             self._table_writes[2] = StagedWrites(self.ban_ids, self.h2d)
+        elif which == 3 and self.allowed_ids.shape[1] < width:
+            self._table_writes[3].apply()
+            self.allowed_ids = _widen(self.allowed_ids, width, None)
+            self._table_writes[3] = StagedWrites(self.allowed_ids, self.h2d)
 
     def set_penalty_tokens(self, slot: int, prompt_ids: torch.Tensor,
                            output_ids: torch.Tensor) -> None:
@@ -144,9 +165,11 @@ class SamplingStates:
         for writes in (*self._writes, *self._table_writes):
             writes.apply()
 
-    def metadata(self, slots_np: np.ndarray, slots: torch.Tensor) -> SamplingMetadata:
+    def metadata(self, slots_np: np.ndarray, slots: torch.Tensor,
+                 history: TokenHistory | None = None) -> SamplingMetadata:
         """The sampling inputs of the rows in slots (row i = slot slots[i]), gathered on the
-        device; the host mirrors decide which stages run."""
+        device; the host mirrors decide which stages run. history (the request state) gives
+        bad words the tokens so far; without it bad words are not applied."""
         v = self.vocab_size
         greedy = self.greedy_np[slots_np]
         all_greedy, all_random = bool(greedy.all()), not greedy.any()
@@ -173,6 +196,15 @@ class SamplingStates:
         bias = None
         if self.num_bias_np[slots_np].any():
             bias = (self.bias_ids.index_select(0, slots), self.bias_vals.index_select(0, slots))
+        allowed = None
+        if self.restricted_np[slots_np].any():
+            allowed = (_to_device(self.restricted_np[slots_np], self.h2d),
+                       self.allowed_ids.index_select(0, slots))
+        bad_words = None
+        if self.bad_words and history is not None:
+            entries = bad_words_batch(self.bad_words, slots_np, history, self.h2d)
+            if entries is not None:
+                bad_words = (history.token_ids, entries)
         return SamplingMetadata(
             temperature=None if all_greedy else floats[:, _TEMPERATURE],
             greedy_mask=None if all_greedy or all_random else _to_device(greedy, self.h2d),
@@ -194,6 +226,8 @@ class SamplingStates:
             min_tokens_mask=min_tokens_mask,
             logit_bias=bias,
             max_num_logprobs=int(ks.max()) if len(ks) else None,
+            allowed_token_ids=allowed,
+            bad_words=bad_words,
         )
 
     def post_update(self, slots: torch.Tensor, slots_np: np.ndarray,
@@ -250,4 +284,18 @@ def build_sampling_metadata(requests: Sequence[_SamplingRequest], device: torch.
                                   torch.tensor(r.output_token_ids, dtype=torch.int64,
                                                device=device))
     slots_np = np.arange(len(requests), dtype=np.int64)
-    return states.metadata(slots_np, torch.from_numpy(slots_np).to(device))
+    return states.metadata(slots_np, torch.from_numpy(slots_np).to(device),
+                           _History(requests, device))
+
+
+class _History:
+    """The TokenHistory of a one-off batch: slot i holds requests[i]'s prompt and outputs."""
+
+    def __init__(self, requests: Sequence[_SamplingRequest], device: torch.device) -> None:
+        rows = [list(r.prompt_token_ids) + list(r.output_token_ids) for r in requests]
+        width = max([1, *map(len, rows)])
+        self.token_ids = torch.tensor([row + [0] * (width - len(row)) for row in rows] or [[0]],
+                                      dtype=torch.int64, device=device)
+        self.num_tokens_np = np.array([len(row) for row in rows], dtype=np.int64)
+        self.prompt_len_np = np.array([len(r.prompt_token_ids) for r in requests],
+                                      dtype=np.int64)

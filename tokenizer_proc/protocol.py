@@ -15,7 +15,7 @@ import msgspec
 from engine_core.sampling_params import SamplingParams
 
 # Bumped on any change a peer of the previous version would misread.
-TOKENIZER_PROTOCOL_VERSION = 2
+TOKENIZER_PROTOCOL_VERSION = 3
 
 
 class ApiRequestType(enum.IntEnum):
@@ -75,6 +75,11 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     # template as transformers does, and extra template variables (e.g. enable_thinking).
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Whether tokenizing adds the tokenizer's special tokens (BOS): None means vLLM's default,
+    # true for a prompt and false for messages (the chat template writes its own).
+    add_special_tokens: bool | None = None
+    # Send the prompt's token ids back, on the request's first delta.
+    return_prompt_token_ids: bool = False
 
 
 class AbortRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -110,6 +115,8 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    # On the request's first delta, when GenerateRequest.return_prompt_token_ids asked for them.
+    prompt_token_ids: list[int] | None = None
 
     @property
     def finished(self) -> bool:

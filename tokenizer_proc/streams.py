@@ -28,6 +28,8 @@ class _Stream:
     detokenizers: dict[str, tuple[int, IncrementalDetokenizer]] = field(default_factory=dict)
     sent_prompt_logprobs: bool = False
     num_cached_tokens: int = 0
+    # Sent on the first delta, then dropped (GenerateRequest.return_prompt_token_ids).
+    prompt_token_ids: list[int] | None = None
 
 
 class DeltaStreams:
@@ -95,7 +97,8 @@ class DeltaStreams:
                 stream.request_id, index, detok.get_next_delta(), list(out.new_token_ids),
                 self._logprobs(out.new_logprobs) if out.new_logprobs is not None else None,
                 prompt_logprobs, finish_reason, stop_reason, stream.num_prompt_tokens,
-                stream.num_cached_tokens)
+                stream.num_cached_tokens, stream.prompt_token_ids)
+            stream.prompt_token_ids = None
             deltas.append((stream.owner, delta))
             if finish_reason is not None:
                 self._finish_child(out.request_id)
@@ -117,6 +120,10 @@ class DeltaStreams:
             if self.stats is not None:
                 self.stats.on_finish(child_id, "abort", stream.num_prompt_tokens, now)
         return live
+
+    def return_prompt_token_ids(self, request_id: str, prompt_token_ids: list[int]) -> None:
+        """Send a tracked request's prompt token ids with its first delta."""
+        self._streams[request_id].prompt_token_ids = list(prompt_token_ids)
 
     def owner_of_child(self, child_id: str) -> tuple[str, bytes] | None:
         """(request id, owner) of a live engine request id."""

@@ -59,6 +59,7 @@ def apply_chat_template(
     chat_template: str | None = None,
     tools: list[dict[str, Any]] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    add_special_tokens: bool = False,
 ) -> list[int]:
     """Render OpenAI-style chat messages with the chat template and return token ids.
 
@@ -90,8 +91,9 @@ def apply_chat_template(
         )
     except jinja2.TemplateError as e:
         raise ValueError(f"the chat template failed: {e}") from None
-    # The template writes any BOS itself; letting the encoder add special tokens would double it.
-    return tokenizer.encode(text, add_special_tokens=False)
+    # The template writes any BOS itself; letting the encoder add special tokens would double it
+    # (vLLM's add_special_tokens, false unless a request asks).
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def _template_message(message: dict[str, Any], index: int, knows_developer: bool

@@ -30,6 +30,7 @@ from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import check_completion_fits, validate_request
 from metrics.request_stats import RequestStatsRecorder
 from tokenizer_proc.output_processor import child_sampling_params
+from tokenizer_proc.prompt_inputs import truncate_prompt, with_bad_words_tokenized
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, ApiOutputType, ApiRequestType,
                                      GenerateRequest, RequestDelta, RequestError, TokenizerReady,
                                      api_request_decoders)
@@ -146,9 +147,11 @@ class TokenizerProc:
         if request_id in self.streams:
             await self._error(identity, request_id, f"request id {request_id!r} is already in use")
             return
-        params = req.sampling_params
         try:
-            prompt_ids = self._prompt_token_ids(req)
+            params = with_bad_words_tokenized(self.tokenizer, req.sampling_params)
+            prompt_ids = truncate_prompt(self._prompt_token_ids(req),
+                                         params.truncate_prompt_tokens,
+                                         self.config.max_model_len)
             request = EngineCoreRequest(request_id, prompt_ids, params,
                                         req.arrival_time or time.time(), req.priority,
                                         req.cache_salt, req.api_server_index)
@@ -160,6 +163,8 @@ class TokenizerProc:
         rank = self.engine.pick_engine()  # the n completions share their engine (and prefix)
         child_ids = self.streams.add(request_id, identity, prompt_ids, params,
                                      request.arrival_time, rank)
+        if req.return_prompt_token_ids:
+            self.streams.return_prompt_token_ids(request_id, prompt_ids)
         for index, child_id in enumerate(child_ids):
             child = request if len(child_ids) == 1 else msgspec.structs.replace(
                 request, request_id=child_id,
@@ -173,14 +178,16 @@ class TokenizerProc:
             raise ValueError("give exactly one of prompt, prompt_token_ids and messages; got "
                              f"{', '.join(given) or 'none'}")
         if req.prompt is not None:
-            return self.tokenizer(req.prompt).input_ids
+            return self.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens
+                                  is not False).input_ids
         if req.prompt_token_ids is not None:
             return req.prompt_token_ids
         return apply_chat_template(self.tokenizer, req.messages or [],
                                    add_generation_prompt=req.add_generation_prompt,
                                    continue_final_message=req.continue_final_message,
                                    chat_template=req.chat_template or self.chat_template,
-                                   tools=req.tools, chat_template_kwargs=req.chat_template_kwargs)
+                                   tools=req.tools, chat_template_kwargs=req.chat_template_kwargs,
+                                   add_special_tokens=bool(req.add_special_tokens))
 
     # ---- engine core -> API servers ----
 
