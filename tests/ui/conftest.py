@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from tests.serve.conftest import Server, tiny_model  # noqa: F401 - tiny_model is a fixture
+from tests.serve.conftest import Server, tiny_args, tiny_model  # noqa: F401 - fixtures
 
 API_KEY = "ui-test-key"
 MODEL = "tiny"

@@ -21,7 +21,7 @@ def test_page_is_open_and_data_needs_the_key(ui_server):
         status, headers, body = get(url + path, key=None)
         assert status == 200 and body, path
     status, headers, body = get(url + "/", key=None)
-    assert headers["Content-Type"].startswith("text/html") and b"/ui/app.js" in body
+    assert headers["Content-Type"].startswith("text/html") and b"ui/app.js" in body
     for path in ("/ui/api/stats", "/ui/api/requests", "/ui/api/requests/x"):
         assert get(url + path, key=None)[0] == 401, path
         assert get(url + path, key="wrong")[0] == 401, path

@@ -1,0 +1,162 @@
+"""The page in headless Chromium (Debian's browser, driven by playwright): the key prompt, the
+live view, a streamed request from the playground, the request table, the numbers against
+/metrics, and 128 requests in flight. Screenshots of each view go to $ENGINE_TEST_ARTIFACTS/ui
+(else the test's tmp_path)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.serve.conftest import wait_until
+from tests.ui.conftest import API_KEY, MODEL, metrics_now
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:
+    root = os.environ.get("ENGINE_TEST_ARTIFACTS")
+    path = Path(root) / "ui" if root else tmp_path
+    path.mkdir(parents=True, exist_ok=True)
+    print(f"screenshots in {path}")
+    return path
+
+
+@pytest.fixture
+def page(ui_server):
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            yield page
+            assert not errors, errors
+        finally:
+            browser.close()
+
+
+def _page_numbers(page) -> dict[str, float]:
+    cells = page.locator("#now td[data-metric]")
+    return {cells.nth(i).get_attribute("data-metric"): float(cells.nth(i).get_attribute(
+        "data-value")) for i in range(cells.count())}
+
+
+def _wait_for_poll(page) -> None:
+    """Until the page shows a snapshot taken after now."""
+    since = time.time()
+    page.wait_for_function(f"+document.getElementById('status').dataset.time > {since}",
+                           timeout=10_000)
+
+
+def _flood(url: str, n: int, max_tokens: int, done: threading.Event) -> None:
+    """n streamed completions at once (in a thread with its own event loop)."""
+    import aiohttp
+
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        body = {"model": MODEL, "prompt": f"request {i} of the flood", "max_tokens": max_tokens,
+                "stream": True, "ignore_eos": True}
+        async with session.post(url + "/v1/completions", json=body,
+                                headers={"Authorization": f"Bearer {API_KEY}"}) as resp:
+            assert resp.status == 200
+            async for _ in resp.content:
+                pass
+
+    async def run() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await asyncio.gather(*(one(session, i) for i in range(n)))
+
+    try:
+        asyncio.run(run())
+    finally:
+        done.set()
+
+
+def test_page_in_chromium(ui_server, page, shots):
+    url = ui_server.api_url
+    page.goto(url + "/")
+    # The data endpoints want the key: the page asks for it.
+    page.wait_for_selector("#keybar:not([hidden])", timeout=10_000)
+    page.fill("#key", API_KEY)
+    page.click("#keyset")
+    page.wait_for_selector("#now td[data-metric]", timeout=10_000)
+    page.wait_for_selector("#processes tbody tr[data-role='engine core']")
+    assert page.inner_text("[data-config='block size']") == "16"
+    assert page.inner_text("[data-config='max model length']") == "256"
+    assert page.locator("#processes tbody tr[data-role='API server']").count() == 2
+    page.screenshot(path=str(shots / "engine-idle.png"), full_page=True)
+
+    # The playground streams a completion from /v1 and counts its tokens.
+    page.click("nav button[data-view='playground']")
+    page.select_option("#pg-mode", "completion")
+    page.fill("#pg-prompt", "Once upon a time")
+    page.fill("#pg-max_tokens", "24")
+    page.fill("#pg-temperature", "0")
+    before = metrics_now(url).get("vllm:generation_tokens_total", 0.0)
+    page.click("#pg-send")
+    page.wait_for_function("document.getElementById('pg-output').dataset.done === '1'",
+                           timeout=60_000)
+    output = page.inner_text("#pg-output")
+    stats = page.inner_text("#pg-stats")
+    tokens = int(page.get_attribute("#pg-stats", "data-tokens"))
+    assert output.strip() and 0 < tokens <= 24, stats
+    assert "tokens/s" in stats or tokens == 1, stats
+    page.screenshot(path=str(shots / "playground.png"), full_page=True)
+
+    # The request table lists it; a click shows its text.
+    page.click("nav button[data-view='requests']")
+    row = page.locator("#requests tbody tr").first
+    row.wait_for(timeout=10_000)
+    page.wait_for_function(f"document.querySelector('#requests tbody tr td:nth-child(8)')"
+                           f"?.textContent === '{tokens}'", timeout=10_000)
+    row.click()
+    page.wait_for_selector("#detail pre.output")
+    assert page.inner_text("#detail pre.output") == output
+    assert page.inner_text("#detail pre") == "Once upon a time"
+    page.screenshot(path=str(shots / "requests.png"), full_page=True)
+
+    # Back on the engine view: the generation chart has drawn the tokens, and once the engine
+    # is idle the page's numbers are /metrics's.
+    page.click("nav button[data-view='engine']")
+    assert wait_until(lambda: metrics_now(url)["vllm:generation_tokens_total"] >= before + tokens)
+    _wait_for_poll(page)
+    _wait_for_poll(page)
+    numbers = _page_numbers(page)
+    prom = metrics_now(url)
+    assert numbers, "no numbers on the page"
+    for name, value in numbers.items():
+        assert value == pytest.approx(prom.get(name, 0.0), abs=1e-9), name
+    assert numbers["vllm:generation_tokens_total"] >= before + tokens
+    assert "L" in page.get_attribute("#chart-gen svg path", "d")
+    page.screenshot(path=str(shots / "engine-after-request.png"), full_page=True)
+
+    # 128 requests in flight: the page keeps polling, answers at once, and shows the load.
+    done = threading.Event()
+    flood = threading.Thread(target=_flood, args=(url, 128, 64, done), daemon=True)
+    flood.start()
+    seen_load, slowest = 0.0, 0.0
+    while not done.is_set():
+        t0 = time.monotonic()
+        _wait_for_poll(page)
+        page.evaluate("1 + 1")
+        slowest = max(slowest, time.monotonic() - t0)
+        load = _page_numbers(page)
+        seen_load = max(seen_load, load["vllm:num_requests_running"] +
+                        load["vllm:num_requests_waiting"])
+        if seen_load >= 64 and not (shots / "engine-128-in-flight.png").exists():
+            page.screenshot(path=str(shots / "engine-128-in-flight.png"), full_page=True)
+    flood.join(timeout=120)
+    assert seen_load >= 64, seen_load
+    assert slowest < 5.0, slowest
