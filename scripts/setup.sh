@@ -18,3 +18,13 @@ if command -v npm >/dev/null 2>&1; then
     (cd clients/node && npm ci --no-audit --no-fund --loglevel=error) ||
         echo "warning: npm ci in clients/node failed; tests/engine_core_proc/test_node_client.py will skip"
 fi
+# The built-in page's browser test (tests/ui/test_page_browser.py) drives Debian's Chromium with
+# playwright's Python API (never `playwright install`: the browser is the system's); it skips
+# without them.
+if [ -n "$extras" ]; then
+    $PIP playwright || echo "warning: pip install playwright failed; the browser test will skip"
+    if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+            >/dev/null) || echo "warning: apt-get install chromium failed; the browser test will skip"
+    fi
+fi
