@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from engine_core.config import (BLOCK_SIZES, DEVICES, DTYPES, EXECUTOR_BACKENDS, HASH_ALGOS, LOAD_FORMATS,
-                                QUANTIZATIONS)
+                                LOG_LEVELS, QUANTIZATIONS)
+from engine_core.vllm_only_args import ENGINE_ONLY, add_vllm_only_args, refuse_vllm_only
 
 
 def context_length(value: str) -> int:
@@ -24,7 +25,9 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "model": [
         ("--model", "model", dict(help="model directory or .gguf file (default: SmolLM2-135M-Instruct)")),
         ("--tokenizer", "tokenizer", dict(help="tokenizer directory (default: the model's)")),
-        ("--served-model-name", "served_model_name", dict(help="name the API answers to")),
+        ("--served-model-name", "served_model_name",
+         dict(nargs="+", metavar="NAME", help="names the API answers to; the first is the one "
+                                              "reported (default: the --model value)")),
         ("--dtype", "dtype", dict(choices=DTYPES, help="auto: float32 on CPU, bfloat16 on GPU; an "
                                                     "explicit dtype without --quantization "
                                                     "dequantizes a GGUF model at load")),
@@ -36,6 +39,19 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
                                                   help="context length, prompt + output (e.g. 4096, 32k)")),
         ("--seed", "seed", dict(type=int, help="random seed (default 0)")),
         ("--max-logprobs", "max_logprobs", dict(type=int, help="largest logprobs a request may ask (default 20)")),
+        ("--enforce-eager", "enforce_eager",
+         dict(action="store_true", help="accepted: the engine never captures CUDA graphs")),
+        ("--trust-remote-code", "trust_remote_code",
+         dict(action="store_true", help="accepted: a model's own code is never run (the "
+                                        "engine says so when a model asks for it)")),
+        ("--generation-config", "generation_config",
+         dict(metavar="auto|vllm|FOLDER",
+              help="auto: the model's generation_config.json sets defaults (temperature, "
+                   "top_p, top_k, min_p, repetition_penalty; max_new_tokens caps max_tokens) "
+                   "for requests that leave them unset; vllm: none; or a folder holding a "
+                   "generation_config.json (default auto)")),
+        ("--override-generation-config", "override_generation_config",
+         dict(metavar="JSON", help='merged over those defaults, e.g. \'{"temperature": 0.5}\'')),
     ],
     "cache": [
         ("--block-size", "block_size", dict(type=int, choices=BLOCK_SIZES, help="tokens per KV block (default 16; up to 128 on CUDA)")),
@@ -44,8 +60,9 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         ("--prefix-caching-hash-algo", "prefix_caching_hash_algo", dict(choices=HASH_ALGOS)),
         ("--gpu-memory-utilization", "gpu_memory_utilization",
          dict(type=float, help="fraction of GPU memory for weights, activations and KV cache (default 0.9)")),
-        ("--kv-cache-memory", "kv_cache_memory",
-         dict(help="KV cache size, e.g. 2GiB (default on CPU: 2GiB; on GPU: from utilization)")),
+        ("--kv-cache-memory-bytes", "kv_cache_memory",
+         dict(help="KV cache size in bytes, or with a unit: 2GiB, 512MB (default on CPU: "
+                   "2GiB; on GPU: from --gpu-memory-utilization); alias --kv-cache-memory")),
         ("--num-gpu-blocks-override", "num_gpu_blocks_override", dict(type=int, help="exact number of KV blocks")),
     ],
     "scheduler": [
@@ -77,6 +94,20 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         ("--data-parallel-rpc-port", "data_parallel_rpc_port",
          dict(type=int, help="port of that registration socket on the first host (default 29550)")),
     ],
+    "observability": [
+        ("--disable-log-stats", "disable_log_stats",
+         dict(action="store_true", help="no periodic throughput log line (/metrics still "
+                                        "counts)")),
+        ("--enable-log-requests", "enable_log_requests",
+         dict(action="store_true", help="the API servers log every request they receive")),
+        ("--disable-log-requests", "enable_log_requests",
+         dict(action="store_false", help="log no requests (the default; vLLM's older flag)")),
+        ("--max-log-len", "max_log_len",
+         dict(type=int, help="characters of a request body a log line shows (default: all)")),
+        ("--log-level", "log_level",
+         dict(choices=LOG_LEVELS, help="every process's log level (default info); alias "
+                                       "--uvicorn-log-level")),
+    ],
     "load": [
         ("--load-format", "load_format", dict(choices=LOAD_FORMATS, help="dummy: random weights")),
         ("--device", "device", dict(choices=DEVICES, help="auto: CUDA when present, else CPU")),
@@ -84,20 +115,39 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
 }
 
 
+# Second names of flags: vLLM's older or frontend spelling.
+_ALIASES = {"--kv-cache-memory-bytes": ("--kv-cache-memory",),
+            "--log-level": ("--uvicorn-log-level",)}
+
+
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
-    """Add the engine's flags to parser, grouped; a flag left unset keeps the default."""
+    """Add the engine's flags to parser, grouped; a flag left unset keeps the default.
+    model_positional: the model may also come first, as in `engine serve MODEL`."""
     for group_name, flags in _GROUPS.items():
         group = parser.add_argument_group(f"{group_name} options")
         for flag, field, kwargs in flags:
             if flag == "--model" and model_positional:
-                group.add_argument("model", nargs="?", default=None, help=kwargs["help"])
+                group.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                                   help="the model, as --model gives it")
+            if flag in _ALIASES:
+                kwargs = {**kwargs, "dest": field}
+                group.add_argument(flag, *_ALIASES[flag], default=None, **kwargs)
                 continue
             extra = {"--tensor-parallel-size": ("-tp",),
                      "--data-parallel-size": ("-dp",)}.get(flag, ())
             group.add_argument(flag, *extra, dest=field, default=None, **kwargs)
+    add_vllm_only_args(parser, ENGINE_ONLY)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine arguments the user set, as keyword arguments for EngineConfig."""
+    """The engine arguments the user set, as keyword arguments for EngineConfig; ValueError
+    for a vLLM flag this engine cannot honour, or two different models."""
+    refuse_vllm_only(args, ENGINE_ONLY)
     fields = [field for flags in _GROUPS.values() for _, field, _ in flags]
-    return {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+    kwargs = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+    tag = getattr(args, "model_tag", None)
+    if tag is not None:
+        if kwargs.get("model", tag) != tag:
+            raise ValueError(f"the model is given twice: {tag} and --model {kwargs['model']}")
+        kwargs["model"] = tag
+    return kwargs

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine_core.model_arch import ModelArchConfig
+from engine_core.vllm_only_args import ENGINE_ONLY, refusals
 
 DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
 QUANTIZATIONS = ("gguf",)
@@ -117,7 +119,9 @@ class ModelConfig:
 
     model: str | None = None
     tokenizer: str | None = None
-    served_model_name: str | None = None
+    # One name or several (vLLM's list): the API answers to each; the first is the one reported
+    # (responses, metrics). None: the --model value. served_model_names holds them all.
+    served_model_name: str | list[str] | None = None
     dtype: str = "auto"
     max_model_len: int | None = None
     seed: int = 0
@@ -126,8 +130,28 @@ class ModelConfig:
     # float32 activations. None: resolve() picks 'gguf' for a GGUF model (a .gguf file or the
     # default model) on the CPU when dtype is 'auto'; an explicit dtype dequantizes at load.
     quantization: str | None = None
+    # vLLM's --enforce-eager: no CUDA graphs. Accepted; the engine captures none either way.
+    enforce_eager: bool = False
+    # vLLM's --trust-remote-code: accepted; the loader never runs a model's own code (it says
+    # so once when a model's config.json asks for it through auto_map).
+    trust_remote_code: bool = False
+    # 'auto': the model's generation_config.json gives defaults to requests that leave a
+    # sampling field unset (engine_core.generation_config); 'vllm': none; else a folder.
+    generation_config: str = "auto"
+    # Merged over those defaults, e.g. {"temperature": 0.5}: a dict or its JSON text.
+    override_generation_config: dict[str, Any] | str | None = None
+    served_model_names: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
+        self._check_served_names()
+        if isinstance(self.override_generation_config, str):
+            try:
+                self.override_generation_config = json.loads(self.override_generation_config)
+            except ValueError as e:
+                raise ConfigError(f"override_generation_config is not valid JSON: {e}") from None
+        if not isinstance(self.override_generation_config, (dict, type(None))):
+            raise ConfigError("override_generation_config must be a JSON object, e.g. "
+                              '\'{"temperature": 0.5}\'')
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.quantization not in (None, *QUANTIZATIONS):
@@ -137,6 +161,18 @@ class ModelConfig:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.max_logprobs < -1:
             raise ConfigError(f"max_logprobs must be -1 or non-negative, got {self.max_logprobs}")
+
+    def _check_served_names(self) -> None:
+        names = self.served_model_name
+        if names is None:
+            return
+        if isinstance(names, str):
+            names = [names]
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise ConfigError(f"served_model_name must be a non-empty name or list of names, "
+                              f"got {self.served_model_name!r}")
+        self.served_model_names = list(dict.fromkeys(names))
+        self.served_model_name = names[0]
 
 
 @dataclass(slots=True)
@@ -292,6 +328,29 @@ class DeviceConfig:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+@dataclass(slots=True)
+class ObservabilityConfig:
+    """What the processes log (vLLM's names)."""
+
+    # No periodic throughput line from the engine core; /metrics keeps counting.
+    disable_log_stats: bool = False
+    # The API servers log each request they receive (id and body, cut at max_log_len).
+    enable_log_requests: bool = False
+    max_log_len: int | None = None
+    # Every process's log level ('trace' logs as 'debug').
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, "
+                              f"got {self.log_level!r}")
+        if self.max_log_len is not None and self.max_log_len < 0:
+            raise ConfigError(f"max_log_len must not be negative, got {self.max_log_len}")
+
+
 @dataclass(slots=True)
 class EngineConfig:
     """The whole configuration; resolve() fills what depends on the model directory."""
@@ -302,6 +361,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     load: LoadConfig = field(default_factory=LoadConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     # Filled by resolve():
     model_path: str = ""
     arch: ModelArchConfig | None = None
@@ -337,6 +397,8 @@ class EngineConfig:
             self.scheduler.async_scheduling = default_async_scheduling(self.device_type)
         if self.model.served_model_name is None:
             self.model.served_model_name = self.model.model or "SmolLM2-135M-Instruct"
+            self.model.served_model_names = [self.model.served_model_name]
+        self._check_generation_config()
         heads, kv_heads = self.arch.num_attention_heads, self.arch.num_key_value_heads
         tp = self.parallel.tensor_parallel_size
         if heads % tp or kv_heads % tp:
@@ -383,6 +445,13 @@ class EngineConfig:
                               "available here (no C compiler, or ENGINE_CPU_KERNELS=0)")
         return "gguf"
 
+    def _check_generation_config(self) -> None:
+        """Refuse a --generation-config folder without the file, and an override that is not
+        a sampling default vLLM takes from it."""
+        from engine_core.generation_config import check_generation_config
+
+        check_generation_config(self.model, self.model_path)
+
     @property
     def max_model_len(self) -> int:
         """The resolved context length (prompt + output)."""
@@ -399,14 +468,30 @@ def _resolve_dtype(requested: str, checkpoint: str, device: str) -> str:
     return "bfloat16" if checkpoint in ("float32", "bfloat16") else checkpoint
 
 
+# vLLM's names for fields this engine calls otherwise.
+KWARG_ALIASES = {"kv_cache_memory_bytes": "kv_cache_memory"}
+
+
 def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:
     """Build an EngineConfig from flat vLLM-style keyword arguments; unknown names are refused."""
     groups: dict[str, type] = {
         "model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
         "parallel": ParallelConfig, "load": LoadConfig, "device": DeviceConfig,
+        "observability": ObservabilityConfig,
     }
     per_group: dict[str, dict[str, Any]] = {g: {} for g in groups}
-    owner = {f: g for g, cls in groups.items() for f in cls.__dataclass_fields__}
+    owner = {name: g for g, cls in groups.items() for name, f in cls.__dataclass_fields__.items()
+             if f.init}
+    for alias, name in KWARG_ALIASES.items():
+        if alias in kwargs:
+            if name in kwargs:
+                raise ConfigError(f"give one of {alias} and {name}, not both")
+            kwargs[name] = kwargs.pop(alias)
+    refused = refusals({k: v for k, v in kwargs.items() if k in ENGINE_ONLY}, ENGINE_ONLY,
+                       as_flags=False)
+    if refused:
+        raise ConfigError("; ".join(refused))
+    kwargs = {k: v for k, v in kwargs.items() if k not in ENGINE_ONLY}  # the no-ops
     unknown = [k for k in kwargs if k not in owner]
     if unknown:
         raise ConfigError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from engine_core.config import ConfigError, EngineConfig
 from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from engine_core.log_options import apply_log_options
+from engine_core.remote_code import log_remote_code_notice
 from engine_core.request import Request, RequestStatus
 from engine_core.scheduler import Scheduler
 from engine_core.validation import InvalidRequestError, validate_request
@@ -49,6 +51,8 @@ class EngineCore:
             config.resolve()
         assert config.arch is not None
         self.config = config
+        apply_log_options(config.observability)
+        log_remote_code_notice(config.model_path, config.model.trust_remote_code)
         self.executor = Executor.create(config)
         self.num_blocks = self.executor.initialize()
         eos = config.arch.eos_token_ids[0] if config.arch.eos_token_ids else None

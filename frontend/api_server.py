@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -16,20 +17,30 @@ import os
 import signal
 import socket
 import sys
+import uuid
 from importlib import metadata
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
+from engine_core.config import ObservabilityConfig
+from engine_core.generation_config import default_sampling_params, log_defaults
+from engine_core.log_options import apply_log_options
 from engine_core.process_lifecycle import pid_alive, start_child_process
+from frontend import admin_routes
+from frontend.admin_routes import AdminState, ServerInfoResponse, count_load
 from frontend.chat_args import ChatOptions, add_chat_args
+from frontend.cors import CorsPolicy, cors_middleware
 from frontend.errors import ApiError, bad_request, error_response, from_decode_error
-from frontend.openai_protocol import (REQUEST_STRUCTS, RESPONSE_STRUCTS, ChatCompletionRequest,
-                                      CompletionRequest, DetokenizeRequest, DetokenizeResponse,
-                                      ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+from frontend.http_options import HttpOptions, add_http_args
+from frontend.openai_protocol import (ChatCompletionRequest, CompletionRequest,
+                                      DetokenizeRequest, DetokenizeResponse, ModelCard,
+                                      ModelList, TokenizeRequest, TokenizeResponse,
                                       VersionResponse)
-from frontend.serving import ServingContext, json_response
+from frontend.openapi import DOCS_HTML, openapi_schema
+from frontend.root_path import serve_under, strip_root
+from frontend.serving import REQUEST_ID, ServingContext, json_response
 from frontend.serving_chat import chat_messages, create_chat_completion, template_kwargs
 from frontend.serving_completions import create_completion
 from frontend.ui import routes as ui
@@ -41,6 +52,11 @@ DEFAULT_MAX_REQUEST_BODY = 16 * 1024 * 1024
 # Paths answered without an API key.
 # The built-in page's own files are open too: the page asks for the key (docs/ui.md).
 OPEN_PATHS = frozenset({"/health", "/version", "/metrics", *ui.PAGE_PATHS})
+
+# vLLM's key guards its /v1 routes only; these others are open there too. (Not /invocations,
+# which vLLM leaves open by an oversight, vllm-project/vllm#58144, nor the admin routes.)
+VLLM_OPEN_PATHS = frozenset({"/ping", "/load", "/tokenize", "/detokenize", "/openapi.json",
+                             "/docs"})
 
 CTX = web.AppKey("ctx", ServingContext)
 STATE = web.AppKey("state", dict)
@@ -87,7 +103,9 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 @web.middleware
 async def _auth(request: web.Request, handler) -> web.StreamResponse:
     key: str | None = request.app[STATE]["api_key"]
-    if key is None or request.path in OPEN_PATHS or request.method == "OPTIONS":
+    path = strip_root(request.path, request.app[STATE]["http"].root_path)
+    if key is None or path in OPEN_PATHS or path in VLLM_OPEN_PATHS or \
+            request.method == "OPTIONS":
         return await handler(request)
     given = request.headers.get("Authorization", "")
     scheme, _, token = given.partition(" ")
@@ -131,19 +149,53 @@ async def version(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
-    return json_response(ModelList(data=[ModelCard(id=ctx.model_name, root=ctx.model_root,
-                                                   max_model_len=ctx.max_model_len)]))
+    names = ctx.served_model_names or (ctx.model_name,)
+    return json_response(ModelList(data=[ModelCard(id=name, root=ctx.model_root,
+                                                   max_model_len=ctx.max_model_len)
+                                         for name in names]))
+
+
+def apply_generation_defaults(req: Any, defaults: dict[str, Any]) -> None:
+    """The generation config's defaults, as vLLM applies them: a sampling field the request
+    left unset takes its default; max_tokens caps the output length asked for (an unset one
+    is capped by the tokenizer process, which knows the prompt's length)."""
+    for name, value in defaults.items():
+        if name != "max_tokens" and getattr(req, name) is None:
+            setattr(req, name, value)
+    cap = defaults.get("max_tokens")
+    if cap is None:
+        return
+    field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None \
+        else "max_tokens"
+    if getattr(req, field) is not None:
+        setattr(req, field, min(getattr(req, field), cap))
+
+
+async def prepare_request(request: web.Request, req: Any) -> None:
+    """Choose the request's id as vLLM does (a client's X-Request-Id, else the body's
+    request_id, else a random one; serving.request_id reads it) and log the request when
+    --enable-log-requests is set."""
+    given = request.headers.get("X-Request-Id") or getattr(req, "request_id", None)
+    request[REQUEST_ID] = base = given or uuid.uuid4().hex
+    apply_generation_defaults(req, request.app[STATE]["defaults"])
+    log = request.app[STATE]["log_requests"]
+    if log is not None:
+        body = (await request.read()).decode(errors="replace")
+        logger.info("Received request %s: %s %s", base, request.path,
+                    body if log.max_log_len is None else body[:log.max_log_len])
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     req = await _decode(request, CompletionRequest)
     _check_available(request)
+    await prepare_request(request, req)
     return await create_completion(request.app[CTX], req, request)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await _decode(request, ChatCompletionRequest)
     _check_available(request)
+    await prepare_request(request, req)
     return await create_chat_completion(request.app[CTX], req, request)
 
 
@@ -184,76 +236,76 @@ async def detokenize(request: web.Request) -> web.Response:
     return json_response(DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens)))
 
 
-def openapi_schema() -> dict[str, Any]:
-    """The OpenAPI 3.1 description of the endpoints, from the msgspec Structs."""
-    structs = [*REQUEST_STRUCTS, *RESPONSE_STRUCTS]
-    _, components = msgspec.json.schema_components(
-        structs, ref_template="#/components/schemas/{name}")
-
-    def ref(name: str) -> dict:
-        return {"$ref": f"#/components/schemas/{name}"}
-
-    def body(name: str) -> dict:
-        return {"required": True, "content": {"application/json": {"schema": ref(name)}}}
-
-    def answer(name: str | None, sse: bool = False) -> dict:
-        ok: dict[str, Any] = {"description": "OK"}
-        if name is not None:
-            ok["content"] = {"application/json": {"schema": ref(name)}}
-            if sse:
-                ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
-        err = {"description": "error", "content": {"application/json": {
-            "schema": ref("ErrorResponse")}}}
-        return {"200": ok, "400": err, "401": err, "404": err, "413": err, "503": err}
-
-    paths = {
-        "/health": {"get": {"summary": "200 while the engine serves, 503 otherwise",
-                            "responses": answer(None)}},
-        "/version": {"get": {"responses": answer("VersionResponse")}},
-        "/v1/models": {"get": {"responses": answer("ModelList")}},
-        "/v1/completions": {"post": {"requestBody": body("CompletionRequest"),
-                                     "responses": answer("CompletionResponse", sse=True)}},
-        "/v1/chat/completions": {"post": {
-            "requestBody": body("ChatCompletionRequest"),
-            "responses": answer("ChatCompletionResponse", sse=True)}},
-        "/tokenize": {"post": {"requestBody": body("TokenizeRequest"),
-                               "responses": answer("TokenizeResponse")}},
-        "/detokenize": {"post": {"requestBody": body("DetokenizeRequest"),
-                                 "responses": answer("DetokenizeResponse")}},
-    }
-    return {"openapi": "3.1.0", "info": {"title": "engine OpenAI-compatible API",
-                                         "version": _version()},
-            "paths": paths, "components": {"schemas": components}}
+async def invocations(request: web.Request) -> web.StreamResponse:
+    """SageMaker's route: a chat completion when the body has messages, a completion when it
+    has prompt."""
+    try:
+        body = json.loads(await request.read())
+    except ValueError as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
+    if isinstance(body, dict) and "messages" in body:
+        return await chat_completions(request)
+    if isinstance(body, dict) and "prompt" in body:
+        return await completions(request)
+    raise bad_request("/invocations takes a chat completion request (with messages) or a "
+                      "completion request (with prompt)")
 
 
 async def openapi(request: web.Request) -> web.Response:
     return json_response(request.app[STATE]["openapi"])
 
 
+async def docs(request: web.Request) -> web.Response:
+    return web.Response(text=DOCS_HTML, content_type="text/html")
+
+
 def build_app(ctx: ServingContext, *, api_key: str | None = None,
               max_body: int = DEFAULT_MAX_REQUEST_BODY,
-              engine_alive=lambda: True) -> web.Application:
-    """The aiohttp application of one API server."""
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=max_body)
+              engine_alive=lambda: True, http: HttpOptions = HttpOptions(),
+              admin: AdminState | None = None,
+              log_requests: ObservabilityConfig | None = None,
+              generation_defaults: dict[str, Any] | None = None) -> web.Application:
+    """The aiohttp application of one API server. log_requests: log each generation request
+    (--enable-log-requests), cut at its max_log_len. generation_defaults: sampling defaults
+    for requests that leave a field unset (engine_core.generation_config)."""
+    cors = CorsPolicy(http.allowed_origins, http.allowed_methods, http.allowed_headers,
+                      http.allow_credentials)
+    app = web.Application(middlewares=[cors_middleware(cors), _errors, _auth, count_load],
+                          client_max_size=max_body)
+    serve_under(app, http.root_path)
     app[CTX] = ctx
     app[STATE] = {"api_key": api_key, "max_body": max_body, "draining": False,
-                  "engine_alive": engine_alive, "openapi": openapi_schema()}
+                  "engine_alive": engine_alive, "http": http, "cors": cors,
+                  "log_requests": log_requests, "defaults": generation_defaults or {},
+                  "openapi": openapi_schema(http.root_path, _version())}
     app.router.add_get("/health", health)
+    app.router.add_get("/ping", health)  # SageMaker's health check
+    app.router.add_post("/ping", health)
     app.router.add_get("/version", version)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/invocations", invocations)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
-    app.router.add_get("/openapi.json", openapi)
+    if not http.disable_fastapi_docs:
+        app.router.add_get("/openapi.json", openapi)
+        app.router.add_get("/docs", docs)
     app.router.add_get("/metrics", metrics)  # open without an API key (OPEN_PATHS)
+    admin_routes.register(app, admin or AdminState())
     app.on_response_prepare.append(_mark_server)
     return app
 
 
 async def _mark_server(request: web.Request, response: web.StreamResponse) -> None:
-    """Name the API server process that answered (X-Engine-Api-Server: its --index)."""
+    """Name the API server process that answered (X-Engine-Api-Server: its --index); add the
+    CORS headers, and X-Request-Id with --enable-request-id-headers."""
     response.headers["X-Engine-Api-Server"] = str(request.app[CTX].api_server_index)
+    state = request.app[STATE]
+    state["cors"].add_headers(request, response)
+    if state["http"].enable_request_id_headers:
+        response.headers["X-Request-Id"] = request.get(REQUEST_ID) or \
+            request.headers.get("X-Request-Id") or uuid.uuid4().hex
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -291,6 +343,11 @@ async def run_api_server(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     config = engine_config_from_kwargs(**json.loads(args.engine_args)).resolve()
+    apply_log_options(config.observability)
+    defaults = default_sampling_params(config.model, config.model_path)
+    if args.index == 0:
+        log_defaults(defaults)
+    http = HttpOptions.from_args(args)
     tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
     client = await TokenizerClient.create(args.tokenizer_address,
                                           client_name=process_name(args.index))
@@ -298,18 +355,30 @@ async def run_api_server(args: argparse.Namespace) -> int:
     chat = ChatOptions.from_args(args)
     ctx = ServingContext(ready.model_name, ready.max_model_len, ready.vocab_size, client,
                          tokenizer, args.index, str(config.model_path), chat.response_role,
-                         chat.chat_template, chat.auto_tool_parser)
+                         chat.chat_template, chat.auto_tool_parser,
+                         served_model_names=tuple(config.model.served_model_names))
+    info = ServerInfoResponse(version=_version(),
+                              served_model_names=config.model.served_model_names,
+                              engine_config=dataclasses.asdict(config))
+    obs = config.observability
     app = build_app(ctx, api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
                     max_body=args.max_request_body,
-                    engine_alive=lambda: args.engine_pid is None or pid_alive(args.engine_pid))
+                    engine_alive=lambda: args.engine_pid is None or pid_alive(args.engine_pid),
+                    http=http, admin=AdminState(args.engine_address or [], info),
+                    log_requests=obs if obs.enable_log_requests else None,
+                    generation_defaults=defaults)
     if not args.disable_ui:
         ui.register(app, ctx, config)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=args.shutdown_timeout)
     await runner.setup()
-    site = web.SockSite(runner, reuseport_socket(args.host, args.port))
+    if http.uds:
+        site: web.BaseSite = web.UnixSite(runner, http.uds, ssl_context=http.ssl_context())
+    else:
+        site = web.SockSite(runner, reuseport_socket(args.host, args.port),
+                            ssl_context=http.ssl_context())
     await site.start()
-    logger.info("API server %d serving on http://%s:%d", args.index, args.host, args.port)
+    logger.info("API server %d serving on %s", args.index, http.url(args.host, args.port))
     if args.ready_file:
         with open(args.ready_file, "w") as f:
             f.write(str(os.getpid()))
@@ -334,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-request-body", type=int, default=DEFAULT_MAX_REQUEST_BODY)
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
     parser.add_argument("--ready-file")
+    parser.add_argument("--engine-address", action="append",
+                        help="an engine core's address, for POST /reset_prefix_cache (once per "
+                             "data-parallel rank)")
+    add_http_args(parser)
     parser.add_argument("--disable-ui", action="store_true")
     add_chat_args(parser)
     args = parser.parse_args(argv)

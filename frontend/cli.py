@@ -8,6 +8,8 @@ import sys
 from engine_core.args import add_engine_args, engine_kwargs
 from frontend import bench_device, bench_serve
 from frontend.chat_args import ChatOptions, add_chat_args
+from frontend.http_options import (HttpOptions, add_http_args, add_vllm_frontend_args,
+                                   refuse_vllm_serve_flags)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -45,11 +47,16 @@ def _core(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from frontend.launcher import serve
 
+    refuse_vllm_serve_flags(args)
     chat = ChatOptions.from_args(args)  # a bad flag fails before anything starts
+    http = HttpOptions.from_args(args)
+    if http.uds and args.api_server_count > 1:
+        raise ValueError(f"--uds serves one API server; --api-server-count "
+                         f"{args.api_server_count} needs --host/--port")
     return serve(engine_kwargs(args), args.tokenizer_workers, args.tokenizer_listen,
                  args.shutdown_timeout, args.startup_timeout, args.api_server_count, args.host,
                  args.port, args.api_key, args.max_request_body, chat,
-                 disable_ui=args.disable_ui, headless=args.headless)
+                 disable_ui=args.disable_ui, headless=args.headless, http=http)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds in-flight requests may take to finish on SIGTERM/SIGINT")
     procs.add_argument("--startup-timeout", type=float, default=600.0,
                      help="seconds every process may take to report ready")
-    add_engine_args(srv)
+    add_http_args(http)
+    add_engine_args(srv, model_positional=True)
+    add_vllm_frontend_args(srv)
     srv.set_defaults(func=_serve)
     return parser
 

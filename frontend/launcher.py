@@ -36,6 +36,7 @@ from frontend import api_server
 from frontend.dp_rendezvous import (FirstHost, HeadlessHost, RendezvousError,
                                     local_address_towards, tcp_address)
 from frontend.chat_args import ChatOptions
+from frontend.http_options import HttpOptions
 from metrics.exposition import setup_multiprocess_dir
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, TokenizerHello,
                                      api_output_decoders)
@@ -109,8 +110,9 @@ class Launcher:
                  host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                  max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
                  chat: ChatOptions = ChatOptions(), disable_ui: bool = False,
-                 headless: bool = False) -> None:
+                 headless: bool = False, http: HttpOptions = HttpOptions()) -> None:
         self.dp = DataParallelPlan.from_args(engine_args, headless)
+        self.http = http
         if headless:
             api_server_count = 0
         if api_server_count < 0:
@@ -156,7 +158,7 @@ class Launcher:
     def start(self, timeout: float = 600.0,
               stop_requested: Callable[[], bool] = lambda: False) -> None:
         """Start every tier and wait until each child is READY; LaunchError names a failure."""
-        if self.api_server_count:  # first: a port in use fails before the model loads
+        if self.api_server_count and not self.http.uds:  # first: a port in use fails early
             try:
                 self._port_socket = api_server.reuseport_socket(self.host, self.port, listen=False)
             except OSError as e:
@@ -247,6 +249,9 @@ class Launcher:
             args.append("--disable-ui")
         for address in self.tokenizer_addresses:
             args += ["--tokenizer-address", address]
+        for address in self.engine_addresses:
+            args += ["--engine-address", address]
+        args += self.http.argv()
         # The key travels in the environment, not on the command line that ps shows.
         env = {"ENGINE_API_KEY": self.api_key} if self.api_key else {}
         return Child(api_server.process_name(index), _spawn(args, env), ready_file, [], {})
@@ -405,7 +410,7 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
           port: int = 8000, api_key: str | None = None,
           max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
           chat: ChatOptions = ChatOptions(), disable_ui: bool = False,
-          headless: bool = False) -> int:
+          headless: bool = False, http: HttpOptions = HttpOptions()) -> int:
     """Run `engine serve` until SIGTERM/SIGINT (exit code 0) or a child's failure (1).
     headless: only this host's data-parallel engine cores, registered with the first host."""
     signals: list[int] = []
@@ -413,7 +418,7 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
         signal.signal(sig, lambda s, _frame: signals.append(s))
     launcher = Launcher(engine_args, tokenizer_workers, tokenizer_listen, shutdown_timeout,
                         api_server_count, host, port, api_key, max_request_body, chat,
-                        disable_ui=disable_ui, headless=headless)
+                        disable_ui=disable_ui, headless=headless, http=http)
     try:
         launcher.start(startup_timeout, stop_requested=lambda: bool(signals))
         for rank, child in zip(launcher.dp.local, launcher.tiers[0]):
@@ -428,9 +433,8 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
         for i, address in enumerate(launcher.tokenizer_addresses if not headless else ()):
             print(f"tokenizer {i} listening on {address}", flush=True)
         if launcher.api_server_count:
-            host = f"[{launcher.host}]" if ":" in launcher.host else launcher.host
             print(f"API server{'s' if api_server_count > 1 else ''} ({api_server_count}) "
-                  f"listening on http://{host}:{launcher.port}", flush=True)
+                  f"listening on {http.url(launcher.host, launcher.port)}", flush=True)
         print("engine serve: ready", flush=True)
         launcher.supervise(stop_requested=lambda: bool(signals))
     except LaunchError as e:

@@ -39,19 +39,27 @@ class ServingContext:
     chat_template: str | None = None
     # --tool-call-parser when --enable-auto-tool-choice is set: serves tool_choice "auto".
     tool_parser: str | None = None
+    # --served-model-name's names, model_name first: a request's model may be any of them.
+    served_model_names: tuple[str, ...] = ()
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model != self.model_name and \
+                model not in self.served_model_names:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
 
 # The most choices one request may ask for (OpenAI's limit): each is a sequence in the engine.
 MAX_N = 128
 _INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
+# The id the API server chose for an HTTP request (api_server.prepare_request).
+REQUEST_ID = web.RequestKey("request_id", str)
 
 
-def request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+def request_id(prefix: str, http_request: web.Request | None = None) -> str:
+    """'<prefix>-<id>': the id the API server chose for the HTTP request (a client's
+    X-Request-Id, see api_server.prepare_request), else a random one."""
+    base = http_request.get(REQUEST_ID) if http_request is not None else None
+    return f"{prefix}-{base or uuid.uuid4().hex}"
 
 
 def sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int | None = None,

@@ -108,7 +108,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                              structured_outputs=constraint)
     if tools.keep_special_tokens:
         params.skip_special_tokens = False
-    base_id = request_id("chatcmpl")
+    base_id = request_id("chatcmpl", http_request)
     request = GenerateRequest(base_id, params, messages=messages,
                               add_generation_prompt=req.add_generation_prompt,
                               continue_final_message=req.continue_final_message,

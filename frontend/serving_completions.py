@@ -80,7 +80,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
     params = sampling_params(req, req.max_tokens, logprobs=k, prompt_logprobs=widest_logprobs(
         req.prompt_logprobs, k if req.echo else None),
         structured_outputs=requested_constraint(req))
-    base_id = request_id("cmpl")
+    base_id = request_id("cmpl", http_request)
     requests = [GenerateRequest(f"{base_id}-{i}", params,
                                 prompt=p if isinstance(p, str) else None,
                                 prompt_token_ids=p if isinstance(p, list) else None,

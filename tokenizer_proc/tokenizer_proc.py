@@ -25,6 +25,8 @@ import zmq.asyncio
 from engine_core.client import EngineDeadError, EngineRequestError
 from engine_core.config import EngineConfig
 from engine_core.dp_client import DPEngineCoreClient
+from engine_core.generation_config import cap_unset_max_tokens
+from engine_core.log_options import apply_log_options
 from engine_core.process_lifecycle import start_child_process, wait_for_exit
 from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import check_completion_fits, validate_request
@@ -157,6 +159,8 @@ class TokenizerProc:
                                         req.cache_salt, req.api_server_index)
             validate_request(request, self.config)
             check_completion_fits(request, self.config)
+            request = cap_unset_max_tokens(request, self.config)
+            params = request.sampling_params
         except Exception as e:  # ValueError, a chat template's own errors, bad message shapes
             await self._error(identity, request_id, f"{e}")
             return
@@ -274,6 +278,7 @@ async def run_tokenizer_proc(index: int, listen: str, engine_addresses: list[str
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     config = engine_config_from_kwargs(**engine_args).resolve()
+    apply_log_options(config.observability)
     tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
     connect = asyncio.create_task(DPEngineCoreClient.create(
         engine_addresses, client_name=f"tokenizer-{index}"))

@@ -1,0 +1,106 @@
+"""vLLM's arguments that this engine has no setting for: each is refused with the reason, or,
+where this engine already behaves as the value asks, accepted as a no-op.
+
+The same table serves the command line (`engine serve`, `engine generate`, ...) and LLM(...)
+keyword arguments; docs/serve.md lists it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+ANY = "*"  # every value is a no-op
+
+# name (vLLM's, as a keyword argument) -> (takes a value, values accepted as a no-op, why)
+ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
+    "swap_space": (True, (ANY,), "preempted requests are recomputed, never swapped (vLLM V1 "
+                                 "ignores it too)"),
+    "max_seq_len_to_capture": (True, (ANY,), "no CUDA graphs are captured"),
+    "disable_custom_all_reduce": (False, (ANY,), "tensor-parallel all-reduce is always the "
+                                                 "collective library's (NCCL, gloo)"),
+    "tokenizer_mode": (True, ("auto", "hf"), "the tokenizer is always the model's Hugging "
+                                             "Face tokenizer"),
+    "kv_cache_dtype": (True, ("auto",), "the KV cache is kept in the model's dtype (no fp8 KV "
+                                        "cache)"),
+    "calculate_kv_scales": (False, (), "there is no fp8 KV cache to scale"),
+    "cpu_offload_gb": (True, ("0",), "weights are never offloaded to the CPU"),
+    "pipeline_parallel_size": (True, ("1",), "there is no pipeline parallelism; use "
+                                             "--tensor-parallel-size"),
+    "enable_chunked_prefill": (False, (ANY,), "prefills are always chunked by the step's token "
+                                              "budget"),
+    "no_enable_chunked_prefill": (False, (), "prefills are always chunked by the step's token "
+                                             "budget"),
+    "max_num_partial_prefills": (True, ("1",), "one prompt is chunked at a time"),
+    "max_long_partial_prefills": (True, ("1",), "one prompt is chunked at a time"),
+    "stream_interval": (True, ("1",), "every token is streamed as it comes"),
+    "revision": (True, (), "models load from a local folder or file as they are"),
+    "tokenizer_revision": (True, (), "models load from a local folder or file as they are"),
+    "code_revision": (True, (), "a model's own code is never run"),
+    "download_dir": (True, (), "the engine downloads nothing; give a local model"),
+    "hf_token": (True, (), "the engine downloads nothing; give a local model"),
+    "hf_overrides": (True, (), "the model's config.json is read as it is"),
+    "skip_tokenizer_init": (False, (), "the tokenizer processes always load the tokenizer"),
+    "enable_prompt_embeds": (False, (), "prompts are text or token ids"),
+    "limit_mm_per_prompt": (True, (), "the engine runs text-only models"),
+    "enable_lora": (False, (), "there are no LoRA adapters"),
+    "max_loras": (True, (), "there are no LoRA adapters"),
+    "max_lora_rank": (True, (), "there are no LoRA adapters"),
+    "speculative_config": (True, (), "there is no speculative decoding"),
+    "enable_expert_parallel": (False, (), "the engine runs dense models (no MoE)"),
+    "compilation_config": (True, (), "the model runs without torch.compile or CUDA graphs"),
+    "kv_transfer_config": (True, (), "there is no KV transfer between instances"),
+    "logits_processors": (True, (), "there are no custom logits processors"),
+    "scheduler_cls": (True, (), "the scheduler is not replaceable"),
+    "worker_cls": (True, (), "the worker is not replaceable"),
+    "worker_extension_cls": (True, (), "the worker is not replaceable"),
+    "reasoning_parser": (True, (), "there are no reasoning parsers"),
+    "otlp_traces_endpoint": (True, (), "there is no OpenTelemetry tracing; see /metrics"),
+}
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_vllm_only_args(parser: argparse.ArgumentParser,
+                       table: dict[str, tuple[bool, tuple[str, ...], str]]) -> None:
+    """Accept table's flags (hidden from --help), so refuse_vllm_only can say why."""
+    group = parser.add_argument_group("vLLM options this engine does not have (docs/serve.md)")
+    for name, (takes_value, _, _) in table.items():
+        if takes_value:
+            group.add_argument(flag_name(name), dest=f"vllm_only_{name}", default=None,
+                               help=argparse.SUPPRESS)
+        else:
+            group.add_argument(flag_name(name), dest=f"vllm_only_{name}", action="store_const",
+                               const="true", default=None, help=argparse.SUPPRESS)
+
+
+def refusals(given: dict[str, Any], table: dict[str, tuple[bool, tuple[str, ...], str]],
+             as_flags: bool = True) -> list[str]:
+    """One message per argument of table in given (name -> value) that is not a no-op."""
+    out = []
+    for name, value in given.items():
+        if name not in table or value is None:
+            continue
+        takes_value, accepted, why = table[name]
+        text = str(value).lower()
+        if ANY in accepted or text in accepted or (not takes_value and not accepted
+                                                   and text in ("false", "0")):
+            continue
+        shown = flag_name(name) if as_flags else name
+        if takes_value:
+            shown += f" {value}" if as_flags else f"={value!r}"
+            if accepted:
+                why += f" (it takes only {' or '.join(accepted)})"
+        out.append(f"{shown} is not supported: {why}")
+    return out
+
+
+def refuse_vllm_only(args: argparse.Namespace,
+                     table: dict[str, tuple[bool, tuple[str, ...], str]]) -> None:
+    """ValueError naming every flag of table given with a value this engine cannot honour."""
+    given = {name: getattr(args, f"vllm_only_{name}", None) for name in table}
+    messages = refusals(given, table)
+    if messages:
+        raise ValueError("; ".join(messages))

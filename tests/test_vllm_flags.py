@@ -1,0 +1,223 @@
+"""vLLM's command line and keyword arguments without a server: names, aliases, refusals, the
+generation-config defaults and the CORS answers."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from engine_core.args import engine_kwargs
+from engine_core.config import ConfigError, ModelConfig, engine_config_from_kwargs
+from engine_core.generation_config import (cap_unset_max_tokens, check_generation_config,
+                                           default_sampling_params)
+from engine_core.protocol import EngineCoreRequest
+from engine_core.remote_code import remote_code_notice
+from engine_core.sampling_params import SamplingParams
+from frontend.api_server import apply_generation_defaults
+from frontend.cli import build_parser, main
+from frontend.cors import CorsPolicy
+from frontend.http_options import HttpOptions
+from frontend.openai_protocol import ChatCompletionRequest, CompletionRequest
+
+
+def _serve_args(*argv: str):
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_model_positional_and_vllm_names():
+    args = _serve_args("my/model", "--enforce-eager", "--trust-remote-code",
+                       "--served-model-name", "a", "b", "--kv-cache-memory-bytes", "1GiB",
+                       "--disable-log-requests", "--disable-log-stats", "--uvicorn-log-level",
+                       "warning", "--generation-config", "vllm", "--override-generation-config",
+                       '{"temperature": 0.5}', "--swap-space", "4", "--kv-cache-dtype", "auto")
+    kwargs = engine_kwargs(args)
+    assert kwargs["model"] == "my/model"
+    assert kwargs["served_model_name"] == ["a", "b"]
+    assert kwargs["kv_cache_memory"] == "1GiB"  # --kv-cache-memory stays an alias
+    assert kwargs["enable_log_requests"] is False and kwargs["disable_log_stats"] is True
+    assert kwargs["log_level"] == "warning"
+    assert engine_kwargs(_serve_args("--kv-cache-memory", "2GiB"))["kv_cache_memory"] == "2GiB"
+    assert engine_kwargs(_serve_args("--model", "m"))["model"] == "m"
+    with pytest.raises(ValueError, match="given twice"):
+        engine_kwargs(_serve_args("m1", "--model", "m2"))
+    config = engine_config_from_kwargs(**kwargs)
+    assert config.model.served_model_name == "a"
+    assert config.model.served_model_names == ["a", "b"]
+    assert config.model.enforce_eager and config.model.trust_remote_code
+    assert config.cache.kv_cache_memory == 2**30
+    assert config.model.override_generation_config == {"temperature": 0.5}
+
+
+def test_vllm_flags_the_engine_cannot_honour_are_refused_by_name(capsys):
+    code = main(["serve", "m", "--kv-cache-dtype", "fp8", "--enable-lora",
+                 "--pipeline-parallel-size", "2", "--middleware", "x.y"])
+    assert code == 2
+    err = capsys.readouterr().err
+    for flag in ("--kv-cache-dtype fp8", "--enable-lora", "--pipeline-parallel-size 2",
+                 "--middleware x.y"):
+        assert flag in err
+    code = main(["generate", "hi", "--speculative-config", "{}"])
+    assert code == 2 and "--speculative-config" in capsys.readouterr().err
+
+
+def test_llm_keyword_arguments_as_vllm_names_them():
+    config = engine_config_from_kwargs(kv_cache_memory_bytes=10**8, swap_space=4,
+                                       enforce_eager=True, served_model_name=["x", "y"],
+                                       disable_log_stats=True, enable_chunked_prefill=True)
+    assert config.cache.kv_cache_memory == 10**8
+    assert config.model.served_model_names == ["x", "y"]
+    assert config.observability.disable_log_stats
+    with pytest.raises(ConfigError, match="enable_lora is not supported.*kv_cache_dtype='fp8'"):
+        engine_config_from_kwargs(enable_lora=True, kv_cache_dtype="fp8")
+    with pytest.raises(ConfigError, match="not both"):
+        engine_config_from_kwargs(kv_cache_memory_bytes=1, kv_cache_memory=2)
+    with pytest.raises(ConfigError, match="unknown engine argument"):
+        engine_config_from_kwargs(no_such_thing=1)
+    with pytest.raises(ConfigError, match="served_model_name"):
+        ModelConfig(served_model_name=[])
+
+
+def _model_dir(tmp_path, generation: dict | None, auto_map: bool = False):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], **({"auto_map": {"AutoModel": "m.M"}}
+                                                  if auto_map else {})}))
+    if generation is not None:
+        (tmp_path / "generation_config.json").write_text(json.dumps(generation))
+    return str(tmp_path)
+
+
+def test_generation_config_defaults(tmp_path):
+    path = _model_dir(tmp_path, {"temperature": 0.6, "top_p": 0.9, "top_k": 20,
+                                 "max_new_tokens": 64, "do_sample": True, "eos_token_id": 2,
+                                 "min_p": None})
+    auto = ModelConfig()
+    assert default_sampling_params(auto, path) == {"temperature": 0.6, "top_p": 0.9,
+                                                   "top_k": 20, "max_tokens": 64}
+    assert default_sampling_params(ModelConfig(generation_config="vllm"), path) == {}
+    override = ModelConfig(generation_config="vllm",
+                           override_generation_config='{"repetition_penalty": 1.1}')
+    assert default_sampling_params(override, path) == {"repetition_penalty": 1.1}
+    merged = ModelConfig(override_generation_config={"temperature": 0.1})
+    assert default_sampling_params(merged, path)["temperature"] == 0.1
+    folder = ModelConfig(generation_config=str(tmp_path))
+    assert default_sampling_params(folder, "/elsewhere")["top_k"] == 20
+    with pytest.raises(ConfigError, match="no generation_config.json"):
+        check_generation_config(ModelConfig(generation_config=str(tmp_path / "none")), path)
+    with pytest.raises(ConfigError, match="do_sample cannot be a request default"):
+        check_generation_config(ModelConfig(override_generation_config={"do_sample": True}),
+                                path)
+    with pytest.raises(ConfigError, match="temperature"):
+        check_generation_config(ModelConfig(override_generation_config={"temperature": -1}),
+                                path)
+
+
+def test_generation_defaults_fill_only_unset_fields():
+    defaults = {"temperature": 0.6, "top_k": 20, "max_tokens": 10}
+    req = CompletionRequest(prompt="x", temperature=1.0)
+    apply_generation_defaults(req, defaults)
+    assert (req.temperature, req.top_k, req.max_tokens) == (1.0, 20, 10)  # 16 capped at 10
+    chat = ChatCompletionRequest(messages=[], max_completion_tokens=5)
+    apply_generation_defaults(chat, defaults)
+    assert (chat.temperature, chat.max_completion_tokens, chat.max_tokens) == (0.6, 5, None)
+    unset = ChatCompletionRequest(messages=[])
+    apply_generation_defaults(unset, defaults)
+    assert unset.max_tokens is None and unset.max_completion_tokens is None
+
+
+def test_unset_max_tokens_capped_by_max_new_tokens(tmp_path):
+    path = _model_dir(tmp_path, {"max_new_tokens": 8})
+
+    class Config:  # what cap_unset_max_tokens reads of an EngineConfig
+        model = ModelConfig()
+        model_path = path
+        max_model_len = 20
+
+    def capped(prompt_len: int, max_tokens: int | None) -> int | None:
+        req = EngineCoreRequest("r", list(range(prompt_len)),
+                                SamplingParams(max_tokens=max_tokens))
+        return cap_unset_max_tokens(req, Config).sampling_params.max_tokens
+
+    assert capped(4, None) == 8
+    assert capped(15, None) == 5  # the rest of the context is smaller
+    assert capped(4, 12) == 12  # set: the API server capped it already
+
+
+def test_remote_code_notice(tmp_path):
+    plain, custom = tmp_path / "plain", tmp_path / "custom"
+    plain.mkdir()
+    custom.mkdir()
+    assert remote_code_notice(_model_dir(plain, None), True) is None
+    notice = remote_code_notice(_model_dir(custom, None, auto_map=True), True)
+    assert "never runs remote code" in notice and "AutoModel" in notice
+
+
+def test_http_options_checked_before_start(tmp_path):
+    with pytest.raises(ValueError, match="root-path"):
+        HttpOptions(root_path="llm/")
+    with pytest.raises(ValueError, match="TLS certificate"):
+        HttpOptions(ssl_certfile=str(tmp_path / "missing.pem")).ssl_context()
+    args = _serve_args("--allowed-origins", '["https://a.example"]', "--uds", "/tmp/x.sock")
+    options = HttpOptions.from_args(args)
+    assert options.allowed_origins == ("https://a.example",) and options.url("h", 1) == \
+        "unix:/tmp/x.sock"
+    assert build_parser().parse_args(["serve", *options.argv()]).allowed_origins == \
+        ["https://a.example"]
+    assert main(["serve", "--uds", "/tmp/x.sock", "--api-server-count", "2"]) == 2
+    with pytest.raises(SystemExit):
+        _serve_args("--allowed-origins", "https://a.example")  # vLLM takes JSON lists
+
+
+def _preflight(policy: CorsPolicy, origin: str, method: str = "POST",
+               headers: str | None = "content-type, authorization") -> web.Response | None:
+    h = {"Origin": origin, "Access-Control-Request-Method": method}
+    if headers is not None:
+        h["Access-Control-Request-Headers"] = headers
+    return policy.preflight(make_mocked_request("OPTIONS", "/v1/completions", headers=h))
+
+
+def test_cors_preflight_and_simple_answers():
+    anyone = CorsPolicy()
+    ok = _preflight(anyone, "https://a.example")
+    assert ok.status == 200 and ok.headers["Access-Control-Allow-Origin"] == "*"
+    assert "POST" in ok.headers["Access-Control-Allow-Methods"]
+    assert ok.headers["Access-Control-Allow-Headers"] == "content-type, authorization"
+    strict = CorsPolicy(origins=("https://a.example",), methods=("GET", "POST"),
+                        headers=("Authorization",), credentials=True)
+    ok = _preflight(strict, "https://a.example")
+    assert ok.status == 200 and ok.headers["Access-Control-Allow-Origin"] == "https://a.example"
+    assert ok.headers["Access-Control-Allow-Credentials"] == "true"
+    bad = _preflight(strict, "https://evil.example", method="DELETE", headers="x-custom")
+    assert bad.status == 400 and bad.text == "Disallowed CORS origin, method, headers"
+    assert _preflight(strict, "https://a.example", headers=None).status == 200
+    plain = make_mocked_request("OPTIONS", "/v1/models", headers={"Origin": "https://a.example"})
+    assert strict.preflight(plain) is None  # not a preflight: the route answers
+    response = web.Response()
+    strict.add_headers(make_mocked_request("GET", "/v1/models",
+                                           headers={"Origin": "https://a.example"}), response)
+    assert response.headers["Access-Control-Allow-Origin"] == "https://a.example"
+    response = web.Response()
+    strict.add_headers(make_mocked_request("GET", "/v1/models",
+                                           headers={"Origin": "https://evil.example"}), response)
+    assert "Access-Control-Allow-Origin" not in response.headers
+
+
+def test_log_level_applies_to_the_project_loggers():
+    from engine_core.config import ObservabilityConfig
+    from engine_core.log_options import _LOGGERS, apply_log_options
+
+    stats, proc = logging.getLogger("metrics.engine_stats"), logging.getLogger("engine_core")
+    names = (*_LOGGERS, "metrics.engine_stats")
+    before = {name: logging.getLogger(name).level for name in names}
+    try:
+        apply_log_options(ObservabilityConfig(log_level="debug", disable_log_stats=True))
+        assert proc.getEffectiveLevel() == logging.DEBUG
+        assert stats.getEffectiveLevel() == logging.WARNING
+        with pytest.raises(ConfigError, match="log_level"):
+            ObservabilityConfig(log_level="loud")
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)
