@@ -271,7 +271,8 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         if self.data_parallel_size < 1:
-            raise ConfigError(f"data_parallel_size must be at least 1, got {self.data_parallel_size}")
+            raise ConfigError(
+                f"data_parallel_size must be at least 1, got {self.data_parallel_size}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}"

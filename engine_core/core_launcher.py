@@ -17,17 +17,17 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 class CoreProcess:
     """A child `python -m engine_core.core_proc` that exits when this process dies, serving on
-    address (default: a private ipc:// socket).
+    address (default: a private ipc:// socket) with extra_env added to our environment.
 
     own_process_group keeps terminal signals (Ctrl-C) away from it, for a supervisor that
     stops its children in its own order.
     """
 
     def __init__(self, engine_args: dict[str, Any], *, own_process_group: bool = False,
-                 address: str | None = None) -> None:
+                 address: str | None = None, extra_env: dict[str, str] | None = None) -> None:
         self._dir = tempfile.mkdtemp(prefix="engine-core-")
         self.address = address or f"ipc://{self._dir}/core.sock"
-        env = dict(os.environ)
+        env = {**os.environ, **(extra_env or {})}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "engine_core.core_proc", "--listen", self.address,

@@ -172,7 +172,8 @@ class HeadlessHost:
         self._socket.connect(self.address)
         self._last_sent = self._last_heard = time.monotonic()
 
-    def register(self, start_rank: int, addresses: list[str], timeout_s: float, check: Callable[[], None]) -> None:
+    def register(self, start_rank: int, addresses: list[str], timeout_s: float,
+                 check: Callable[[], None]) -> None:
         """Register and wait for the answer (calling check() between polls; it may raise);
         RendezvousError when refused or unanswered within timeout_s."""
         self._send(Register(RENDEZVOUS_VERSION, start_rank, addresses))

@@ -195,10 +195,14 @@ class Launcher:
         """Start this host's engine cores; a headless host's listen on TCP for the first host."""
         children = []
         host = local_address_towards(self.dp.address) if self.dp.headless else ""
+        # Engine cores of one host share its cores: each gets its part of the threads (as the
+        # mp executor splits them among TP ranks), unless the user chose a number.
+        env = {} if len(self.dp.local) == 1 or "OMP_NUM_THREADS" in os.environ else \
+            {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // len(self.dp.local)))}
         for rank in self.dp.local:
             args = self.engine_args if self.dp.size == 1 else \
                 {**self.engine_args, "data_parallel_rank": rank}
-            core = CoreProcess(args, own_process_group=True,
+            core = CoreProcess(args, own_process_group=True, extra_env=env,
                                address=tcp_address(host, _free_port(host)) if host else None)
             self._cores.append(core)
             self.engine_addresses.append(core.address)

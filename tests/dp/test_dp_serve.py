@@ -69,6 +69,16 @@ async def _stream_all(url: str, prompts: list[str], **kwargs) -> list[tuple[int,
         return await asyncio.gather(*(_stream(session, url, p, **kwargs) for p in prompts))
 
 
+async def _streaming(session: aiohttp.ClientSession, url: str, n: int, max_tokens: int
+                     ) -> list[asyncio.Task]:
+    """n long streams, returned once every one has produced text."""
+    events = [asyncio.Event() for _ in range(n)]
+    tasks = [asyncio.create_task(_stream(session, url, PROMPTS[i], max_tokens, e))
+             for i, e in enumerate(events)]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
+    return tasks
+
+
 def _samples(server: Server) -> dict[tuple[str, str], float]:
     """(sample name, engine label) -> value, summed over the other labels."""
     with urllib.request.urlopen(server.api_url + "/metrics", timeout=10) as resp:
@@ -82,7 +92,7 @@ def _samples(server: Server) -> dict[tuple[str, str], float]:
     return out
 
 
-def test_128_streamed_requests_share_both_engines_and_match_one_engine(server, tiny_model):  # noqa: F811
+def test_128_streams_share_both_engines_and_match_one_engine(server, tiny_model):  # noqa: F811
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(128)]
     results = asyncio.run(_stream_all(server.api_url, prompts))
     assert all(status == 200 for status, _, _ in results), results
@@ -108,10 +118,7 @@ def test_sigterm_drains_both_engines(server):
     async def run() -> list[tuple[int, str, str | None]]:
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            events = [asyncio.Event() for _ in range(6)]
-            tasks = [asyncio.create_task(_stream(session, server.api_url, PROMPTS[i], 40, e))
-                     for i, e in enumerate(events)]
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
+            tasks = await _streaming(session, server.api_url, 6, 40)
             running = _samples(server)
             assert all(running.get(("vllm:num_requests_running", e), 0) > 0 for e in "01"), \
                 running
@@ -132,10 +139,7 @@ def test_a_killed_engine_core_fails_its_requests_and_stops_the_tree(tiny_model):
     async def run() -> tuple[list[tuple[int, str, str | None]], float]:
         timeout = aiohttp.ClientTimeout(total=60)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            events = [asyncio.Event() for _ in range(4)]
-            tasks = [asyncio.create_task(_stream(session, srv.api_url, PROMPTS[i], 200, e))
-                     for i, e in enumerate(events)]
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
+            tasks = await _streaming(session, srv.api_url, 4, 200)
             os.kill(victim, signal.SIGSTOP)  # frozen mid-request: its requests are in flight
             os.kill(victim, signal.SIGKILL)
             killed = time.monotonic()

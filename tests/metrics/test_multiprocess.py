@@ -59,6 +59,10 @@ def test_one_view_across_processes(tmp_path: Path, monkeypatch) -> None:
 
     s = _samples(metrics_dir)
     model = (("engine", "0"), ("model_name", "tiny"))
+
+    def reason(r: str) -> tuple[tuple[str, str], ...]:  # label pairs in sorted order
+        return (model[0], ("finished_reason", r), model[1])
+
     assert s[("vllm:num_requests_running", model)] == 3
     assert s[("vllm:num_requests_waiting", model)] == 1
     assert s[("vllm:kv_cache_usage_perc", model)] == 0.5
@@ -68,8 +72,8 @@ def test_one_view_across_processes(tmp_path: Path, monkeypatch) -> None:
     assert s[("vllm:prefix_cache_hits_total", model)] == 4
     assert s[("vllm:iteration_tokens_total_count", model)] == 2
     # Request metrics from both processes are summed.
-    assert s[("vllm:request_success_total", (model[0], ("finished_reason", "stop"), model[1]))] == 1
-    assert s[("vllm:request_success_total", (model[0], ("finished_reason", "length"), model[1]))] == 2
+    assert s[("vllm:request_success_total", reason("stop"))] == 1
+    assert s[("vllm:request_success_total", reason("length"))] == 2
     assert s[("vllm:time_to_first_token_seconds_count", model)] == 3
     assert s[("vllm:inter_token_latency_seconds_count", model)] == 2
     assert s[("vllm:e2e_request_latency_seconds_sum", model)] == 1.5

@@ -28,9 +28,13 @@ def test_processes_record_into_the_metrics_dir(tiny_args) -> None:
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(body.decode()) for s in f.samples}
     model = (("engine", "0"), ("model_name", "tiny"))
+
+    def reason(r: str) -> tuple[tuple[str, str], ...]:  # label pairs in sorted order
+        return (model[0], ("finished_reason", r), model[1])
+
     assert samples[("vllm:prompt_tokens_total", model)] == 4
     assert samples[("vllm:generation_tokens_total", model)] == 5
-    assert samples[("vllm:request_success_total", (model[0], ("finished_reason", "length"), model[1]))] == 1
+    assert samples[("vllm:request_success_total", reason("length"))] == 1
     assert samples[("vllm:request_generation_tokens_sum", model)] == 5
     assert samples[("vllm:time_to_first_token_seconds_count", model)] == 1
     assert samples[("vllm:inter_token_latency_seconds_count", model)] == 4
