@@ -20,6 +20,19 @@ def context_length(value: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid context length {value!r}") from None
 
 
+def max_model_len(value: str) -> int | None:
+    """--max-model-len as vLLM reads it: '4096'; '32k' (32000) or '32K' (32768), m/M and g/G
+    alike; '-1' or 'auto': None, the model's own limit."""
+    v = value.strip()
+    if v.lower() in ("-1", "auto"):
+        return None
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}.get(v[-1:], 1)
+    try:
+        return int(float(v[:-1] if scale > 1 else v) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid context length {value!r}") from None
+
+
 # (flag, EngineConfig field, argparse keyword arguments); defaults live in the dataclasses.
 _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "model": [
@@ -35,8 +48,9 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
          dict(choices=QUANTIZATIONS, help="gguf: keep a GGUF model's linear weights quantized (CPU, "
                                           "float32 activations; the default for GGUF models on "
                                           "CPU with --dtype auto)")),
-        ("--max-model-len", "max_model_len", dict(type=context_length,
-                                                  help="context length, prompt + output (e.g. 4096, 32k)")),
+        ("--max-model-len", "max_model_len",
+         dict(type=max_model_len, help="context length, prompt + output, as vLLM reads it: 4096, "
+                                       "32k (32000), 32K (32768); -1 or auto: the model's")),
         ("--seed", "seed", dict(type=int, help="random seed (default 0)")),
         ("--max-logprobs", "max_logprobs", dict(type=int, help="largest logprobs a request may ask (default 20)")),
         ("--enforce-eager", "enforce_eager",

@@ -29,6 +29,16 @@ FRONTEND_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "enable_tokenizer_info_endpoint": (False, (), "there is no /tokenizer_info route; "
                                                   "POST /tokenize gives the tokens"),
     "tokens_only": (False, (), "there is no tokens-only mode"),
+    "chat_template_content_format": (True, ("auto", "string"), "message content reaches the "
+                                                               "template as a string"),
+    "exclude_tools_when_tool_choice_none": (False, (), "tools reach the template also with "
+                                                       'tool_choice "none"'),
+    "h11_max_incomplete_event_size": (True, (), "the HTTP server is aiohttp, with its own "
+                                                "limits (and --max-request-body)"),
+    "h11_max_header_count": (True, (), "the HTTP server is aiohttp, with its own limits"),
+    "log_error_stack": (False, (), "internal errors (500) are logged with their stack; "
+                                   "request errors are not"),
+    "trust_request_chat_template": (False, (ANY,), "a request's chat_template is always used"),
 }
 
 

@@ -9,6 +9,7 @@ from typing import Any, TypedDict
 from engine_core.client import EngineCoreClient, EngineDeadError
 from engine_core.config import engine_config_from_kwargs
 from engine_core.engine_core import EngineCore
+from engine_core.generation_config import default_sampling_params
 from engine_core.inproc_client import InprocClient
 from engine_core.protocol import EngineCoreRequest
 from engine_core.sampling_params import SamplingParams
@@ -69,8 +70,10 @@ class LLM:
         return self.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
-        """SamplingParams used when generate() is given none."""
-        return SamplingParams()
+        """SamplingParams used when generate() is given none: vLLM's defaults, with those of
+        the model's generation config (--generation-config, --override-generation-config)."""
+        return SamplingParams(**default_sampling_params(self.config.model,
+                                                        self.config.model_path))
 
     def generate(self, prompts: PromptInput | Sequence[PromptInput] | None = None,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -221,3 +221,52 @@ def test_log_level_applies_to_the_project_loggers():
     finally:
         for name, level in before.items():
             logging.getLogger(name).setLevel(level)
+
+
+def test_openapi_describes_every_route():
+    from frontend.api_server import build_app
+    from frontend.openapi import openapi_schema
+    from frontend.serving import ServingContext
+
+    app = build_app(ServingContext("m", 16, 16, client=None, tokenizer=None))
+    routes = {(r.resource.canonical, r.method.lower()) for r in app.router.routes()
+              if r.method != "HEAD"}
+    described = {(path, method) for path, methods in openapi_schema()["paths"].items()
+                 for method in methods}
+    assert routes == described
+    docs_off = build_app(ServingContext("m", 16, 16, client=None, tokenizer=None),
+                         http=HttpOptions(disable_fastapi_docs=True))
+    assert not {"/docs", "/openapi.json"} & {r.resource.canonical
+                                             for r in docs_off.router.routes()}
+
+
+def test_llm_default_sampling_params_from_the_generation_config(tmp_path):
+    from engine_core.config import EngineConfig
+    from frontend.llm import LLM
+
+    llm = object.__new__(LLM)  # its config only: no engine started
+    llm.config = EngineConfig(model=ModelConfig(override_generation_config={"top_k": 5}))
+    llm.config.model_path = _model_dir(tmp_path, {"temperature": 0.3, "max_new_tokens": 7})
+    params = llm.get_default_sampling_params()
+    assert (params.temperature, params.top_k, params.max_tokens) == (0.3, 5, 7)
+
+
+def test_max_model_len_as_vllm_reads_it():
+    def parsed(value: str):
+        return engine_kwargs(_serve_args("--max-model-len", value)).get("max_model_len")
+
+    assert (parsed("4096"), parsed("32k"), parsed("32K"), parsed("1.5k")) == \
+        (4096, 32000, 32768, 1500)
+    assert parsed("auto") is None and parsed("-1") is None  # the model's own limit
+
+
+def test_docs_name_every_refused_or_ignored_vllm_flag():
+    from pathlib import Path
+
+    from engine_core.vllm_only_args import ENGINE_ONLY, flag_name
+    from frontend.http_options import FRONTEND_ONLY
+
+    docs = (Path(__file__).parent.parent / "docs" / "serve.md").read_text()
+    missing = [flag_name(n) for n in (*ENGINE_ONLY, *FRONTEND_ONLY)
+               if f"`{flag_name(n)}`" not in docs]
+    assert not missing
