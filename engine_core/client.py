@@ -50,7 +50,8 @@ class _ClientBase:
     """What both clients share: the child process, the codec and the liveness check."""
 
     def __init__(self, ctx: zmq.Context, address: str | None,
-                 engine_args: dict[str, Any] | None, auth_key: str | None = None) -> None:
+                 engine_args: dict[str, Any] | None, auth_key: str | None = None,
+                 fail_on_disconnect: bool = False) -> None:
         auth_key = auth_key or key_from_env()
         self.process = CoreProcess(engine_args or {}) if address is None else None
         self.address = self.process.address if self.process is not None else address
@@ -64,7 +65,7 @@ class _ClientBase:
         if auth_key is not None:
             secure_client(self._socket, auth_key)
         if address is not None:  # a refused key shows up here, not as a silent server
-            self._handshake = HandshakeWatch(self._socket)
+            self._handshake = HandshakeWatch(self._socket, disconnects=fail_on_disconnect)
         self._socket.connect(self.address)
         self._encoder = FrameEncoder()
         self._decoders = output_decoders()
@@ -94,6 +95,8 @@ class _ClientBase:
             refused = self._handshake.failure()
             if refused is not None:
                 self._dead = f"cannot talk to the engine core at {self.address}: {refused}"
+            elif self._handshake.disconnected and self.ready is not None:
+                self._dead = f"the engine core at {self.address} closed the connection"
         if self._dead is None and self.process is not None:
             code = self.process.exit_code()
             if code is not None:
@@ -220,8 +223,10 @@ class AsyncEngineCoreClient(_ClientBase):
     """asyncio client; build it with `await AsyncEngineCoreClient.create(...)`."""
 
     def __init__(self, address: str | None = None,
-                 engine_args: dict[str, Any] | None = None, auth_key: str | None = None) -> None:
-        super().__init__(zmq.asyncio.Context(), address, engine_args, auth_key)
+                 engine_args: dict[str, Any] | None = None, auth_key: str | None = None,
+                 fail_on_disconnect: bool = False) -> None:
+        super().__init__(zmq.asyncio.Context(), address, engine_args, auth_key,
+                         fail_on_disconnect)
         self._outputs: asyncio.Queue[EngineCoreOutputs | RequestError | BaseException] = \
             asyncio.Queue()
         self._calls: dict[int, asyncio.Future[UtilityOutput]] = {}
@@ -232,10 +237,13 @@ class AsyncEngineCoreClient(_ClientBase):
     @classmethod
     async def create(cls, address: str | None = None, engine_args: dict[str, Any] | None = None,
                      *, startup_timeout: float = 300.0, client_name: str = "",
-                     auth_key: str | None = None) -> AsyncEngineCoreClient:
+                     auth_key: str | None = None,
+                     fail_on_disconnect: bool = False) -> AsyncEngineCoreClient:
         """Connect (or start a child engine core) and wait for its READY. auth_key (default:
-        $ENGINE_CORE_KEY) is the engine core's shared secret, when it has one."""
-        client = cls(address, engine_args, auth_key)
+        $ENGINE_CORE_KEY) is the engine core's shared secret, when it has one.
+        fail_on_disconnect: an engine core at address that closes the connection after READY
+        counts as dead (EngineDeadError), where a plain client would wait for it to return."""
+        client = cls(address, engine_args, auth_key, fail_on_disconnect)
         try:
             await client._send(RequestType.HELLO, ClientHello(PROTOCOL_VERSION, client_name))
             try:

@@ -94,11 +94,14 @@ def secure_client(sock: zmq.Socket, secret: str) -> None:
 
 class HandshakeWatch:
     """Reports a refused CURVE handshake (wrong or missing key) on a client socket, which ZeroMQ
-    otherwise only shows as a server that never answers."""
+    otherwise only shows as a server that never answers; with disconnects, also notes (in
+    .disconnected, updated by failure()) that an established connection closed."""
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, disconnects: bool = False) -> None:
         address = f"inproc://engine-core-handshake-{os.getpid()}-{next(_monitor_ids)}"
-        sock.monitor(address, _FAILED)
+        # One monitor per socket: the disconnect watch shares this one.
+        sock.monitor(address, _FAILED | (zmq.EVENT_DISCONNECTED if disconnects else 0))
+        self.disconnected = False
         # A plain (blocking-API) context over the same libzmq context: inproc reaches it.
         self._ctx = zmq.Context.shadow(sock.context.underlying)
         self._monitor = self._ctx.socket(zmq.PAIR)
@@ -110,6 +113,9 @@ class HandshakeWatch:
         reason = None
         while self._monitor.poll(0):
             event = zmq.utils.monitor.parse_monitor_message(self._monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.disconnected = True
+                continue
             reason = ("the engine core refused this client's key" if event["event"]
                       == zmq.EVENT_HANDSHAKE_FAILED_AUTH else "the CURVE handshake failed")
             reason += ("; the engine core and its clients must share one secret in "

@@ -49,8 +49,10 @@ class DPEngineCoreClient:
     async def create(cls, addresses: list[str], *, startup_timeout: float = 300.0,
                      client_name: str = "") -> DPEngineCoreClient:
         """Connect to every engine core (rank i at addresses[i]) and check they serve one model."""
+        # A rank whose connection closes is gone (its host may have no pid to watch).
         tasks = [asyncio.create_task(AsyncEngineCoreClient.create(
-            a, startup_timeout=startup_timeout, client_name=client_name)) for a in addresses]
+            a, startup_timeout=startup_timeout, client_name=client_name,
+            fail_on_disconnect=True)) for a in addresses]
         try:
             engines = await asyncio.gather(*tasks)
         except BaseException:

@@ -166,7 +166,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_headless_host_joins_the_first_host(tiny_model):  # noqa: F811
+def _two_hosts(tiny_model) -> tuple[Server, Server]:  # noqa: F811
+    """A first host with rank 0 and a headless host with rank 1, over loopback."""
     dp = ["-dp", "2", "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
           "--data-parallel-rpc-port", str(_free_port())]
     first: list[Server] = []
@@ -174,11 +175,15 @@ def test_a_headless_host_joins_the_first_host(tiny_model):  # noqa: F811
     starter.start()  # it waits for the headless rank before it is ready
     headless = Server(_args(tiny_model, *dp, "--headless", "--data-parallel-start-rank", "1"))
     starter.join(timeout=120)
-    srv = first[0]
+    assert headless.ready, headless.stderr
+    assert first and first[0].ready and first[0].api_url, first and first[0].stderr
+    return first[0], headless
+
+
+def test_a_headless_host_joins_the_first_host(tiny_model):  # noqa: F811
+    srv, headless = _two_hosts(tiny_model)
     try:
-        assert headless.ready, headless.stderr
-        assert srv.ready and srv.api_url, srv.stderr
-        assert [n for n in headless.children().values()] == ["engine-core-1"]
+        assert list(headless.children().values()) == ["engine-core-1"]
         results = asyncio.run(_stream_all(srv.api_url, PROMPTS * 2))
         assert all(status == 200 for status, _, _ in results), results
         # The first host's tokenizer process labels each request with its engine.
@@ -189,3 +194,30 @@ def test_a_headless_host_joins_the_first_host(tiny_model):  # noqa: F811
         assert srv.stop() == 0, srv.stderr
         # The first host tells the headless one to stop.
         assert headless.proc.wait(timeout=30) == 0, headless.stderr
+
+
+def test_a_headless_engine_core_death_fails_requests_and_both_hosts(tiny_model):  # noqa: F811
+    srv, headless = _two_hosts(tiny_model)
+    victim = next(iter(headless.children()))
+
+    async def run() -> tuple[list[tuple[int, str, str | None]], float]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            tasks = await _streaming(session, srv.api_url, 4, 200)
+            os.kill(victim, signal.SIGKILL)
+            killed = time.monotonic()
+            results = await asyncio.gather(*tasks)
+            return results, time.monotonic() - killed
+
+    try:
+        results, took = asyncio.run(run())
+    except BaseException:
+        srv.stop()
+        headless.stop()
+        raise
+    # The first host has no pid to watch: the closed connection tells its tokenizer process.
+    failed = [r for r in results if r[0] != 200]
+    assert failed and all(status == 503 for status, _, _ in failed), results
+    assert took < 10, took
+    assert headless.proc.wait(timeout=30) == 1, headless.stderr
+    assert srv.proc.wait(timeout=30) == 1, srv.stderr
+    assert "headless ranks 1" in srv.stderr, srv.stderr
