@@ -365,6 +365,7 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
         set_process_name(f"engine-core-{rank}")
     engine = EngineCore(config)
     recorder = EngineStatsRecorder(config.model.served_model_name or "", engine=rank or 0)
+    recorder.record_cache_config(config.cache, engine.num_blocks)
     proc = EngineCoreProc(engine, address, on_stats=recorder.record, auth_key=key_from_env())
     return proc.run()
 

@@ -74,8 +74,11 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
     num_scheduled_tokens: int = 0
+    # Every prompt token of the requests that produced their first token in this step, cached or
+    # not (vLLM's prompt_tokens); of those, the ones the prefix cache served.
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
+    num_cached_prompt_tokens: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -72,6 +72,7 @@ class Scheduler:
         self._num_preemptions = 0
         self._num_scheduled_tokens = 0
         self._num_prompt_tokens = 0
+        self._num_cached_prompt_tokens = 0
         self._num_generation_tokens = 0
 
     def add_request(self, request: Request | EngineCoreRequest) -> None:
@@ -226,15 +227,11 @@ class Scheduler:
             finished_req_ids=list(self._finished_req_ids),
         )
         self._finished_req_ids = {}
-        num_prompt = 0
         placeholders = self.async_scheduling
         constrained: list[Request] = []
         for reqs in (scheduled_running, new_reqs):
             for r in reqs:
-                start = r.num_computed_tokens
-                r.num_computed_tokens = start + num_scheduled[r.request_id]
-                if start < r.num_prompt_tokens:
-                    num_prompt += min(r.num_computed_tokens, r.num_prompt_tokens) - start
+                r.num_computed_tokens += num_scheduled[r.request_id]
                 samples = r.num_computed_tokens >= r.num_tokens + r.num_output_placeholders
                 if samples and r.grammar is not None:
                     constrained.append(r)
@@ -245,7 +242,6 @@ class Scheduler:
             output.structured_output_request_ids = [r.request_id for r in constrained]
             output.grammar_bitmask = self.structured_output.fill_bitmask(
                 [r.grammar for r in constrained])  # type: ignore[misc]
-        self._num_prompt_tokens += num_prompt
         self._num_scheduled_tokens += output.total_num_scheduled_tokens
         return output
 
@@ -282,6 +278,9 @@ class Scheduler:
                                    new_prompt_logprobs=prompt_logprobs.get(req_id))
             if len(req.output_token_ids) == len(new_tokens):
                 out.num_cached_tokens = max(req.num_cached_tokens, 0)
+                # vLLM counts a prompt when its first token comes: every token, cached or not.
+                self._num_prompt_tokens += req.num_prompt_tokens
+                self._num_cached_prompt_tokens += out.num_cached_tokens
             if status is not None:
                 req.status = status
                 out.finish_reason = RequestStatus.finish_reason(status)
@@ -378,9 +377,11 @@ class Scheduler:
             kv_cache_usage=self.kv.usage, prefix_cache_queries=queries, prefix_cache_hits=hits,
             num_preemptions=self._num_preemptions, num_scheduled_tokens=self._num_scheduled_tokens,
             num_prompt_tokens=self._num_prompt_tokens,
-            num_generation_tokens=self._num_generation_tokens)
+            num_generation_tokens=self._num_generation_tokens,
+            num_cached_prompt_tokens=self._num_cached_prompt_tokens)
         self._num_preemptions = self._num_scheduled_tokens = 0
         self._num_prompt_tokens = self._num_generation_tokens = 0
+        self._num_cached_prompt_tokens = 0
         return stats
 
     def reset_prefix_cache(self) -> bool:

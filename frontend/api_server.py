@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import hmac
 import json
@@ -18,6 +19,7 @@ import signal
 import socket
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Any
 
@@ -171,32 +173,43 @@ def apply_generation_defaults(req: Any, defaults: dict[str, Any]) -> None:
         setattr(req, field, min(getattr(req, field), cap))
 
 
-async def prepare_request(request: web.Request, req: Any) -> None:
-    """Choose the request's id as vLLM does (a client's X-Request-Id, else the body's
-    request_id, else a random one; serving.request_id reads it) and log the request when
-    --enable-log-requests is set."""
+@contextlib.asynccontextmanager
+async def prepared(request: web.Request, req: Any, prefix: str) -> AsyncIterator[None]:
+    """Around one generation request: choose its id as vLLM does (a client's X-Request-Id,
+    else the body's request_id, else a random one; serving.request_id reads it; 400 while
+    another request of this API server has it), fill the generation config's defaults, and
+    log it when --enable-log-requests is set."""
+    state = request.app[STATE]
     given = request.headers.get("X-Request-Id") or getattr(req, "request_id", None)
     request[REQUEST_ID] = base = given or uuid.uuid4().hex
-    apply_generation_defaults(req, request.app[STATE]["defaults"])
-    log = request.app[STATE]["log_requests"]
+    live = f"{prefix}-{base}"
+    if live in state["live_ids"]:
+        raise bad_request(f"request id {base!r} is already in use by a request in flight")
+    apply_generation_defaults(req, state["defaults"])
+    log = state["log_requests"]
     if log is not None:
         body = (await request.read()).decode(errors="replace")
-        logger.info("Received request %s: %s %s", base, request.path,
+        logger.info("Received request %s: %s %s", live, request.path,
                     body if log.max_log_len is None else body[:log.max_log_len])
+    state["live_ids"].add(live)
+    try:
+        yield
+    finally:
+        state["live_ids"].discard(live)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     req = await _decode(request, CompletionRequest)
     _check_available(request)
-    await prepare_request(request, req)
-    return await create_completion(request.app[CTX], req, request)
+    async with prepared(request, req, "cmpl"):
+        return await create_completion(request.app[CTX], req, request)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await _decode(request, ChatCompletionRequest)
     _check_available(request)
-    await prepare_request(request, req)
-    return await create_chat_completion(request.app[CTX], req, request)
+    async with prepared(request, req, "chatcmpl"):
+        return await create_chat_completion(request.app[CTX], req, request)
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -277,6 +290,7 @@ def build_app(ctx: ServingContext, *, api_key: str | None = None,
     app[STATE] = {"api_key": api_key, "max_body": max_body, "draining": False,
                   "engine_alive": engine_alive, "http": http, "cors": cors,
                   "log_requests": log_requests, "defaults": generation_defaults or {},
+                  "live_ids": set(),
                   "openapi": openapi_schema(http.root_path, _version())}
     app.router.add_get("/health", health)
     app.router.add_get("/ping", health)  # SageMaker's health check
@@ -356,7 +370,8 @@ async def run_api_server(args: argparse.Namespace) -> int:
     ctx = ServingContext(ready.model_name, ready.max_model_len, ready.vocab_size, client,
                          tokenizer, args.index, str(config.model_path), chat.response_role,
                          chat.chat_template, chat.auto_tool_parser,
-                         served_model_names=tuple(config.model.served_model_names))
+                         served_model_names=tuple(config.model.served_model_names),
+                         enable_prompt_tokens_details=chat.enable_prompt_tokens_details)
     info = ServerInfoResponse(version=_version(),
                               served_model_names=config.model.served_model_names,
                               engine_config=dataclasses.asdict(config))

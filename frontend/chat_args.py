@@ -1,5 +1,6 @@
 """The chat flags of `engine serve`, with vLLM's names: --chat-template, --response-role,
---enable-auto-tool-choice and --tool-call-parser. The CLI checks them (and reads the template)
+--enable-auto-tool-choice and --tool-call-parser, and --enable-prompt-tokens-details (what the
+answers' usage shows). The CLI checks them (and reads the template)
 before anything starts; the launcher passes them on to the API servers, and the template to the
 tokenizer processes."""
 
@@ -24,6 +25,9 @@ def add_chat_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
                              "model writes calls as it likes and --tool-call-parser reads them")
     parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS),
                         help="how the model writes tool calls (with --enable-auto-tool-choice)")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="answer usage.prompt_tokens_details.cached_tokens: the prompt "
+                             "tokens the prefix cache served")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class ChatOptions:
     chat_template: str | None = None
     response_role: str = "assistant"
     auto_tool_parser: str | None = None  # set only with --enable-auto-tool-choice
+    enable_prompt_tokens_details: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ChatOptions:
@@ -44,7 +49,8 @@ class ChatOptions:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
                              f"{', '.join(sorted(TOOL_PARSERS))})")
         return cls(load_chat_template(args.chat_template), args.response_role,
-                   args.tool_call_parser if args.enable_auto_tool_choice else None)
+                   args.tool_call_parser if args.enable_auto_tool_choice else None,
+                   args.enable_prompt_tokens_details)
 
     def argv(self, chat_template_file: str | None) -> list[str]:
         """The flags for a child's command line, the template given as a file."""
@@ -53,4 +59,6 @@ class ChatOptions:
             out += ["--chat-template", chat_template_file]
         if self.auto_tool_parser is not None:
             out += ["--enable-auto-tool-choice", "--tool-call-parser", self.auto_tool_parser]
+        if self.enable_prompt_tokens_details:
+            out.append("--enable-prompt-tokens-details")
         return out

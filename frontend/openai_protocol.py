@@ -109,6 +109,17 @@ class _SamplingFields(_Request, kw_only=True):
     cache_salt: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
+    # vLLM's extras: only these token ids may be sampled; words never to complete; keep the
+    # prompt's last k tokens (-1: as many as fit); the request's id (else a random one);
+    # answer with the prompt's and each choice's token ids.
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    request_id: str | None = None
+    return_token_ids: bool | None = None
+    # Beam search (vLLM's): n beams, scored by cumulative logprob / length ** length_penalty.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
     # Declared only to be refused with a reason.
     best_of: int | None = None
 
@@ -121,6 +132,8 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+    # vLLM's default for a prompt: the tokenizer adds its special tokens (BOS).
+    add_special_tokens: bool = True
 
 
 class TextPart(_Request, kw_only=True):
@@ -193,6 +206,8 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     top_logprobs: int | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # vLLM's default for chat: the template writes the special tokens itself.
+    add_special_tokens: bool = False
     # Annotations only: accepted and ignored, as vLLM does.
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -228,10 +243,16 @@ class DetokenizeRequest(_Request, kw_only=True):
 # ---- responses ----
 
 
+class PromptTokenUsageInfo(_Response, kw_only=True):
+    cached_tokens: int | None = None
+
+
 class UsageInfo(_Response, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # With --enable-prompt-tokens-details: how many prompt tokens the prefix cache served.
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
 
 
 class CompletionLogprobs(_Response, kw_only=True):
@@ -260,6 +281,9 @@ class CompletionChoice(_Response, kw_only=True):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    # With return_token_ids: the prompt's (on a stream's first chunk) and this choice's ids.
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(_Response, kw_only=True):
@@ -331,6 +355,7 @@ class ChatChoice(_Response, kw_only=True):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
 
 
 class ChatStreamChoice(_Response, kw_only=True):
@@ -339,6 +364,7 @@ class ChatStreamChoice(_Response, kw_only=True):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
 
 
 class ChatCompletionResponse(_Response, kw_only=True):
@@ -349,6 +375,7 @@ class ChatCompletionResponse(_Response, kw_only=True):
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids
 
 
 class ChatCompletionChunk(_Response, kw_only=True):
@@ -358,6 +385,7 @@ class ChatCompletionChunk(_Response, kw_only=True):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids, on the first chunk
 
 
 class ModelCard(_Response, kw_only=True):
@@ -407,7 +435,17 @@ class ErrorResponse(_Response, kw_only=True):
 def check_unsupported(req: _SamplingFields) -> None:
     """Refuse, with 400 naming the field, what is declared but not supported."""
     if req.best_of is not None and req.best_of != 1:
-        raise bad_request("best_of is not supported (only best_of=1 or unset)", "best_of")
+        raise bad_request("best_of is not supported (only best_of=1 or unset), as in vLLM V1",
+                          "best_of")
+    if req.use_beam_search:
+        for name in ("logprobs", "prompt_logprobs", "response_format", "structured_outputs",
+                     "allowed_token_ids", "bad_words", "logit_bias"):
+            if getattr(req, name, None) not in (None, False):
+                raise bad_request(f"{name} is not supported with use_beam_search", name)
+        if isinstance(req, CompletionRequest) and req.echo:
+            raise bad_request("echo is not supported with use_beam_search", "echo")
+        if isinstance(req, ChatCompletionRequest) and req.tools:
+            raise bad_request("tools are not supported with use_beam_search", "tools")
     if req.logit_bias:
         for key, value in req.logit_bias.items():
             try:
@@ -435,7 +473,8 @@ def check_unsupported(req: _SamplingFields) -> None:
         if req.prediction is not None:
             raise bad_request("prediction (predicted outputs) is not supported", "prediction")
     if isinstance(req, CompletionRequest) and req.suffix is not None:
-        raise bad_request("suffix is not supported", "suffix")
+        raise bad_request("suffix is not supported: the model has no fill-in-the-middle "
+                          "tokens", "suffix")
 
 
 REQUEST_STRUCTS = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest]

@@ -15,7 +15,8 @@ from aiohttp import web
 
 from engine_core.sampling_params import SamplingParams, StructuredOutputsParams
 from frontend.errors import ApiError, bad_request, error_body
-from frontend.openai_protocol import PromptLogprob, PromptLogprobs, UsageInfo, _SamplingFields
+from frontend.openai_protocol import (PromptLogprob, PromptLogprobs, PromptTokenUsageInfo,
+                                      UsageInfo, _SamplingFields)
 from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
 from tokenizer_proc.protocol import GenerateRequest, RequestDelta, TokenLogprob
 
@@ -39,6 +40,8 @@ class ServingContext:
     chat_template: str | None = None
     # --tool-call-parser when --enable-auto-tool-choice is set: serves tool_choice "auto".
     tool_parser: str | None = None
+    # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens in answers.
+    enable_prompt_tokens_details: bool = False
     # --served-model-name's names, model_name first: a request's model may be any of them.
     served_model_names: tuple[str, ...] = ()
 
@@ -55,11 +58,13 @@ _INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
 REQUEST_ID = web.RequestKey("request_id", str)
 
 
-def request_id(prefix: str, http_request: web.Request | None = None) -> str:
-    """'<prefix>-<id>': the id the API server chose for the HTTP request (a client's
-    X-Request-Id, see api_server.prepare_request), else a random one."""
+def request_id(prefix: str, http_request: web.Request | None = None,
+               field: str | None = None) -> str:
+    """'<prefix>-<id>' as vLLM builds it: the id the API server chose for the HTTP request (a
+    client's X-Request-Id, see api_server.prepare_request), else the body's request_id field,
+    else a random one."""
     base = http_request.get(REQUEST_ID) if http_request is not None else None
-    return f"{prefix}-{base or uuid.uuid4().hex}"
+    return f"{prefix}-{base or field or uuid.uuid4().hex}"
 
 
 def sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int | None = None,
@@ -73,7 +78,8 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int 
         prompt_logprobs=prompt_logprobs, skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
-        structured_outputs=structured_outputs)
+        structured_outputs=structured_outputs, allowed_token_ids=req.allowed_token_ids,
+        bad_words=req.bad_words, truncate_prompt_tokens=req.truncate_prompt_tokens)
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                  "frequency_penalty", "repetition_penalty"):
         if getattr(req, name) is not None:
@@ -176,9 +182,14 @@ def widest_logprobs(*ks: int | None) -> int | None:
     return -1 if -1 in given else max(given)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+          ) -> UsageInfo:
+    """OpenAI's usage; prompt_tokens_details when cached_tokens is given (the server's
+    --enable-prompt-tokens-details)."""
+    details = None if cached_tokens is None else PromptTokenUsageInfo(cached_tokens=cached_tokens)
     return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)
+                     total_tokens=prompt_tokens + completion_tokens,
+                     prompt_tokens_details=details)
 
 
 def json_response(obj: Any, status: int = 200) -> web.Response:

@@ -16,13 +16,16 @@ from frontend.openai_protocol import (ChatChoice, ChatChoiceLogprobs, ChatComple
                                       ChatLogprob, ChatMessage, ChatResponseMessage,
                                       ChatStreamChoice, TopLogprob, check_unsupported)
 from frontend.response_format import requested_constraint
+from frontend.serving_beam_search import (beam_search_params, beam_token_ids, run_beam_search,
+                                          single_events)
 from frontend.serving import (ServingContext, json_response, merged_deltas, request_id,
                               prompt_logprobs_json, sampling_params, stream_sse, top_entries,
                               usage)
 from frontend.tool_parsers.openai_calls import StreamedCalls, finish_reason, message_calls
 from frontend.tool_parsers.tool_choice import resolve_tool_choice
 from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
-from tokenizer_proc.tokenizer import check_chat_template_kwargs
+from tokenizer_proc.prompt_inputs import truncate_prompt
+from tokenizer_proc.tokenizer import apply_chat_template, check_chat_template_kwargs
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -108,7 +111,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                              structured_outputs=constraint)
     if tools.keep_special_tokens:
         params.skip_special_tokens = False
-    base_id = request_id("chatcmpl", http_request)
+    if req.use_beam_search:
+        return await _beam_search(ctx, req, http_request, messages, max_tokens)
+    base_id = request_id("chatcmpl", http_request, req.request_id)
     request = GenerateRequest(base_id, params, messages=messages,
                               add_generation_prompt=req.add_generation_prompt,
                               continue_final_message=req.continue_final_message,
@@ -116,17 +121,27 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                               api_server_index=ctx.api_server_index, cache_salt=req.cache_salt,
                               priority=req.priority, arrival_time=time.time(),
                               tools=tools.tools,
-                              chat_template_kwargs=template_kwargs(req.chat_template_kwargs))
+                              chat_template_kwargs=template_kwargs(req.chat_template_kwargs),
+                              add_special_tokens=req.add_special_tokens,
+                              return_prompt_token_ids=bool(req.return_token_ids))
     role = _message_role(ctx, req)
     created = int(time.time())
-    counts = {"prompt": 0, "completion": 0}
+    counts = {"prompt": 0, "completion": 0, "cached": 0}
+    prompt_ids: list[list[int]] = []  # with return_token_ids: the prompt's, once known
 
     def account(delta) -> None:
         counts["prompt"] = delta.num_prompt_tokens
         counts["completion"] += len(delta.token_ids)
+        counts["cached"] = delta.num_cached_tokens
+        if delta.prompt_token_ids is not None:
+            prompt_ids.append(delta.prompt_token_ids)
 
     def current_usage():
-        return usage(counts["prompt"], counts["completion"])
+        return usage(counts["prompt"], counts["completion"],
+                     counts["cached"] if ctx.enable_prompt_tokens_details else None)
+
+    def token_ids(ids: list[int]) -> list[int] | None:
+        return list(ids) if req.return_token_ids else None
 
     deltas = merged_deltas(ctx, [request])
     if req.stream:
@@ -149,13 +164,15 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
             if calls is None:
                 return [ChatStreamChoice(index=delta.index, delta=ChatDelta(content=delta.text),
                                          logprobs=logprobs, finish_reason=delta.finish_reason,
-                                         stop_reason=delta.stop_reason)]
+                                         stop_reason=delta.stop_reason,
+                                         token_ids=token_ids(delta.token_ids))]
             pieces = calls.deltas(delta.text, delta.finished)
             if not pieces and (delta.finished or logprobs is not None):
                 pieces = [ChatDelta()]
             out = [ChatStreamChoice(index=delta.index, delta=piece) for piece in pieces]
             if out:
                 out[0].logprobs = logprobs
+                out[0].token_ids = token_ids(delta.token_ids)
                 out[-1].finish_reason = finish_reason(delta.finish_reason, calls.called)
                 out[-1].stop_reason = delta.stop_reason
             return out
@@ -168,8 +185,11 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                 if first:  # the role, in its own first chunk per choice, as OpenAI sends it
                     first = False
                     for i in range(req.n):
-                        yield chunk([ChatStreamChoice(
+                        role_chunk = chunk([ChatStreamChoice(
                             index=i, delta=ChatDelta(role=role, content=""))], continuous)
+                        if i == 0 and prompt_ids:
+                            role_chunk.prompt_token_ids = prompt_ids[0]
+                        yield role_chunk
                 for choice in choices_of(delta):
                     yield chunk([choice], continuous)
             if opts and opts.include_usage:
@@ -178,6 +198,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         return await stream_sse(http_request, events())
 
     texts: dict[int, list[str]] = {}
+    ids: dict[int, list[int]] = {}
     logprobs: dict[int, list] = {}
     finish: dict[int, tuple] = {}
     prompt_positions = None
@@ -187,6 +208,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
             if delta.prompt_logprobs is not None and prompt_positions is None:
                 prompt_positions = delta.prompt_logprobs
             texts.setdefault(delta.index, []).append(delta.text)
+            ids.setdefault(delta.index, []).extend(delta.token_ids)
             logprobs.setdefault(delta.index, []).extend(delta.logprobs or [])
             if delta.finish_reason is not None:
                 finish[delta.index] = (delta.finish_reason, delta.stop_reason)
@@ -203,7 +225,8 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
             reason = finish_reason(reason, message.tool_calls is not None)
         return ChatChoice(index=i, message=message,
                           logprobs=_logprobs(logprobs[i], k) if k is not None else None,
-                          finish_reason=reason, stop_reason=stop_reason)
+                          finish_reason=reason, stop_reason=stop_reason,
+                          token_ids=token_ids(ids[i]))
 
     prompt_lps = None
     if req.prompt_logprobs is not None:
@@ -211,4 +234,53 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     return json_response(ChatCompletionResponse(id=base_id, created=created, model=ctx.model_name,
                                                 choices=[choice(i) for i in sorted(texts)],
                                                 usage=current_usage(),
-                                                prompt_logprobs=prompt_lps))
+                                                prompt_logprobs=prompt_lps,
+                                                prompt_token_ids=prompt_ids[0] if prompt_ids
+                                                else None))
+
+
+async def _beam_search(ctx: ServingContext, req: ChatCompletionRequest, http_request: web.Request,
+                       messages: list[dict[str, Any]], max_tokens: int | None
+                       ) -> web.StreamResponse:
+    """use_beam_search: the n best beams as n choices, best first."""
+    try:
+        prompt = truncate_prompt(apply_chat_template(
+            ctx.tokenizer, messages, add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            chat_template=req.chat_template or ctx.chat_template,
+            chat_template_kwargs=template_kwargs(req.chat_template_kwargs),
+            add_special_tokens=req.add_special_tokens), req.truncate_prompt_tokens,
+            ctx.max_model_len)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    params = beam_search_params(req, max_tokens, [prompt], ctx.max_model_len)
+    base_id = request_id("chatcmpl", http_request, req.request_id)
+    out = (await run_beam_search(ctx, [prompt], params, base_id, req))[0]
+    generated = beam_token_ids([out], [prompt])[0]
+    role = _message_role(ctx, req)
+    used = usage(len(prompt), sum(map(len, generated)))
+    return_ids = bool(req.return_token_ids)
+    if not req.stream:
+        choices = [ChatChoice(index=i, message=ChatResponseMessage(role=role, content=beam.text),
+                              finish_reason=beam.finish_reason, stop_reason=beam.stop_reason,
+                              token_ids=tokens if return_ids else None)
+                   for i, (beam, tokens) in enumerate(zip(out.sequences, generated))]
+        return json_response(ChatCompletionResponse(
+            id=base_id, model=ctx.model_name, choices=choices, usage=used,
+            prompt_token_ids=prompt if return_ids else None))
+    created = int(time.time())
+    chunks = []
+    for i, (beam, tokens) in enumerate(zip(out.sequences, generated)):
+        for choice in (ChatStreamChoice(index=i, delta=ChatDelta(role=role, content="")),
+                       ChatStreamChoice(index=i, delta=ChatDelta(content=beam.text),
+                                        finish_reason=beam.finish_reason,
+                                        stop_reason=beam.stop_reason,
+                                        token_ids=tokens if return_ids else None)):
+            chunks.append(ChatCompletionChunk(id=base_id, created=created,
+                                              model=ctx.model_name, choices=[choice]))
+    if return_ids:
+        chunks[0].prompt_token_ids = prompt
+    if req.stream_options and req.stream_options.include_usage:
+        chunks.append(ChatCompletionChunk(id=base_id, created=created, model=ctx.model_name,
+                                          choices=[], usage=used))
+    return await stream_sse(http_request, single_events(chunks))

@@ -12,9 +12,12 @@ from frontend.errors import bad_request
 from frontend.openai_protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                       CompletionResponse, check_unsupported)
 from frontend.response_format import requested_constraint
+from frontend.serving_beam_search import (beam_search_params, beam_token_ids, run_beam_search,
+                                          single_events)
 from frontend.serving import (ServingContext, json_response, merged_deltas, request_id,
                               prompt_logprobs_json, sampling_params, stream_sse, top_entries,
                               usage, widest_logprobs)
+from tokenizer_proc.prompt_inputs import truncate_prompt
 from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 
 
@@ -76,16 +79,20 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
     check_unsupported(req)
     ctx.check_model(req.model)
     prompts = _prompts(req.prompt)
+    if req.use_beam_search:
+        return await _beam_search(ctx, req, http_request, prompts)
     k = req.logprobs
     params = sampling_params(req, req.max_tokens, logprobs=k, prompt_logprobs=widest_logprobs(
         req.prompt_logprobs, k if req.echo else None),
         structured_outputs=requested_constraint(req))
-    base_id = request_id("cmpl", http_request)
+    base_id = request_id("cmpl", http_request, req.request_id)
     requests = [GenerateRequest(f"{base_id}-{i}", params,
                                 prompt=p if isinstance(p, str) else None,
                                 prompt_token_ids=p if isinstance(p, list) else None,
                                 api_server_index=ctx.api_server_index, cache_salt=req.cache_salt,
-                                priority=req.priority, arrival_time=time.time())
+                                priority=req.priority, arrival_time=time.time(),
+                                add_special_tokens=req.add_special_tokens,
+                                return_prompt_token_ids=bool(req.return_token_ids))
                 for i, p in enumerate(prompts)]
     n = req.n
     created = int(time.time())
@@ -93,19 +100,25 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
     echo_tokens: list[list[str]] = []
     if req.echo:
         for p in prompts:
-            ids = ctx.tokenizer(p).input_ids if isinstance(p, str) else p
+            ids = ctx.tokenizer(p, add_special_tokens=req.add_special_tokens).input_ids \
+                if isinstance(p, str) else p
             echo_text.append(p if isinstance(p, str) else ctx.tokenizer.decode(ids))
             echo_tokens.append([ctx.tokenizer.decode([ids[0]])] if ids else [""])
     prompt_logprobs: dict[int, list[PositionLogprobs | None]] = {}
     builders: dict[int, _Logprobs] = {}
     started: set[int] = set()
     prompt_tokens: dict[int, int] = {}
+    cached_tokens: dict[int, int] = {}
+    prompt_ids: dict[int, list[int]] = {}
     completion_tokens = 0
 
     def choice_of(prompt_index: int, delta) -> CompletionChoice:
         nonlocal completion_tokens
         index = prompt_index * n + delta.index
         prompt_tokens[prompt_index] = delta.num_prompt_tokens
+        cached_tokens[prompt_index] = delta.num_cached_tokens
+        if delta.prompt_token_ids is not None:
+            prompt_ids[prompt_index] = delta.prompt_token_ids
         completion_tokens += len(delta.token_ids)
         if delta.prompt_logprobs is not None:
             prompt_logprobs[prompt_index] = delta.prompt_logprobs
@@ -132,10 +145,15 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
         if first and req.prompt_logprobs is not None:  # not streamed (refused with stream)
             choice.prompt_logprobs = prompt_logprobs_json(
                 prompt_logprobs.get(prompt_index, [None]), req.prompt_logprobs)
+        if req.return_token_ids:
+            choice.token_ids = list(delta.token_ids)
+            if first:
+                choice.prompt_token_ids = prompt_ids.get(prompt_index)
         return choice
 
     def current_usage():
-        return usage(sum(prompt_tokens.values()), completion_tokens)
+        return usage(sum(prompt_tokens.values()), completion_tokens,
+                     sum(cached_tokens.values()) if ctx.enable_prompt_tokens_details else None)
 
     deltas = merged_deltas(ctx, requests)
     if req.stream:
@@ -163,9 +181,45 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
                 continue
             have.text += choice.text
             have.finish_reason, have.stop_reason = choice.finish_reason, choice.stop_reason
+            if have.token_ids is not None and choice.token_ids is not None:
+                have.token_ids.extend(choice.token_ids)
             if have.logprobs is not None and choice.logprobs is not None:
                 for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                     getattr(have.logprobs, f).extend(getattr(choice.logprobs, f))
     return json_response(CompletionResponse(
         id=base_id, created=created, model=ctx.model_name,
         choices=[choices[i] for i in sorted(choices)], usage=current_usage()))
+
+
+async def _beam_search(ctx: ServingContext, req: CompletionRequest, http_request: web.Request,
+                       prompts: list[str | list[int]]) -> web.StreamResponse:
+    """use_beam_search: the n best beams of each prompt (choice index = prompt index * n + i)."""
+    ids = [ctx.tokenizer(p, add_special_tokens=req.add_special_tokens).input_ids
+           if isinstance(p, str) else p for p in prompts]
+    try:
+        ids = [truncate_prompt(p, req.truncate_prompt_tokens, ctx.max_model_len) for p in ids]
+    except ValueError as e:
+        raise bad_request(str(e), "truncate_prompt_tokens") from None
+    params = beam_search_params(req, req.max_tokens, ids, ctx.max_model_len)
+    base_id = request_id("cmpl", http_request, req.request_id)
+    outputs = await run_beam_search(ctx, ids, params, base_id, req)
+    generated = beam_token_ids(outputs, ids)
+    choices = []
+    for i, (out, prompt) in enumerate(zip(outputs, ids)):
+        for j, (beam, tokens) in enumerate(zip(out.sequences, generated[i])):
+            choice = CompletionChoice(index=i * req.n + j, text=beam.text or "",
+                                      finish_reason=beam.finish_reason,
+                                      stop_reason=beam.stop_reason)
+            if req.return_token_ids:
+                choice.prompt_token_ids, choice.token_ids = prompt, tokens
+            choices.append(choice)
+    used = usage(sum(map(len, ids)), sum(len(t) for beams in generated for t in beams))
+    response = CompletionResponse(id=base_id, model=ctx.model_name, choices=choices, usage=used)
+    if not req.stream:
+        return json_response(response)
+    chunks = [CompletionResponse(id=base_id, created=response.created, model=ctx.model_name,
+                                 choices=[c]) for c in choices]
+    if req.stream_options and req.stream_options.include_usage:
+        chunks.append(CompletionResponse(id=base_id, created=response.created,
+                                         model=ctx.model_name, choices=[], usage=used))
+    return await stream_sse(http_request, single_events(chunks))

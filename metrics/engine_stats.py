@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from engine_core.protocol import SchedulerStats
-from metrics.registry import engine_metrics
+from metrics.registry import PROMPT_TOKEN_SOURCES, cache_config_info, engine_metrics
 
 logger = logging.getLogger("metrics.engine_stats")
 
@@ -29,6 +31,10 @@ class EngineStatsRecorder:
         self._prompt = m.prompt_tokens.labels(*labels)
         self._generation = m.generation_tokens.labels(*labels)
         self._iteration = m.iteration_tokens.labels(*labels)
+        self._cached = m.prompt_tokens_cached.labels(*labels)
+        self._by_source = {s: m.prompt_tokens_by_source.labels(*labels, s)
+                           for s in PROMPT_TOKEN_SOURCES}
+        self._engine = str(engine)
         self._interval = log_interval_s
         self._clock = clock
         self._window_start = self._last_record = float("-inf")
@@ -47,12 +53,23 @@ class EngineStatsRecorder:
             self._preemptions.inc(stats.num_preemptions)
         if stats.num_prompt_tokens:
             self._prompt.inc(stats.num_prompt_tokens)
+            cached = stats.num_cached_prompt_tokens
+            self._cached.inc(cached)
+            self._by_source["local_compute"].inc(stats.num_prompt_tokens - cached)
+            self._by_source["local_cache_hit"].inc(cached)
         if stats.num_generation_tokens:
             self._generation.inc(stats.num_generation_tokens)
         step_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
         if step_tokens:
             self._iteration.observe(step_tokens)
         self._log_if_due(stats)
+
+    def record_cache_config(self, cache: Any, num_gpu_blocks: int) -> None:
+        """vllm:cache_config_info = 1, labelled with the cache configuration (a dataclass)
+        and the KV blocks the engine allocated, once at start-up."""
+        info = {k: str(v) for k, v in dataclasses.asdict(cache).items()}
+        info.update(num_gpu_blocks=str(num_gpu_blocks), engine=self._engine)
+        cache_config_info(list(info)).labels(**info).set(1)
 
     def _log_if_due(self, stats: SchedulerStats) -> None:
         now = self._clock()

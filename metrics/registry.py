@@ -13,6 +13,8 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                10.0, 20.0, 40.0, 80.0]
 REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+# vLLM's PromptTokenStats.ALL_SOURCES (no KV transfer here: external_kv_transfer stays 0).
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 # engine: the engine core's data-parallel rank ("0" without data parallelism), as vLLM labels.
@@ -45,6 +47,8 @@ class EngineMetrics:
     prompt_tokens: Counter
     generation_tokens: Counter
     iteration_tokens: Histogram
+    prompt_tokens_cached: Counter
+    prompt_tokens_by_source: Counter  # extra label: source (PROMPT_TOKEN_SOURCES)
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,10 @@ class RequestMetrics:
     request_decode_time: Histogram
     request_prompt_tokens: Histogram
     request_generation_tokens: Histogram
+    request_inference_time: Histogram
+    request_time_per_output_token: Histogram
+    request_params_n: Histogram
+    request_params_max_tokens: Histogram
 
 
 _engine_metrics: EngineMetrics | None = None
@@ -90,8 +98,26 @@ def engine_metrics() -> EngineMetrics:
             Counter("vllm:generation_tokens", "Number of generation tokens processed.", _LABELS),
             Histogram("vllm:iteration_tokens_total",
                       "Histogram of number of tokens per engine_step.", _LABELS,
-                      buckets=ITERATION_TOKEN_BUCKETS))
+                      buckets=ITERATION_TOKEN_BUCKETS),
+            Counter("vllm:prompt_tokens_cached",
+                    "Number of cached prompt tokens (local prefix cache).", _LABELS),
+            Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                    [*_LABELS, "source"]))
     return _engine_metrics
+
+
+_cache_config_info: Gauge | None = None
+
+
+def cache_config_info(label_names: list[str]) -> Gauge:
+    """vllm:cache_config_info, an info gauge (value 1) labelled with the cache configuration;
+    its label names come from the first call (vLLM's CacheConfig.metrics_info() keys)."""
+    global _cache_config_info
+    if _cache_config_info is None:
+        _cache_config_info = Gauge("vllm:cache_config_info",
+                                   "Information of the LLMEngine CacheConfig", label_names,
+                                   multiprocess_mode="livemostrecent")
+    return _cache_config_info
 
 
 def request_metrics(max_model_len: int) -> RequestMetrics:
@@ -122,5 +148,16 @@ def request_metrics(max_model_len: int) -> RequestMetrics:
             Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
                       _LABELS, buckets=token_buckets),
             Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                      _LABELS, buckets=token_buckets))
+                      _LABELS, buckets=token_buckets),
+            Histogram("vllm:request_inference_time_seconds",
+                      "Histogram of time spent in RUNNING phase for request.", _LABELS,
+                      buckets=REQUEST_LATENCY_BUCKETS),
+            Histogram("vllm:request_time_per_output_token_seconds",
+                      "Histogram of time_per_output_token_seconds per request.", _LABELS,
+                      buckets=ITL_BUCKETS),
+            Histogram("vllm:request_params_n", "Histogram of the n request parameter.", _LABELS,
+                      buckets=[1, 2, 5, 10, 20]),
+            Histogram("vllm:request_params_max_tokens",
+                      "Histogram of the max_tokens request parameter.", _LABELS,
+                      buckets=token_buckets))
     return _request_metrics

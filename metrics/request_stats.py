@@ -28,6 +28,10 @@ class _Series:
     decode: Any
     prompt_tokens: Any
     generation_tokens: Any
+    inference: Any
+    time_per_output_token: Any
+    params_n: Any
+    params_max_tokens: Any
 
 
 @dataclass
@@ -35,6 +39,7 @@ class _Timeline:
     arrival: float
     engine: int
     series: _Series
+    max_tokens: int | None = None
     scheduled: float = 0.0
     first_token: float = 0.0
     last_token: float = 0.0
@@ -65,13 +70,22 @@ class RequestStatsRecorder:
                 m.e2e_request_latency.labels(*labels), m.request_queue_time.labels(*labels),
                 m.request_prefill_time.labels(*labels), m.request_decode_time.labels(*labels),
                 m.request_prompt_tokens.labels(*labels),
-                m.request_generation_tokens.labels(*labels))
+                m.request_generation_tokens.labels(*labels),
+                m.request_inference_time.labels(*labels),
+                m.request_time_per_output_token.labels(*labels),
+                m.request_params_n.labels(*labels), m.request_params_max_tokens.labels(*labels))
         return series
 
-    def on_arrival(self, request_id: str, t: float, engine: int = 0) -> None:
+    def on_request(self, n: int, engine: int = 0) -> None:
+        """A request asking for n completions arrived (vllm:request_params_n)."""
+        self._engine_series(engine).params_n.observe(n)
+
+    def on_arrival(self, request_id: str, t: float, engine: int = 0,
+                   max_tokens: int | None = None) -> None:
         """A request (one engine request: each of n completions counts) arrived at time t and
-        went to engine `engine`."""
-        self._requests[request_id] = _Timeline(t, engine, self._engine_series(engine))
+        went to engine `engine`; max_tokens is its parameter (None: unset)."""
+        self._requests[request_id] = _Timeline(t, engine, self._engine_series(engine),
+                                               max_tokens)
 
     def on_step(self, engine_timestamp: float, engine: int = 0) -> None:
         """A step's outputs of engine `engine` arrived, stamped with the step's end time."""
@@ -104,7 +118,13 @@ class RequestStatsRecorder:
         series.e2e.observe(t - tl.arrival)
         series.prompt_tokens.observe(prompt_tokens)
         series.generation_tokens.observe(tl.num_tokens)
+        if tl.max_tokens is not None:
+            series.params_max_tokens.observe(tl.max_tokens)
         if tl.num_tokens:
             series.queue.observe(tl.scheduled - tl.arrival)
             series.prefill.observe(tl.first_token - tl.scheduled)
             series.decode.observe(tl.last_token - tl.first_token)
+            series.inference.observe(tl.last_token - tl.scheduled)
+        if tl.num_tokens > 1:  # vLLM's mean time per output token after the first
+            series.time_per_output_token.observe(
+                (tl.last_token - tl.first_token) / (tl.num_tokens - 1))

@@ -53,9 +53,12 @@ class DeltaStreams:
         of its n completions."""
         stream = _Stream(request_id, owner, params, len(prompt_token_ids))
         child_ids = child_request_ids(request_id, params.n)
+        if self.stats is not None:
+            self.stats.on_request(params.n, engine)
         for index, child_id in enumerate(child_ids):
             if self.stats is not None:
-                self.stats.on_arrival(child_id, arrival_time or time.time(), engine)
+                self.stats.on_arrival(child_id, arrival_time or time.time(), engine,
+                                      params.max_tokens)
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params)
             stream.detokenizers[child_id] = (index, detok)
             self._children[child_id] = stream

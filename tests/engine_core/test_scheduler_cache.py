@@ -23,7 +23,9 @@ def test_shared_prefix_is_served_from_the_cache() -> None:
     assert outs["b"].num_cached_tokens == 32
     stats = sched.make_stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (34, 32)
-    assert stats.num_prompt_tokens == 2 and stats.num_generation_tokens == 2
+    # vLLM's prompt_tokens: every prompt token, the cached ones too.
+    assert stats.num_prompt_tokens == 34 and stats.num_generation_tokens == 2
+    assert stats.num_cached_prompt_tokens == 32
     run_to_completion(sched, runner)
     assert sched.kv.num_free_blocks == 64
 
