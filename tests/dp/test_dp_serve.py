@@ -79,6 +79,20 @@ async def _streaming(session: aiohttp.ClientSession, url: str, n: int, max_token
     return tasks
 
 
+def _kill_mid_stream(url: str, victim: int) -> tuple[list[tuple[int, str, str | None]], float]:
+    """SIGKILL victim while 4 long streams run: their results, and seconds from kill to end."""
+    async def run() -> tuple[list[tuple[int, str, str | None]], float]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            tasks = await _streaming(session, url, 4, 200)
+            os.kill(victim, signal.SIGSTOP)  # frozen mid-request: its requests are in flight
+            os.kill(victim, signal.SIGKILL)
+            killed = time.monotonic()
+            results = await asyncio.gather(*tasks)
+            return results, time.monotonic() - killed
+
+    return asyncio.run(run())
+
+
 def _samples(server: Server) -> dict[tuple[str, str], float]:
     """(sample name, engine label) -> value, summed over the other labels."""
     with urllib.request.urlopen(server.api_url + "/metrics", timeout=10) as resp:
@@ -135,19 +149,8 @@ def test_a_killed_engine_core_fails_its_requests_and_stops_the_tree(tiny_model):
     assert srv.ready, srv.stderr
     children = srv.children()
     victim = next(pid for pid, name in children.items() if name == "engine-core-1")
-
-    async def run() -> tuple[list[tuple[int, str, str | None]], float]:
-        timeout = aiohttp.ClientTimeout(total=60)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            tasks = await _streaming(session, srv.api_url, 4, 200)
-            os.kill(victim, signal.SIGSTOP)  # frozen mid-request: its requests are in flight
-            os.kill(victim, signal.SIGKILL)
-            killed = time.monotonic()
-            results = await asyncio.gather(*tasks)
-            return results, time.monotonic() - killed
-
     try:
-        results, took = asyncio.run(run())
+        results, took = _kill_mid_stream(srv.api_url, victim)
     finally:
         if srv.proc.poll() is None and not pid_gone(victim):
             os.kill(victim, signal.SIGKILL)
@@ -199,17 +202,8 @@ def test_a_headless_host_joins_the_first_host(tiny_model):  # noqa: F811
 def test_a_headless_engine_core_death_fails_requests_and_both_hosts(tiny_model):  # noqa: F811
     srv, headless = _two_hosts(tiny_model)
     victim = next(iter(headless.children()))
-
-    async def run() -> tuple[list[tuple[int, str, str | None]], float]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-            tasks = await _streaming(session, srv.api_url, 4, 200)
-            os.kill(victim, signal.SIGKILL)
-            killed = time.monotonic()
-            results = await asyncio.gather(*tasks)
-            return results, time.monotonic() - killed
-
     try:
-        results, took = asyncio.run(run())
+        results, took = _kill_mid_stream(srv.api_url, victim)
     except BaseException:
         srv.stop()
         headless.stop()
