@@ -270,3 +270,44 @@ def test_docs_name_every_refused_or_ignored_vllm_flag():
     missing = [flag_name(n) for n in (*ENGINE_ONLY, *FRONTEND_ONLY)
                if f"`{flag_name(n)}`" not in docs]
     assert not missing
+
+
+def test_a_request_id_in_flight_is_not_taken_twice():
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from frontend.api_server import STATE, build_app
+    from frontend.serving import ServingContext
+    from tokenizer_proc.protocol import RequestDelta
+
+    release = asyncio.Event()
+
+    class Client:  # one delta, then waits until released
+        async def generate(self, request):
+            yield RequestDelta(request.request_id, 0, "a", [1], num_prompt_tokens=1)
+            await release.wait()
+            yield RequestDelta(request.request_id, 0, "b", [2], num_prompt_tokens=1,
+                               finish_reason="length")
+
+    async def run():
+        app = build_app(ServingContext("m", 64, 16, Client(), None))
+        async with TestClient(TestServer(app)) as client:
+            body = {"prompt": "x", "max_tokens": 2}
+            headers = {"X-Request-Id": "same"}
+            first = asyncio.create_task(client.post("/v1/completions", json=body,
+                                                    headers=headers))
+            while not app[STATE]["live_ids"]:
+                await asyncio.sleep(0.01)
+            second = await client.post("/v1/completions", json=body, headers=headers)
+            other_kind = asyncio.create_task(client.post(
+                "/v1/chat/completions", headers=headers,
+                json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}))
+            release.set()
+            first, chat = await first, await other_kind
+            return (second.status, (await second.json())["error"]["message"], first.status,
+                    (await first.json())["id"], chat.status)
+
+    status, message, first, first_id, chat = asyncio.run(run())
+    assert status == 400 and "'same' is already in use" in message
+    assert (first, first_id, chat) == (200, "cmpl-same", 200)
