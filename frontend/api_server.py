@@ -20,7 +20,6 @@ import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Any
 
@@ -291,7 +290,6 @@ def build_app(ctx: ServingContext, *, api_key: str | None = None,
     app[STATE] = {"api_key": api_key, "max_body": max_body, "draining": False,
                   "engine_alive": engine_alive, "http": http, "cors": cors,
                   "log_requests": log_requests, "defaults": generation_defaults or {},
-                  "live_ids": set(),
                   "live_ids": set(),
                   "openapi": openapi_schema(http.root_path, _version())}
     app.router.add_get("/health", health)
