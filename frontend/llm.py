@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
 from engine_core.client import EngineCoreClient, EngineDeadError
@@ -16,6 +16,8 @@ from engine_core.sampling_params import SamplingParams
 from engine_core.structured_output.grammar import check_grammar
 from engine_core.validation import validate_request
 from frontend.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from metrics.offline_stats import OfflineStatsRecorder
+from metrics.reader import Metric, get_metrics_snapshot
 from tokenizer_proc.output_processor import OutputProcessor, child_sampling_params
 from tokenizer_proc.prompt_inputs import truncate_prompt, with_bad_words_tokenized
 from tokenizer_proc.request_output import RequestOutput
@@ -55,6 +57,8 @@ class LLM:
             EngineCoreClient(engine_args={"model": model, **engine_args}) if engine_process
             else InprocClient(config))
         self.output_processor = OutputProcessor(self.tokenizer)
+        self._stats = OfflineStatsRecorder(config.model.served_model_name or "",
+                                           config.max_model_len)
         self._ids = itertools.count()
 
     @property
@@ -163,6 +167,30 @@ class LLM:
         """Drop the prefix cache; False while requests hold blocks."""
         return self.engine.call_utility("reset_prefix_cache")
 
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's LLM.get_metrics(): a snapshot of the vllm: metrics this LLM recorded (the
+        engine's per-step counters and gauges, and its requests' latencies and sizes), as
+        Counter, Gauge and Histogram values (metrics.reader)."""
+        return get_metrics_snapshot()
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Not supported: refused with NotImplementedError (see docs/generate.md)."""
+        raise NotImplementedError(
+            "collective_rpc is not supported: the executor carries only scheduled steps to the "
+            "workers, not arbitrary calls; the engine core's utilities (get_engine_stats, "
+            "reset_prefix_cache) are what can be called")
+
+    def sleep(self, level: int = 1) -> None:
+        """Not supported: refused with NotImplementedError (see docs/generate.md)."""
+        raise NotImplementedError(
+            "sleep is not supported (vLLM's enable_sleep_mode): the engine cannot release its "
+            "weights and KV cache and restore them; shut the LLM down and create a new one")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Not supported, as sleep is not."""
+        raise NotImplementedError("wake_up is not supported: the engine never sleeps (see sleep)")
+
     def get_engine_stats(self) -> dict[str, Any]:
         """The engine core's counters since start (engine_core.utilities get_stats)."""
         return self.engine.call_utility("get_stats")
@@ -178,6 +206,7 @@ class LLM:
             params = request.sampling_params
             child_ids = self.output_processor.add_request(request.request_id, text,
                                                           request.prompt_token_ids, params)
+            self._stats.on_request(child_ids, params, len(request.prompt_token_ids))
             for index, child_id in enumerate(child_ids):
                 child = request if len(child_ids) == 1 else EngineCoreRequest(
                     child_id, request.prompt_token_ids, child_sampling_params(params, index),
@@ -190,6 +219,7 @@ class LLM:
             while self.output_processor.has_unfinished_requests():
                 step = self.engine.get_output()
                 outputs, to_abort = self.output_processor.process_outputs(step.outputs)
+                self._stats.on_step(step, to_abort)
                 if to_abort:
                     self.engine.abort_requests(to_abort)
                 for out in outputs:
@@ -200,6 +230,7 @@ class LLM:
         except BaseException as e:
             # Leave no request running: a later generate() would wait for it forever.
             children = self.output_processor.abort_requests(list(order))
+            self._stats.on_abort(children)
             if children and not isinstance(e, EngineDeadError):
                 self.engine.abort_requests(children)
             raise

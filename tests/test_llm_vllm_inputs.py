@@ -76,3 +76,35 @@ def test_refusals(llm):
         SamplingParams(allowed_token_ids=[])
     with pytest.raises(ValueError, match="truncate_prompt_tokens"):
         SamplingParams(truncate_prompt_tokens=0)
+
+
+def _metric(llm, name: str):
+    found = [m for m in llm.get_metrics() if m.name == name]
+    assert len(found) == 1, [m.name for m in llm.get_metrics()]
+    return found[0]
+
+
+def test_get_metrics_counts_prompt_and_generated_tokens(llm):
+    from metrics.reader import Counter, Gauge, Histogram
+
+    before = _metric(llm, "vllm:prompt_tokens").value if any(
+        m.name == "vllm:prompt_tokens" for m in llm.get_metrics()) else 0
+    llm.generate([PROMPT, PROMPT], SamplingParams(temperature=0.0, max_tokens=4, n=2,
+                                                  ignore_eos=True), use_tqdm=False)
+    prompt = _metric(llm, "vllm:prompt_tokens")
+    assert isinstance(prompt, Counter) and prompt.value - before == 4 * len(PROMPT)
+    assert isinstance(_metric(llm, "vllm:num_requests_running"), Gauge)
+    n = _metric(llm, "vllm:request_params_n")
+    assert isinstance(n, Histogram) and n.count >= 2 and n.buckets["2.0"] >= 2
+    e2e = _metric(llm, "vllm:e2e_request_latency_seconds")
+    assert e2e.count >= 4 and e2e.buckets["+Inf"] == e2e.count and e2e.sum > 0
+    assert _metric(llm, "vllm:request_params_max_tokens").count >= 4
+
+
+def test_collective_rpc_and_sleep_are_refused(llm):
+    with pytest.raises(NotImplementedError, match="collective_rpc is not supported"):
+        llm.collective_rpc("get_model")
+    with pytest.raises(NotImplementedError, match="sleep is not supported"):
+        llm.sleep(level=1)
+    with pytest.raises(NotImplementedError, match="wake_up is not supported"):
+        llm.wake_up()
