@@ -311,3 +311,33 @@ def test_a_request_id_in_flight_is_not_taken_twice():
     status, message, first, first_id, chat = asyncio.run(run())
     assert status == 400 and "'same' is already in use" in message
     assert (first, first_id, chat) == (200, "cmpl-same", 200)
+
+
+def test_enable_log_requests_logs_each_request_cut_at_max_log_len(caplog):
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from engine_core.config import ObservabilityConfig
+    from frontend.api_server import build_app
+    from frontend.serving import ServingContext
+    from tokenizer_proc.protocol import RequestDelta
+
+    class Client:
+        async def generate(self, request):
+            yield RequestDelta(request.request_id, 0, "a", [1], num_prompt_tokens=1,
+                               finish_reason="length")
+
+    async def run(log: ObservabilityConfig | None) -> None:
+        app = build_app(ServingContext("m", 64, 16, Client(), None), log_requests=log)
+        async with TestClient(TestServer(app)) as client:
+            r = await client.post("/v1/completions", json={"prompt": "x" * 50, "max_tokens": 1},
+                                  headers={"X-Request-Id": "logged"})
+            assert r.status == 200
+
+    with caplog.at_level(logging.INFO, logger="api_server"):
+        asyncio.run(run(None))
+        assert "Received request" not in caplog.text
+        asyncio.run(run(ObservabilityConfig(enable_log_requests=True, max_log_len=20)))
+    line = next(r.getMessage() for r in caplog.records if "Received request" in r.getMessage())
+    assert line == 'Received request cmpl-logged: /v1/completions {"prompt": "xxxxxxxx'
