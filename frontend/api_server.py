@@ -111,7 +111,9 @@ async def _auth(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     given = request.headers.get("Authorization", "")
     scheme, _, token = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    # Several keys (vLLM's --api-key takes a list) travel one per line; each is compared.
+    matches = [hmac.compare_digest(token.strip().encode(), k.encode()) for k in key.split("\n")]
+    if scheme.lower() != "bearer" or not any(matches):
         return error_response(401, "invalid or missing API key (send Authorization: Bearer "
                                    "<key>)")
     return await handler(request)

@@ -55,7 +55,8 @@ def _serve(args: argparse.Namespace) -> int:
                          f"{args.api_server_count} needs --host/--port")
     return serve(engine_kwargs(args), args.tokenizer_workers, args.tokenizer_listen,
                  args.shutdown_timeout, args.startup_timeout, args.api_server_count, args.host,
-                 args.port, args.api_key, args.max_request_body, chat,
+                 args.port, "\n".join(args.api_key) if args.api_key else None,
+                 args.max_request_body, chat,
                  disable_ui=args.disable_ui, headless=args.headless, http=http)
 
 
@@ -121,9 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default 127.0.0.1; 0.0.0.0 for every interface)")
     http.add_argument("--port", type=int, default=8000,
                      help="HTTP port (default 8000; 0 picks a free one)")
-    http.add_argument("--api-key", default=None,
-                     help="require 'Authorization: Bearer KEY' (default: from $ENGINE_API_KEY; "
-                          "/health, /metrics and /version stay open)")
+    http.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                     help="require 'Authorization: Bearer KEY' with one of these keys on the "
+                          "/v1 routes and a few others (default: from $ENGINE_API_KEY, keys "
+                          "one per line; docs/serve.md names the open routes)")
     http.add_argument("--api-server-count", type=int, default=1, metavar="N",
                      help="API server processes sharing the port with SO_REUSEPORT (default 1; "
                           "0: none, clients speak to the tokenizer processes)")

@@ -84,7 +84,7 @@ def server(tiny_model, tls, tmp_path_factory):
                   "--override-generation-config", '{"max_new_tokens": 6}',
                   "--trust-remote-code", "--disable-log-stats", "--uvicorn-log-level", "warning",
                   "--swap-space", "4", "--disable-uvicorn-access-log", "--host", "127.0.0.1",
-                  "--port", "0", "--api-key", KEY, "--enable-request-id-headers",
+                  "--port", "0", "--api-key", KEY, "other-key", "--enable-request-id-headers",
                   "--allowed-origins", json.dumps([ORIGIN]), "--root-path", "/llm",
                   "--ssl-keyfile", key, "--ssl-certfile", cert, "--seed", "0",
                   "--max-num-seqs", "8", "--device", "cpu"])
@@ -252,6 +252,8 @@ def test_api_key_guards_v1_as_vllm_does(server, tls):
     assert anonymous.post("/detokenize", json={"tokens": [1, 2]}).status == 200
     for path in ("/ping", "/load", "/health", "/version"):
         assert anonymous.get(path).status == 200, path
+    assert Http(server.api_url, tls[0], key="other-key").get("/v1/models").status == 200
+    assert Http(server.api_url, tls[0], key="wrong").get("/v1/models").status == 401
 
 
 def test_root_path_with_and_without_the_prefix(server, tls):
