@@ -43,7 +43,7 @@ def register(app: web.Application, ctx: ServingContext, config: Any) -> None:
         "max_model_len": ctx.max_model_len, "block_size": ready.block_size,
         "num_kv_blocks": ready.num_blocks, "dtype": config.torch_dtype_name,
         "device": config.device_type, "tensor_parallel_size": config.parallel.tensor_parallel_size,
-        "data_parallel_size": getattr(config.parallel, "data_parallel_size", 1),
+        "data_parallel_size": config.parallel.data_parallel_size,
         "max_num_seqs": config.scheduler.max_num_seqs,
         "enable_prefix_caching": config.cache.enable_prefix_caching,
         "tokenizer_workers": len(ctx.client.ready)},

@@ -97,6 +97,10 @@ def test_page_in_chromium(ui_server, page, shots):
     assert page.inner_text("[data-config='max model length']") == "256"
     assert page.locator("#processes tbody tr[data-role='API server']").count() == 2
     page.screenshot(path=str(shots / "engine-idle.png"), full_page=True)
+    # Percentiles interpolate within buckets as Prometheus's histogram_quantile does.
+    assert page.evaluate("quantile(0.5, [0.1, 0.2, 0.4], [2, 6, 8], 8)") == pytest.approx(0.15)
+    assert page.evaluate("quantile(0.99, [0.1, 0.2], [1, 1], 4)") == 0.2  # in the +Inf bucket
+    assert page.evaluate("quantile(0.5, [0.1], [0], 0)") is None
 
     # The playground streams a completion from /v1 and counts its tokens.
     page.click("nav button[data-view='playground']")

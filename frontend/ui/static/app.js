@@ -154,7 +154,8 @@ function drawChart(c, now) {
       vector-effect="non-scaling-stroke"/>`;
   }
   const label = c.seconds ? fmtSeconds(max) : fmt(max);
-  svg += `<text x="2" y="10" font-size="9" fill="#6b7480">${label}</text>`;
+  svg += `<text x="2" y="10" font-size="9" fill="#6b7480">${label}</text>` +
+    `<text x="298" y="10" font-size="9" fill="#6b7480" text-anchor="end">last ${HISTORY_S / 60} min</text>`;
   el.querySelector("svg").innerHTML = svg;
 }
 
