@@ -4,10 +4,12 @@ Every engine core of the group (docs/scale-out.md) tells every client its waitin
 counts and KV usage after each of its steps (the scheduler_stats of its OUTPUTS messages; ranks
 send a stats-only OUTPUTS to clients that had no output in a step), so a client sees the
 requests other clients placed too, without asking. A request goes to the engine with the lowest
-score, counted as vLLM's DP load balancer counts it: waiting x 4 + running, plus the requests
-this client sent there since that engine's last report; ties go to the lower KV usage, then the
-lower rank. Prefix-cache affinity is not attempted. A request and its n completions stay on
-their engine for their whole life, aborts included.
+score, weighted as vLLM's DP load balancer weighs it: waiting x 4 + running. A report is up to
+a step old, so this client's own live requests on an engine (which it knows exactly) set a floor
+under the reported total, the excess counted as waiting: a burst of requests spreads evenly
+before any report says so. Ties go to the lower KV usage, then the lower rank. Prefix-cache
+affinity is not attempted. A request and its n completions stay on their engine for their whole
+life, aborts included.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ _WAITING_WEIGHT = 4
 
 @dataclass
 class _Load:
-    waiting: int = 0
+    waiting: int = 0  # as last reported
     running: int = 0
     kv_usage: float = 0.0
-    sent: int = 0  # requests sent since the engine's last report
+    mine: int = 0  # this client's live requests there (exact)
 
     def key(self) -> tuple[int, float]:
-        return self.waiting * _WAITING_WEIGHT + self.running + self.sent, self.kv_usage
+        waiting = max(self.waiting + self.running, self.mine) - self.running
+        return waiting * _WAITING_WEIGHT + self.running, self.kv_usage
 
 
 class DPEngineCoreClient:
@@ -83,7 +86,7 @@ class DPEngineCoreClient:
     async def add_request(self, request: EngineCoreRequest, rank: int) -> None:
         """Send a request to engine `rank`; it stays there until it finishes."""
         self._engine_of[request.request_id] = rank
-        self._loads[rank].sent += 1
+        self._loads[rank].mine += 1
         await self.engines[rank].add_request(request)
 
     async def abort_requests(self, request_ids: list[str]) -> None:
@@ -99,7 +102,7 @@ class DPEngineCoreClient:
     def forget(self, request_ids: list[str]) -> None:
         """Stop tracking requests whose end the caller saw outside get_output (refusals)."""
         for request_id in request_ids:
-            self._engine_of.pop(request_id, None)
+            self._release(request_id)
 
     async def get_output(self) -> tuple[int, EngineCoreOutputs]:
         """(rank, outputs) of the next step any engine reported; EngineRequestError for a
@@ -110,16 +113,22 @@ class DPEngineCoreClient:
             raise item
         if isinstance(item, BaseException):
             if isinstance(item, EngineRequestError):
-                self._engine_of.pop(item.request_id, None)
+                self._release(item.request_id)
             raise item
         stats = item.scheduler_stats
         if stats is not None:
-            self._loads[rank] = _Load(stats.num_waiting_reqs, stats.num_running_reqs,
-                                      stats.kv_cache_usage)
+            load = self._loads[rank]
+            load.waiting, load.running = stats.num_waiting_reqs, stats.num_running_reqs
+            load.kv_usage = stats.kv_cache_usage
         for out in item.outputs:
             if out.finished:
-                self._engine_of.pop(out.request_id, None)
+                self._release(out.request_id)
         return rank, item
+
+    def _release(self, request_id: str) -> None:
+        rank = self._engine_of.pop(request_id, None)
+        if rank is not None:
+            self._loads[rank].mine -= 1
 
     async def _read(self, rank: int) -> None:
         engine = self.engines[rank]

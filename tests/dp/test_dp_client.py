@@ -52,7 +52,7 @@ def test_routing_follows_the_published_load_and_pins_requests() -> None:
     async def run() -> None:
         engines = [_Engine(), _Engine()]
         client = DPEngineCoreClient(engines)  # type: ignore[arg-type]
-        # Idle: rank 0, then rank 1 (the request just sent counts until rank 0 reports).
+        # Idle: rank 0, then rank 1 (before any report, this client's own requests count).
         for name in ("a", "b"):
             await client.add_request(_request(name), client.pick_engine())
         assert (engines[0].added, engines[1].added) == (["a"], ["b"])
@@ -67,6 +67,11 @@ def test_routing_follows_the_published_load_and_pins_requests() -> None:
         for _ in range(2):
             await client.get_output()
         assert client.pick_engine() == 1
+        # A report lower than this client's own live requests does not hide them: rank 1 has
+        # "b" and two more of ours, reported as 1 running, so the other two count as waiting.
+        for name in ("c", "d"):
+            await client.add_request(_request(name), 1)
+        assert client.pick_engine() == 0
         # Aborts go where the request lives; a finished request is forgotten.
         await client.abort_requests(["b", "a", "unknown"])
         assert (engines[0].aborted, engines[1].aborted) == (["a"], ["b"])
