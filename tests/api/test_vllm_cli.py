@@ -274,15 +274,24 @@ def test_unix_socket_server(tiny_model, tmp_path):
     try:
         assert srv.ready and srv.api_url == f"unix:{path}", srv.stderr
 
-        async def talk() -> tuple[int, dict]:
+        async def talk() -> tuple[int, dict, int, int]:
             async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path)) as s:
                 async with s.get("http://localhost/health") as r:
                     health = r.status
                 async with s.post("http://localhost/v1/completions",
                                   json={"prompt": PROMPT, "max_tokens": 3}) as r:
-                    return health, await r.json()
+                    out = await r.json()
+                long = {"prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}
+                async with s.post("http://localhost/v1/completions", json=long) as stream:
+                    await stream.content.readline()  # the first event: the request holds blocks
+                    async with s.post("http://localhost/reset_prefix_cache") as r:
+                        busy = r.status
+                    await stream.read()
+                async with s.post("http://localhost/reset_prefix_cache") as r:
+                    return health, out, busy, r.status
 
-        health, out = asyncio.run(talk())
+        health, out, busy, idle = asyncio.run(talk())
         assert health == 200 and out["usage"]["completion_tokens"] == 3
+        assert (busy, idle) == (409, 200)  # not while a request holds KV blocks
     finally:
         assert srv.stop() == 0, srv.stderr
