@@ -118,23 +118,43 @@ def test_page_in_chromium(ui_server, page, shots):
     assert output.strip() and 0 < tokens <= 24, stats
     assert "tokens/s" in stats or tokens == 1, stats
     page.screenshot(path=str(shots / "playground.png"), full_page=True)
+    # Chat too, with a system prompt, through /v1/chat/completions.
+    page.select_option("#pg-mode", "chat")
+    page.fill("#pg-system", "You are terse.")
+    page.fill("#pg-prompt", "Say hello")
+    page.fill("#pg-max_tokens", "6")
+    page.click("#pg-send")
+    page.wait_for_function("document.getElementById('pg-output').dataset.done === '1'",
+                           timeout=60_000)
+    assert page.inner_text("#pg-output").strip()
+    chat_tokens = int(page.get_attribute("#pg-stats", "data-tokens"))
+    assert 0 < chat_tokens <= 6
+    page.screenshot(path=str(shots / "playground-chat.png"), full_page=True)
 
     # The request table lists it; a click shows its text.
     page.click("nav button[data-view='requests']")
-    row = page.locator("#requests tbody tr").first
-    row.wait_for(timeout=10_000)
-    page.wait_for_function(f"document.querySelector('#requests tbody tr td:nth-child(8)')"
-                           f"?.textContent === '{tokens}'", timeout=10_000)
-    row.click()
+    rows = page.locator("#requests tbody tr")
+    page.wait_for_function("document.querySelectorAll('#requests tbody tr').length >= 2",
+                           timeout=10_000)
+    chat_row, completion_row = rows.nth(0), rows.nth(1)
+    assert chat_row.locator("td").first.inner_text().startswith("chat")
+    assert chat_row.locator("td").nth(7).inner_text() == str(chat_tokens)
+    assert completion_row.locator("td").first.inner_text().startswith("completion")
+    assert completion_row.locator("td").nth(7).inner_text() == str(tokens)
+    completion_row.click()
     page.wait_for_selector("#detail pre.output")
     assert page.inner_text("#detail pre.output") == output
     assert page.inner_text("#detail pre") == "Once upon a time"
+    chat_row.click()
+    page.wait_for_function("document.querySelector('#detail pre')?.textContent === "
+                           "'system: You are terse.\\nuser: Say hello'", timeout=10_000)
     page.screenshot(path=str(shots / "requests.png"), full_page=True)
 
     # Back on the engine view: the generation chart has drawn the tokens, and once the engine
     # is idle the page's numbers are /metrics's.
     page.click("nav button[data-view='engine']")
-    assert wait_until(lambda: metrics_now(url)["vllm:generation_tokens_total"] >= before + tokens)
+    assert wait_until(lambda: metrics_now(url)["vllm:generation_tokens_total"] >=
+                      before + tokens + chat_tokens)
     _wait_for_poll(page)
     _wait_for_poll(page)
     numbers = _page_numbers(page)
@@ -142,7 +162,7 @@ def test_page_in_chromium(ui_server, page, shots):
     assert numbers, "no numbers on the page"
     for name, value in numbers.items():
         assert value == pytest.approx(prom.get(name, 0.0), abs=1e-9), name
-    assert numbers["vllm:generation_tokens_total"] >= before + tokens
+    assert numbers["vllm:generation_tokens_total"] >= before + tokens + chat_tokens
     assert "L" in page.get_attribute("#chart-gen svg path", "d")
     page.screenshot(path=str(shots / "engine-after-request.png"), full_page=True)
 
