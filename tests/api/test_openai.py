@@ -375,6 +375,10 @@ def test_metrics_endpoint_shows_all_processes_with_vllm_names(server, client):
     for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
-                 'vllm:request_success_total{finished_reason="length"'):
+                 'vllm:request_success_total{engine="0",finished_reason="length"',
+                 "vllm:prompt_tokens_cached_total", 'source="local_cache_hit"',
+                 "vllm:cache_config_info{", "vllm:request_inference_time_seconds_count",
+                 "vllm:request_time_per_output_token_seconds_count",
+                 "vllm:request_params_n_bucket", "vllm:request_params_max_tokens_bucket"):
         assert name in text, f"{name} missing from /metrics"
     assert f'model_name="{MODEL}"' in text
