@@ -13,6 +13,7 @@ from kernels import cpu_ops
 from gpu_worker.layers.attention import Attention
 from gpu_worker.layers.norm import RMSNorm
 from gpu_worker.layers.rotary import RotaryEmbedding
+from gpu_worker.models.fused_decode import FusedDecode
 from gpu_worker.models.weights import StackedShard, load_named_weights
 from gpu_worker.parallel.group import tp_all_reduce
 from gpu_worker.parallel.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
@@ -209,10 +210,13 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling)
+        self.fused_decode = FusedDecode(self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        if (fused := self.fused_decode.run(x, cos, sin)) is not None:
+            return fused
         residual = None
         for layer in self.model.layers:
             x, residual = layer(x, residual, self.rotary, cos, sin)

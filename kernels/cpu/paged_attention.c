@@ -163,6 +163,27 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
 DEFINE_TILE(64)
 DEFINE_TILE(128)
 
+/* One decode token (the last of a request with seq_len tokens) against one KV head, for callers
+ * that split the work across their own threads (decode_stack.c): q and out are the token's
+ * [Hq, D] rows; scratch holds paged_attention_scratch_floats(group, head_dim) floats. */
+size_t paged_attention_scratch_floats(int32_t group, int32_t head_dim)
+{
+    const int32_t padded = (group + LANES - 1) / LANES * LANES;
+    return (size_t)padded * (2 * head_dim + CHUNK + 3);
+}
+
+void paged_attention_decode_head(const float *q, float *out, const float *k_cache,
+                                 const float *v_cache, const int32_t *block_table, int32_t seq_len,
+                                 int32_t group, int32_t num_kv_heads, int32_t kv_head,
+                                 int32_t head_dim, int32_t block_size, float scale, float *scratch)
+{
+    const params_t p = {q, 0, out, 0, k_cache, v_cache, group, num_kv_heads, block_size, scale};
+    if (head_dim == 64)
+        attend_tile_64(&p, block_table, 0, 1, seq_len, 0, 1, kv_head, scratch);
+    else
+        attend_tile_128(&p, block_table, 0, 1, seq_len, 0, 1, kv_head, scratch);
+}
+
 /* q: [T, Hq, D] rows q_stride apart (heads packed); out: [T, Hq, D] rows out_stride apart;
  * caches in the layout above; block_tables: [R, bt_stride]; query_start_loc: [R + 1];
  * seq_lens: [R]. Returns 0; -1 when scratch memory ran out; -2 for a head_dim other than 64 or

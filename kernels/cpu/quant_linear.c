@@ -347,6 +347,37 @@ static void tiled_block(const qtype_t *t, const float *x, int64_t ldx, const uin
     }
 }
 
+/* The few-rows path in pieces, for callers that split the blocks across their own threads
+ * (decode_stack.c): quant_group() is the inputs per scale group of `type` (0 for an unknown
+ * type); quant_row_sums() fills xsum [M, K / group] with x's sums per group; quant_few_block()
+ * writes block nb's columns of y = x @ W^T + bias for M rows (w and bias whole, y at the
+ * block's first column). */
+int32_t quant_group(int32_t type)
+{
+    const qtype_t *t = qtype(type);
+    return t ? t->g : 0;
+}
+
+void quant_row_sums(int32_t type, const float *x, int64_t ldx, int64_t M, int32_t K, float *xsum)
+{
+    const int32_t g = quant_group(type), groups = K / g;
+    for (int64_t m = 0; m < M; m++)
+        for (int32_t gi = 0; gi < groups; gi++) {
+            float sum = 0.0f;
+            for (int kk = 0; kk < g; kk++) sum += x[m * ldx + gi * g + kk];
+            xsum[m * groups + gi] = sum;
+        }
+}
+
+void quant_few_block(int32_t type, const float *x, int64_t ldx, const float *xsum,
+                     const uint8_t *w, const float *bias, float *y, int64_t ldy, int64_t M,
+                     int32_t K, int32_t N, int32_t nb)
+{
+    const int32_t cols = N - nb * 32 < 32 ? N - nb * 32 : 32;
+    few_block(qtype(type), x, ldx, xsum, w + nb * quant_block_bytes(type, K),
+              bias ? bias + nb * 32 : 0, y, ldy, M, K, cols);
+}
+
 /* x: [M, K] rows ldx apart; w: the packed weight of `type`, [ceil(N/32)] blocks; bias: [N] or
  * NULL; y: [M, N] rows ldy apart. Returns -1 for an unknown type or a K that is not a whole
  * number of records, -2 when a thread cannot allocate its dequantized tile. */
@@ -359,20 +390,11 @@ int32_t quant_linear_f32(int32_t type, const float *x, int64_t ldx, const uint8_
     if (!block_bytes) return -1;
     const int32_t blocks = (N + 31) / 32;
     if (M <= FEW_ROWS) {
-        const int32_t groups = K / t->g;
-        float xsum[FEW_ROWS * groups];
-        for (int64_t m = 0; m < M; m++)
-            for (int32_t gi = 0; gi < groups; gi++) {
-                float sum = 0.0f;
-                for (int kk = 0; kk < t->g; kk++) sum += x[m * ldx + gi * t->g + kk];
-                xsum[m * groups + gi] = sum;
-            }
+        float xsum[FEW_ROWS * (K / t->g)];
+        quant_row_sums(type, x, ldx, M, K, xsum);
         #pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int32_t nb = 0; nb < blocks; nb++) {
-            const int32_t cols = N - nb * 32 < 32 ? N - nb * 32 : 32;
-            few_block(t, x, ldx, xsum, w + nb * block_bytes, bias ? bias + nb * 32 : 0,
-                      y + nb * 32, ldy, M, K, cols);
-        }
+        for (int32_t nb = 0; nb < blocks; nb++)
+            quant_few_block(type, x, ldx, xsum, w, bias, y + nb * 32, ldy, M, K, N, nb);
         return 0;
     }
     /* Each thread dequantizes into its own tile of up to KC_MAX rows of k. */

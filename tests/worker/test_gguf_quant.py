@@ -140,14 +140,15 @@ _SHAPES = {"attn_q": (256, 256), "attn_k": (128, 256), "attn_v": (128, 256),
            "ffn_down": (256, 512), "output": (512, 256), "token_embd": (512, 256)}
 
 
-def _write_gguf(path: Path, layers: int) -> Path:
-    """Random quantized tensors; the model reads q and k rows un-permuted, as any file's."""
+def write_gguf(path: Path, layers: int, types: dict[str, GGMLType] = _TYPES) -> Path:
+    """Random quantized tensors of the tiny model's _SHAPES, of the given type per tensor kind;
+    the model reads q and k rows un-permuted, as any file's."""
     writer = GGUFWriter(str(path), "llama")
-    names = [n for n in _TYPES if n in ("output", "token_embd")] + [
-        f"blk.{i}.{n}" for i in range(layers) for n in _TYPES if n not in ("output", "token_embd")]
+    names = [n for n in types if n in ("output", "token_embd")] + [
+        f"blk.{i}.{n}" for i in range(layers) for n in types if n not in ("output", "token_embd")]
     for seed, name in enumerate(names):
         kind = name.rsplit(".", 1)[-1]
-        qtype = _TYPES[kind]
+        qtype = types[kind]
         n, k = _SHAPES[kind]
         if qtype == GGMLType.F16:
             weight = np.random.default_rng(seed).standard_normal((n, k), np.float32) * 0.05
@@ -173,7 +174,7 @@ def mixed(tmp_path_factory):
     model_dir = make_tiny_model(root / "tiny", hidden_size=256, intermediate_size=512,
                                 num_attention_heads=4, num_key_value_heads=2)
     config = json.loads((model_dir / "config.json").read_text())
-    gguf_file = _write_gguf(root / "tiny.gguf", config["num_hidden_layers"])
+    gguf_file = write_gguf(root / "tiny.gguf", config["num_hidden_layers"])
     (model_dir / GGUF_LINK).symlink_to(gguf_file)
     arch = ModelArchConfig.from_model_dir(model_dir)
     model = load_model(model_dir, arch, torch.float32, CPU, "gguf")

@@ -1,0 +1,111 @@
+"""A Llama-family model's decode steps through one C call (kernels/decode_stack.py) on the CPU.
+
+A step whose every request adds one token, at most MAX_ROWS of them, runs the whole layer stack
+in the fused kernel: at batch 1 the per-op Python path cost about three times the weight reads
+it drove. Applies where the kernel computes what the layers would: fp32 activations on the CPU
+with the C kernels, one rank, the CPU attention backend, no q/k norms, head_dim 64 or 128, and
+each projection held in one kernel layout (one quantized run, the blocked fp32 layout or the
+fused SwiGLU pairs). Elsewhere, and for prefill or mixed steps, the layers run one op at a time.
+ENGINE_FUSED_DECODE=0 turns it off (for comparisons).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from gpu_worker.attention.cpu_backend import CpuAttnMetadata
+from gpu_worker.forward_context import get_attn_metadata
+from gpu_worker.layers.linear import Linear
+from gpu_worker.parallel.group import tp_world_size
+from kernels import cpu_ops
+from kernels.decode_stack import (F32_BLOCKED, F32_PAIRS, MAX_ROWS, DecodeStack, StackLayer,
+                                  StackShape, StackWeight)
+
+
+def _weight(linear: Linear) -> StackWeight | None:
+    """The projection in a layout the kernel reads, or None."""
+    n, k = linear.out_features, linear.in_features
+    if linear.quantized is not None:
+        parts = linear.quantized.parts
+        if len(parts) != 1:
+            return None
+        return StackWeight(int(parts[0].qtype), n, k, parts[0].data, linear.bias)
+    if linear.blocked_weight is not None:
+        return StackWeight(F32_BLOCKED, n, k, linear.blocked_weight, linear.bias)
+    return None
+
+
+def _layer(layer: nn.Module) -> StackLayer | None:
+    attn, mlp = layer.self_attn, layer.mlp
+    if attn.qk_norm or attn.attn.head_dim not in (64, 128) or attn.attn.kv_cache.dim() != 5:
+        return None
+    if mlp.fused_gate_up is not None:
+        gate_up = StackWeight(F32_PAIRS, 2 * mlp.intermediate, mlp.gate_up_proj.in_features,
+                              mlp.fused_gate_up)
+    else:
+        gate_up = _weight(mlp.gate_up_proj)
+    weights = (_weight(attn.qkv_proj), _weight(attn.o_proj), gate_up, _weight(mlp.down_proj))
+    if any(w is None for w in weights) or gate_up.bias is not None or weights[3].bias is not None:
+        return None
+    norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    if any(w.dtype != torch.float32 or not w.is_contiguous() for w in norms):
+        return None
+    return StackLayer(*norms, *weights, attn.attn.kv_cache)
+
+
+class FusedDecode:
+    """Builds the kernel's view of a model once its KV caches are bound, and runs eligible steps."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._enabled: bool | None = None  # decided at the first step, once the ranks are known
+        self._stack: DecodeStack | None = None
+        self._cache_ptr = -1
+
+    @property
+    def enabled(self) -> bool:
+        if self._enabled is None:
+            self._enabled = (os.environ.get("ENGINE_FUSED_DECODE", "1") != "0"
+                             and tp_world_size() == 1 and cpu_ops.available())
+        return self._enabled
+
+    def _build(self) -> DecodeStack | None:
+        inner, cfg = self.model.model, self.model.cfg
+        layers = [_layer(layer) for layer in inner.layers]
+        if not layers or any(ly is None for ly in layers) or \
+                cfg.intermediate_size % 32 or inner.norm.weight.dtype != torch.float32:
+            return None
+        attn = inner.layers[0].self_attn.attn
+        block_size = attn.kv_cache.shape[3]
+        if block_size % 16:
+            return None
+        shape = StackShape(cfg.hidden_size, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                           cfg.intermediate_size, cfg.rms_norm_eps, attn.scale)
+        return DecodeStack(shape, layers, inner.norm.weight)
+
+    def stack(self) -> DecodeStack | None:
+        """The kernel's view, rebuilt when the KV caches were re-allocated."""
+        ptr = self.model.model.layers[0].self_attn.attn.kv_cache.data_ptr()
+        if ptr != self._cache_ptr:
+            self._cache_ptr, self._stack = ptr, self._build()
+        return self._stack
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+        """The final hidden states of a decode step, or None where this step is not one the
+        kernel takes (then the caller runs the layers)."""
+        rows = x.shape[0]
+        if x.is_cuda or not 1 <= rows <= MAX_ROWS or x.dtype != torch.float32 or not self.enabled:
+            return None
+        meta = get_attn_metadata().metadata
+        if (not isinstance(meta, CpuAttnMetadata) or meta.query_start_loc.numel() != rows + 1
+                or meta.block_table.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32
+                or meta.slot_mapping.dtype != torch.int64):
+            return None
+        stack = self.stack()
+        if stack is None:
+            return None
+        return stack.run(x.contiguous(), cos.reshape(rows, -1), sin.reshape(rows, -1),
+                         meta.slot_mapping, meta.block_table, meta.seq_lens)
