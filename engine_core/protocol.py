@@ -58,6 +58,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     # The stop token id that ended the request (None for EOS, length and abort).
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # On a request's first output: [Unix time, tokens] of each prompt chunk as it was scheduled
+    # (the first one ends the request's wait in the queue; several: chunked prefill).
+    prefill_chunks: list[tuple[float, int]] = []
 
     @property
     def finished(self) -> bool:

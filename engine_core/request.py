@@ -51,7 +51,7 @@ class Request:
                  "arrival_time", "priority", "cache_salt", "client_index", "output_token_ids",
                  "all_token_ids", "num_computed_tokens", "num_cached_tokens", "status",
                  "stop_reason", "num_preemptions", "block_hashes", "stop_token_ids",
-                 "num_output_placeholders", "grammar", "_block_hasher")
+                 "num_output_placeholders", "grammar", "_block_hasher", "prefill_chunks")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, eos_token_id: int | None,
@@ -72,6 +72,8 @@ class Request:
         self.num_output_placeholders = 0
         # -1 until first scheduled; then the prompt tokens the prefix cache supplied.
         self.num_cached_tokens = -1
+        # (Unix time, tokens) of each prompt chunk scheduled; sent with the first output.
+        self.prefill_chunks: list[tuple[float, int]] = []
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0

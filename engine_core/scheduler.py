@@ -23,6 +23,7 @@ complete and the model emits a stop token, which is then the only token the gram
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -229,8 +230,11 @@ class Scheduler:
         self._finished_req_ids = {}
         placeholders = self.async_scheduling
         constrained: list[Request] = []
+        now = time.time()
         for reqs in (scheduled_running, new_reqs):
             for r in reqs:
+                if r.num_computed_tokens < r.num_prompt_tokens and not r.output_token_ids:
+                    r.prefill_chunks.append((now, num_scheduled[r.request_id]))
                 r.num_computed_tokens += num_scheduled[r.request_id]
                 samples = r.num_computed_tokens >= r.num_tokens + r.num_output_placeholders
                 if samples and r.grammar is not None:
@@ -278,6 +282,7 @@ class Scheduler:
                                    new_prompt_logprobs=prompt_logprobs.get(req_id))
             if len(req.output_token_ids) == len(new_tokens):
                 out.num_cached_tokens = max(req.num_cached_tokens, 0)
+                out.prefill_chunks, req.prefill_chunks = req.prefill_chunks, []
                 # vLLM counts a prompt when its first token comes: every token, cached or not.
                 self._num_prompt_tokens += req.num_prompt_tokens
                 self._num_cached_prompt_tokens += out.num_cached_tokens

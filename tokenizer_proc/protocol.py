@@ -117,6 +117,8 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     num_cached_tokens: int = 0
     # On the request's first delta, when GenerateRequest.return_prompt_token_ids asked for them.
     prompt_token_ids: list[int] | None = None
+    # On the request's first delta: EngineCoreOutput.prefill_chunks ([Unix time, tokens] each).
+    prefill_chunks: list[tuple[float, int]] = []
 
     @property
     def finished(self) -> bool:

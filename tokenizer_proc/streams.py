@@ -100,7 +100,7 @@ class DeltaStreams:
                 stream.request_id, index, detok.get_next_delta(), list(out.new_token_ids),
                 self._logprobs(out.new_logprobs) if out.new_logprobs is not None else None,
                 prompt_logprobs, finish_reason, stop_reason, stream.num_prompt_tokens,
-                stream.num_cached_tokens, stream.prompt_token_ids)
+                stream.num_cached_tokens, stream.prompt_token_ids, out.prefill_chunks)
             stream.prompt_token_ids = None
             deltas.append((stream.owner, delta))
             if finish_reason is not None:

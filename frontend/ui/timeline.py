@@ -51,6 +51,7 @@ class _Trace:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.output_tokens = 0
+        self.prefill_chunks: list[tuple[float, int]] = []
         self.texts: dict[int, list[str]] = {}
         self.finish_reasons: dict[int, str] = {}
 
@@ -59,6 +60,8 @@ class _Trace:
             self.prompt_tokens = delta.num_prompt_tokens
         if delta.num_cached_tokens:
             self.cached_tokens = delta.num_cached_tokens
+        if delta.prefill_chunks and not self.prefill_chunks:  # n > 1: the first completion's
+            self.prefill_chunks = delta.prefill_chunks
         if delta.token_ids:
             if self.first_token is None:
                 self.first_token = now
@@ -80,6 +83,8 @@ class _Trace:
                 "kind": "completion" if self.request.messages is None else "chat",
                 "arrival": self.arrival, "first_token": self.first_token, "finish": finish,
                 "ticks": [round(t - self.arrival, 6) for t in ticks],
+                "prefill_chunks": [[round(t - self.arrival, 6), n]
+                                   for t, n in self.prefill_chunks],
                 "finish_reason": reason, "n": self.request.sampling_params.n,
                 "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
                 "cached_tokens": self.cached_tokens}

@@ -138,9 +138,10 @@ def test_page_in_chromium(ui_server, page, shots):
                            timeout=10_000)
     chat_row, completion_row = rows.nth(0), rows.nth(1)
     assert chat_row.locator("td").first.inner_text().startswith("chat")
-    assert chat_row.locator("td").nth(7).inner_text() == str(chat_tokens)
+    assert chat_row.locator("td").nth(9).inner_text() == str(chat_tokens)
     assert completion_row.locator("td").first.inner_text().startswith("completion")
-    assert completion_row.locator("td").nth(7).inner_text() == str(tokens)
+    assert completion_row.locator("td").nth(9).inner_text() == str(tokens)
+    assert completion_row.locator("td").nth(4).get_attribute("data-chunks") == "1"
     completion_row.click()
     page.wait_for_selector("#detail pre.output")
     assert page.inner_text("#detail pre.output") == output

@@ -92,6 +92,11 @@ def test_request_timeline_is_one_view_across_api_servers(ui_server):
     assert rec["arrival"] <= rec["first_token"] <= rec["finish"]
     assert len(rec["ticks"]) >= 6 and rec["ticks"] == sorted(rec["ticks"])
     assert 0 <= rec["cached_tokens"] <= rec["prompt_tokens"]
+    # When the engine core scheduled the prompt (one host, one clock): after arrival, before
+    # the first token; a short prompt is one chunk.
+    (queued, prefilled), = rec["prefill_chunks"]
+    assert 0 <= queued <= rec["first_token"] - rec["arrival"]
+    assert prefilled == rec["prompt_tokens"] - rec["cached_tokens"]
     text = _json(url + "/ui/api/requests/" + rec["id"])
     assert text["prompt"] == prompt
     assert sorted(text["outputs"]) == sorted(c["text"] for c in choices)

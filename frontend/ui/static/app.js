@@ -239,13 +239,22 @@ function renderRequests() {
     const ttft = r.first_token === null ? null : r.first_token - r.arrival;
     const w = (s) => ((s / span) * 100).toFixed(2);
     const wait = ttft === null ? total : ttft;
+    // Scheduled as the engine core's clock says: clamped into [arrival, first token].
+    const chunks = (r.prefill_chunks || []).map(([t, n]) => [Math.min(Math.max(t, 0), wait), n]);
+    const queue = chunks.length ? chunks[0][0] : null;
     let bar = `<rect x="0" y="3" width="${w(wait)}%" height="8" fill="#e39b27"/>`;
+    if (queue !== null) bar += `<rect x="0" y="3" width="${w(queue)}%" height="8" fill="#b8c0c9"/>`;
+    for (const [t, n] of chunks) {
+      bar += `<rect x="${w(t)}%" y="3" width="1" height="8" fill="#7a4a00"><title>${n} prompt tokens</title></rect>`;
+    }
     if (ttft !== null) bar += `<rect x="${w(ttft)}%" y="3" width="${w(total - ttft)}%" height="8" fill="#2f6fdb"/>`;
     for (const t of r.ticks) bar += `<rect x="${w(t)}%" y="1" width="1" height="12" fill="#133a80"/>`;
     return `<tr data-id="${esc(r.id)}" class="${state.selected === r.id ? "selected" : ""}">
       <td title="${esc(r.id)}">${esc(r.kind)} ${esc(r.id.slice(-8))}</td>
       <td>${new Date(r.arrival * 1000).toLocaleTimeString()}</td>
-      <td class="tl"><svg>${bar}</svg></td><td>${fmtSeconds(ttft)}</td><td>${fmtSeconds(total)}</td>
+      <td class="tl"><svg>${bar}</svg></td><td>${fmtSeconds(queue)}</td>
+      <td data-chunks="${chunks.length}">${chunks.length || "–"}</td>
+      <td>${fmtSeconds(ttft)}</td><td>${fmtSeconds(total)}</td>
       <td>${r.prompt_tokens}</td><td>${r.cached_tokens}</td><td>${r.output_tokens}</td>
       <td>${esc(r.finish_reason)}</td></tr>`;
   }).join("");
