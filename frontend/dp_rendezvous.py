@@ -151,7 +151,9 @@ class FirstHost:
         self._send(identity, Accepted())
 
     def stop(self, failed: bool) -> None:
-        """Tell every registered host to stop, and close."""
+        """Tell every registered host to stop, and close (once)."""
+        if self._socket.closed:
+            return
         for identity in self._hosts:
             self._send(identity, Stop(failed))
         self._socket.close(linger=1000)

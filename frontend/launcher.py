@@ -382,6 +382,8 @@ class Launcher:
                           file=sys.stderr, flush=True)
                     child.popen.kill()
                     child.popen.wait()
+        if self._first_host is not None:  # closed above unless start-up failed before tier 0
+            self._first_host.stop(failed=failure is not None)
         if self._port_socket is not None:
             self._port_socket.close()
         for core in self._cores:
