@@ -79,7 +79,9 @@ def test_refusals(llm):
 
 
 def _metric(llm, name: str):
-    found = [m for m in llm.get_metrics() if m.name == name]
+    # The snapshot is the process's, as vLLM's: other LLMs' series are in it too.
+    model = llm.config.model.served_model_name
+    found = [m for m in llm.get_metrics() if m.name == name and m.labels["model_name"] == model]
     assert len(found) == 1, [m.name for m in llm.get_metrics()]
     return found[0]
 
@@ -87,8 +89,8 @@ def _metric(llm, name: str):
 def test_get_metrics_counts_prompt_and_generated_tokens(llm):
     from metrics.reader import Counter, Gauge, Histogram
 
-    before = _metric(llm, "vllm:prompt_tokens").value if any(
-        m.name == "vllm:prompt_tokens" for m in llm.get_metrics()) else 0
+    llm.generate([PROMPT], GREEDY, use_tqdm=False)  # so that every series exists
+    before = _metric(llm, "vllm:prompt_tokens").value
     llm.generate([PROMPT, PROMPT], SamplingParams(temperature=0.0, max_tokens=4, n=2,
                                                   ignore_eos=True), use_tqdm=False)
     prompt = _metric(llm, "vllm:prompt_tokens")
