@@ -10,10 +10,7 @@ from engine_core.config import CacheConfig
 from engine_core.protocol import SchedulerStats
 from metrics.engine_stats import EngineStatsRecorder
 from metrics.request_stats import RequestStatsRecorder
-
-
-def _value(name: str, model: str, **labels: str) -> float | None:
-    return REGISTRY.get_sample_value(name, {"model_name": model, "engine": "0", **labels})
+from tests.metrics.test_request_stats import _value
 
 
 def test_inference_time_tpot_and_request_params() -> None:
