@@ -25,6 +25,8 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
+from aiohttp.web_urldispatcher import _default_expect_handler
 
 from engine_core.config import ObservabilityConfig
 from engine_core.generation_config import default_sampling_params, log_defaults
@@ -36,6 +38,7 @@ from frontend.chat_args import ChatOptions, add_chat_args
 from frontend.cors import CorsPolicy, cors_middleware
 from frontend.errors import ApiError, bad_request, error_response, from_decode_error
 from frontend.http_options import HttpOptions, add_http_args
+from frontend.json_limits import check_depth, check_int64
 from frontend.openai_protocol import (ChatCompletionRequest, CompletionRequest,
                                       DetokenizeRequest, DetokenizeResponse, ModelCard,
                                       ModelList, TokenizeRequest, TokenizeResponse,
@@ -86,6 +89,13 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     except ApiError as e:
         return error_response(e.status, e.message, e.param)
+    except RequestPayloadError as e:  # e.g. a gzip body that does not decompress
+        response = error_response(400, f"the request body could not be read: "
+                                       f"{str(e.__cause__ or e).splitlines()[-1].strip()}")
+        response.force_close()  # the rest of the body cannot be read either
+        return response
+    except RecursionError:  # a shape no check foresaw; the client's doing, not the server's
+        return error_response(400, "the request is nested too deeply to process")
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[STATE]["max_body"]
         return error_response(413, f"the request body is larger than the limit of {limit} bytes")
@@ -112,11 +122,30 @@ async def _auth(request: web.Request, handler) -> web.StreamResponse:
     given = request.headers.get("Authorization", "")
     scheme, _, token = given.partition(" ")
     # Several keys (vLLM's --api-key takes a list) travel one per line; each is compared.
-    matches = [hmac.compare_digest(token.strip().encode(), k.encode()) for k in key.split("\n")]
+    # aiohttp keeps a header's non-UTF-8 bytes as surrogates; they give them back to compare.
+    given_key = token.strip().encode("utf-8", "surrogateescape")
+    matches = [hmac.compare_digest(given_key, k.encode()) for k in key.split("\n")]
     if scheme.lower() != "bearer" or not any(matches):
         return error_response(401, "invalid or missing API key (send Authorization: Bearer "
                                    "<key>)")
     return await handler(request)
+
+
+async def _expect_within_limit(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue`: 413 before the body is sent when Content-Length is over the
+    limit, else aiohttp's 100 Continue."""
+    limit = request.app[STATE]["max_body"]
+    if request.content_length is not None and request.content_length > limit:
+        response = error_response(413, f"the request body ({request.content_length} bytes) is "
+                                       f"larger than the limit of {limit} bytes")
+        response.force_close()  # the body was never sent: nothing to read after it
+        return response
+    return await _default_expect_handler(request)
+
+
+async def _limit_expect_on_every_route(app: web.Application) -> None:
+    for route in app.router.routes():  # aiohttp sets an expect handler per route only
+        route._expect_handler = _expect_within_limit
 
 
 # ---- handlers ----
@@ -124,12 +153,15 @@ async def _auth(request: web.Request, handler) -> web.StreamResponse:
 
 async def _decode(request: web.Request, struct: type) -> Any:
     body = await request.read()
+    check_depth(body)
     try:
-        return msgspec.json.decode(body, type=struct)
+        req = msgspec.json.decode(body, type=struct)
     except msgspec.MsgspecError as e:
         raise from_decode_error(e) from None
     except UnicodeDecodeError as e:  # msgspec's error for a string that is not UTF-8
         raise bad_request(f"the request body is not valid UTF-8: {e}") from None
+    check_int64(body, req)
+    return req
 
 
 def _check_available(request: web.Request) -> None:
@@ -254,8 +286,10 @@ async def detokenize(request: web.Request) -> web.Response:
 async def invocations(request: web.Request) -> web.StreamResponse:
     """SageMaker's route: a chat completion when the body has messages, a completion when it
     has prompt."""
+    raw = await request.read()
+    check_depth(raw)
     try:
-        body = json.loads(await request.read())
+        body = json.loads(raw)
     except ValueError as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
     if isinstance(body, dict) and "messages" in body:
@@ -310,6 +344,7 @@ def build_app(ctx: ServingContext, *, api_key: str | None = None,
     app.router.add_get("/metrics", metrics)  # open without an API key (OPEN_PATHS)
     admin_routes.register(app, admin or AdminState())
     app.on_response_prepare.append(_mark_server)
+    app.on_startup.append(_limit_expect_on_every_route)
     return app
 
 

@@ -21,26 +21,28 @@ from tokenizer_proc.prompt_inputs import truncate_prompt
 from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 
 
-def _token_ids(ids: list[int]) -> list[int]:
-    """ids, refused with 400 beyond 64 bits (the IPC encoder's limit; the tokenizer process
-    checks the vocabulary range)."""
-    if any(not -2**63 <= t < 2**63 for t in ids):
-        raise bad_request("token ids must be in the vocabulary range", "prompt")
+def _token_ids(ids: list[int], vocab_size: int) -> list[int]:
+    """ids, refused with 400 outside the vocabulary: before echo decodes them here, and the
+    IPC encoder takes 64-bit integers only."""
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})",
+                          "prompt")
     return list(ids)
 
 
-def _prompts(prompt) -> list[str | list[int]]:
+def _prompts(prompt, vocab_size: int) -> list[str | list[int]]:
     """The prompt field as a list of prompts: each a string or a list of token ids."""
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
         raise bad_request("prompt must not be empty", "prompt")
     if all(isinstance(p, int) for p in prompt):
-        return [_token_ids(prompt)]
+        return [_token_ids(prompt, vocab_size)]
     if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
         if any(isinstance(p, list) and not p for p in prompt):
             raise bad_request("a token-id prompt must not be empty", "prompt")
-        return [_token_ids(p) if isinstance(p, list) else p for p in prompt]
+        return [_token_ids(p, vocab_size) if isinstance(p, list) else p for p in prompt]
     raise bad_request("prompt must be a string, a list of strings, a list of token ids or a "
                       "list of lists of token ids", "prompt")
 
@@ -78,7 +80,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
                             http_request: web.Request) -> web.StreamResponse:
     check_unsupported(req)
     ctx.check_model(req.model)
-    prompts = _prompts(req.prompt)
+    prompts = _prompts(req.prompt, ctx.vocab_size)
     if req.use_beam_search:
         return await _beam_search(ctx, req, http_request, prompts)
     k = req.logprobs

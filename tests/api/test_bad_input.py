@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import urllib.parse
 
 import pytest
@@ -35,6 +36,12 @@ def _post(server, path: str, raw: bytes, content_type: str = "application/json",
 
 def _js(obj) -> bytes:
     return json.dumps(obj).encode()
+
+
+def _deep(obj, depth: int) -> bytes:
+    """obj as JSON with its "DEEP" string replaced by {"a": {"a": ... 1}} depth levels deep
+    (json.dumps itself would recurse too deep)."""
+    return _js(obj).replace(b'"DEEP"', b'{"a": ' * depth + b"1" + b"}" * depth)
 
 
 CASES = {
@@ -112,6 +119,43 @@ CASES = {
     # deeply nested JSON
     "deep nesting": (COMPLETIONS, b'{"model": "tiny", "prompt": ' + b"[" * 10000
                      + b"]" * 10000 + b"}"),
+    # deeply nested free-form fields (RecursionError 500s before the depth limit)
+    "deep chat_template_kwargs": (CHAT, _deep({"model": MODEL, "messages": MESSAGES,
+                                               "chat_template_kwargs": {"a": "DEEP"}}, 5000)),
+    "chat_template_kwargs 900 deep": (CHAT, _deep({"model": MODEL, "messages": MESSAGES,
+                                                   "chat_template_kwargs": {"a": "DEEP"}}, 900)),
+    "deep tool parameters": (CHAT, _deep({"model": MODEL, "messages": MESSAGES, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": "DEEP"}}]}, 900)),
+    "deep response_format schema": (CHAT, _deep({"model": MODEL, "messages": MESSAGES,
+                                                 "response_format": {
+                                                     "type": "json_schema", "json_schema": {
+                                                         "name": "x", "schema": "DEEP"}}}, 5000)),
+    "deep structured_outputs": (COMPLETIONS, _deep({"model": MODEL, "prompt": PROMPT,
+                                                    "structured_outputs": {"json": "DEEP"}}, 900)),
+    "deep prediction": (CHAT, _deep({"model": MODEL, "messages": MESSAGES,
+                                     "prediction": "DEEP"}, 5000)),
+    "deep invocations": ("/invocations", b'{"prompt": "x", "a": ' + b"[" * 100000
+                         + b"]" * 100000 + b"}"),
+    "deep tokenize kwargs": ("/tokenize", _deep({"messages": MESSAGES,
+                                                 "chat_template_kwargs": {"a": "DEEP"}}, 900)),
+    # integers beyond 64 bits in any field (the IPC encoder overflowed: a 500)
+    "priority 2**70": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "priority": 2**70})),
+    "chat top_logprobs 2**70": (CHAT, _js({"model": MODEL, "messages": MESSAGES,
+                                           "logprobs": True, "top_logprobs": 2**70})),
+    "detokenize 2**70": ("/detokenize", _js({"tokens": [2**70]})),
+    # token ids checked before echo decodes them
+    "echo negative token id": (COMPLETIONS, _js({"model": MODEL, "prompt": [-1, 5],
+                                                 "echo": True, "max_tokens": 1})),
+    "echo out-of-vocabulary token id": (COMPLETIONS, _js({"model": MODEL, "prompt": [[10**6]],
+                                                          "echo": True, "logprobs": 1})),
+}
+
+NAMED = {  # the case and the field its 400 must name
+    "priority 2**70": "priority", "chat top_logprobs 2**70": "top_logprobs",
+    "detokenize 2**70": "tokens[0]", "echo negative token id": "prompt",
+    "echo out-of-vocabulary token id": "prompt",
+    "chat_template_kwargs 900 deep": "chat_template_kwargs", "deep tool parameters": "tools",
+    "deep structured_outputs": "structured_outputs",
 }
 
 
@@ -124,6 +168,8 @@ def test_bad_input_is_a_4xx_in_openai_shape(server, name):
     assert set(error) == {"message", "type", "param", "code"}, error
     assert isinstance(error["message"], str) and error["message"]
     assert error["code"] == status and isinstance(error["type"], str)
+    if name in NAMED:
+        assert status == 400 and error["param"] == NAMED[name], error
 
 
 def test_a_completion_past_the_context_is_refused_with_the_arithmetic(server):
@@ -157,6 +203,41 @@ def test_huge_but_valid_values_are_served(server, name):
     assert usage["prompt_tokens"] + usage["completion_tokens"] <= 256 * body.get("n", 1)
     assert len(out["choices"]) == body.get("n", 1)
     assert all(c["finish_reason"] == "length" for c in out["choices"])
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_body_that_does_not_decompress_is_a_400(server, encoding):
+    url = urllib.parse.urlsplit(server.api_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.request("POST", COMPLETIONS, body=b"this is not compressed", headers={
+        "Content-Type": "application/json", "Content-Encoding": encoding,
+        "Authorization": f"Bearer {API_KEY}"})
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    assert resp.status == 400, body[:500]
+    assert "could not be read" in json.loads(body)["error"]["message"]
+
+
+def _raw_exchange(server, request: bytes) -> bytes:
+    """Send request bytes as they are (http.client refuses non-ASCII headers); the answer."""
+    url = urllib.parse.urlsplit(server.api_url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("key", [b"\xff\xfe", "t\u00e9st".encode(), "t\u00e9st".encode("latin-1")])
+def test_a_non_utf8_or_non_ascii_api_key_is_a_401(server, key):
+    body = _js({"model": MODEL, "prompt": PROMPT, "max_tokens": 1})
+    answer = _raw_exchange(server, b"POST " + COMPLETIONS.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                           b"Authorization: Bearer " + key + b"\r\nContent-Type: "
+                           b"application/json\r\nConnection: close\r\nContent-Length: "
+                           + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:300]
 
 
 def test_wrong_content_type_and_form_body(server):
