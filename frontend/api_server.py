@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP API server: an aiohttp app on uvloop.
 
 `engine serve` starts --api-server-count of them (`engine-api-<i>`) after the tokenizer
-processes; they share one port with SO_REUSEPORT, and each connects a TokenizerClient to every
-tokenizer process. Endpoints: docs/serve.md.
+processes; they accept from one listening socket the launcher made (so the port is ours
+alone), and each connects a TokenizerClient to every tokenizer process. Endpoints:
+docs/serve.md.
 """
 
 from __future__ import annotations
@@ -371,16 +372,18 @@ async def metrics(request: web.Request) -> web.Response:
 # ---- the process ----
 
 
-def reuseport_socket(host: str, port: int, listen: bool = True) -> socket.socket:
-    """A TCP socket bound to host:port with SO_REUSEPORT (N API servers share one port)."""
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on host:port, ours alone: no SO_REUSEPORT, so a port another
+    server listens on fails here with EADDRINUSE (SO_REUSEADDR only skips TIME_WAIT)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    if listen:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
         sock.listen(1024)
-        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
@@ -427,8 +430,11 @@ async def run_api_server(args: argparse.Namespace) -> int:
     if http.uds:
         site: web.BaseSite = web.UnixSite(runner, http.uds, ssl_context=http.ssl_context())
     else:
-        site = web.SockSite(runner, reuseport_socket(args.host, args.port),
-                            ssl_context=http.ssl_context())
+        # The launcher's listening socket, shared by every API server (else one of our own).
+        sock = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else \
+            listening_socket(args.host, args.port)
+        sock.setblocking(False)
+        site = web.SockSite(runner, sock, ssl_context=http.ssl_context())
     await site.start()
     logger.info("API server %d serving on %s", args.index, http.url(args.host, args.port))
     if args.ready_file:
@@ -447,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--listen-fd", type=int,
+                        help="an inherited listening socket to serve on (the launcher's)")
     parser.add_argument("--tokenizer-address", action="append", required=True)
     parser.add_argument("--engine-args", default="{}")
     parser.add_argument("--engine-pid", type=int)

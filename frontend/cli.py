@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "/v1 routes and a few others (default: from $ENGINE_API_KEY, keys "
                           "one per line; docs/serve.md names the open routes)")
     http.add_argument("--api-server-count", type=int, default=1, metavar="N",
-                     help="API server processes sharing the port with SO_REUSEPORT (default 1; "
+                     help="API server processes sharing the launcher's listening socket "
+                          "(default 1; "
                           "0: none, clients speak to the tokenizer processes)")
     http.add_argument("--max-request-body", type=int, default=16 * 1024 * 1024, metavar="BYTES",
                      help="largest request body; larger ones get 413 (default 16 MiB)")

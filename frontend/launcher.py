@@ -144,7 +144,8 @@ class Launcher:
         if chat.chat_template is not None:
             self.chat_template_file = os.path.join(self._dir, "chat_template.jinja")
             Path(self.chat_template_file).write_text(chat.chat_template, encoding="utf-8")
-        # Held (bound, not listening) from start-up to stop: reserves the port, resolves port 0.
+        # Listening from start-up (a busy port fails first, port 0 resolves) until the API
+        # servers have inherited it.
         self._port_socket: socket.socket | None = None
         self._cores: list[CoreProcess] = []
         self.engine_addresses: list[str] = []  # every rank's, in rank order
@@ -160,9 +161,10 @@ class Launcher:
         """Start every tier and wait until each child is READY; LaunchError names a failure."""
         if self.api_server_count and not self.http.uds:  # first: a port in use fails early
             try:
-                self._port_socket = api_server.reuseport_socket(self.host, self.port, listen=False)
+                self._port_socket = api_server.listening_socket(self.host, self.port)
             except OSError as e:
-                raise LaunchError(f"cannot bind {self.host}:{self.port}: {e}") from None
+                raise LaunchError(f"cannot listen on {self.host}:{self.port}: {e.strerror} "
+                                  "(is another server using this port?)") from None
             self.port = self._port_socket.getsockname()[1]
         deadline = time.monotonic() + timeout
         if self.dp.remote:  # first, so that a port in use fails before the model loads
@@ -188,6 +190,9 @@ class Launcher:
         if self.api_server_count:
             self.tiers.append([self._start_api_server(i, engine_pids[0])
                                for i in range(self.api_server_count)])
+            if self._port_socket is not None:  # theirs now: the port closes when they stop
+                self._port_socket.close()
+                self._port_socket = None
             self._await_files(self.tiers[-1], max(1.0, deadline - time.monotonic()),
                               stop_requested)
 
@@ -256,9 +261,13 @@ class Launcher:
         for address in self.engine_addresses:
             args += ["--engine-address", address]
         args += self.http.argv()
+        fds: tuple[int, ...] = ()
+        if self._port_socket is not None:
+            fds = (self._port_socket.fileno(),)
+            args += ["--listen-fd", str(fds[0])]
         # The key travels in the environment, not on the command line that ps shows.
         env = {"ENGINE_API_KEY": self.api_key} if self.api_key else {}
-        return Child(api_server.process_name(index), _spawn(args, env), ready_file, [], {})
+        return Child(api_server.process_name(index), _spawn(args, env, fds), ready_file, [], {})
 
     def _await_files(self, children: list[Child], timeout: float,
                      stop_requested: Callable[[], bool]) -> None:
@@ -403,11 +412,13 @@ def _hello_frames(hello: msgspec.Struct) -> list[bytes]:
     return [b"\x00", msgspec.msgpack.encode(hello)]
 
 
-def _spawn(module_args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+def _spawn(module_args: list[str], extra_env: dict[str, str] | None = None,
+           pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """Run `python -m <module_args>` in its own session, so Ctrl-C reaches only the launcher."""
     env = {**os.environ, **(extra_env or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
-    return subprocess.Popen([sys.executable, "-m", *module_args], env=env, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", *module_args], env=env, start_new_session=True,
+                            pass_fds=pass_fds)
 
 
 def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,

@@ -64,8 +64,7 @@ def test_both_api_servers_get_traffic_and_agree_on_metrics(server):
         assert out["choices"][0]["finish_reason"] == "length"
         prompt_tokens += out["usage"]["prompt_tokens"]
         by_server[index] += 1
-    # The kernel's SO_REUSEPORT hash spreads the fresh connections over both processes
-    # (a split of 24 onto one process has odds 2 ** -23).
+    # Both processes wait on the one listening socket; fresh connections reach both.
     assert set(by_server) == {"0", "1"}, by_server
 
     expected = {"vllm:request_success_total": REQUESTS,
