@@ -77,7 +77,7 @@ def test_request_timeline_is_one_view_across_api_servers(ui_server):
     assert status == 200, body
     choices = json.loads(body)["choices"]
     seen: dict[str, list] = {}
-    # Connections spread over both API servers (one shared socket); each must list the same requests.
+    # Connections spread over both API servers (one shared socket); each lists the same requests.
     for _ in range(40):
         status, headers, body = get(url + "/ui/api/requests")
         seen.setdefault(headers["X-Engine-Api-Server"], json.loads(body)["requests"])
