@@ -248,30 +248,36 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    from tokenizer_proc.tokenizer import apply_chat_template
-
     req = await _decode(request, TokenizeRequest)
     ctx = request.app[CTX]
     ctx.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of prompt and messages", "prompt")
-    try:
-        if req.prompt is not None:
-            ids = ctx.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
-        else:
-            tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
-            ids = apply_chat_template(ctx.tokenizer, chat_messages(req.messages),
-                                      add_generation_prompt=req.add_generation_prompt,
-                                      continue_final_message=req.continue_final_message,
-                                      chat_template=req.chat_template or ctx.chat_template,
-                                      tools=tools,
-                                      chat_template_kwargs=template_kwargs(
-                                          req.chat_template_kwargs))
+    messages = chat_messages(req.messages) if req.messages is not None else None
+    try:  # in a thread: a long prompt must not stall the other requests of this event loop
+        ids, strs = await asyncio.to_thread(_tokenize, ctx, req, messages)
     except ValueError as e:
         raise bad_request(str(e)) from None
-    strs = ctx.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
     return json_response(TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len,
                                           tokens=ids, token_strs=strs))
+
+
+def _tokenize(ctx: ServingContext, req: TokenizeRequest, messages: list[dict[str, Any]] | None
+              ) -> tuple[list[int], list[str] | None]:
+    """/tokenize's token ids and (with return_token_strs) their strings."""
+    from tokenizer_proc.tokenizer import apply_chat_template
+
+    if messages is None:
+        ids = ctx.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
+    else:
+        tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
+        ids = apply_chat_template(ctx.tokenizer, messages,
+                                  add_generation_prompt=req.add_generation_prompt,
+                                  continue_final_message=req.continue_final_message,
+                                  chat_template=req.chat_template or ctx.chat_template,
+                                  tools=tools,
+                                  chat_template_kwargs=template_kwargs(req.chat_template_kwargs))
+    return ids, ctx.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -281,7 +287,8 @@ async def detokenize(request: web.Request) -> web.Response:
     bad = [t for t in req.tokens if not 0 <= t < ctx.vocab_size]
     if bad:
         raise bad_request(f"token ids out of range [0, {ctx.vocab_size}): {bad[:10]}", "tokens")
-    return json_response(DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens)))
+    text = await asyncio.to_thread(ctx.tokenizer.decode, req.tokens)  # off the event loop
+    return json_response(DetokenizeResponse(prompt=text))
 
 
 async def invocations(request: web.Request) -> web.StreamResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -243,9 +244,10 @@ async def _beam_search(ctx: ServingContext, req: ChatCompletionRequest, http_req
                        messages: list[dict[str, Any]], max_tokens: int | None
                        ) -> web.StreamResponse:
     """use_beam_search: the n best beams as n choices, best first."""
-    try:
-        prompt = truncate_prompt(apply_chat_template(
-            ctx.tokenizer, messages, add_generation_prompt=req.add_generation_prompt,
+    try:  # in a thread: a long conversation must not stall this event loop's other requests
+        prompt = truncate_prompt(await asyncio.to_thread(
+            apply_chat_template, ctx.tokenizer, messages,
+            add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
             chat_template=req.chat_template or ctx.chat_template,
             chat_template_kwargs=template_kwargs(req.chat_template_kwargs),

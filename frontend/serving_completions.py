@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -45,6 +46,18 @@ def _prompts(prompt, vocab_size: int) -> list[str | list[int]]:
         return [_token_ids(p, vocab_size) if isinstance(p, list) else p for p in prompt]
     raise bad_request("prompt must be a string, a list of strings, a list of token ids or a "
                       "list of lists of token ids", "prompt")
+
+
+def _echoed(tokenizer, prompts: list[str | list[int]], add_special_tokens: bool
+            ) -> tuple[list[str], list[list[str]]]:
+    """For echo: each prompt's text, and its first token's text (the logprobs' first entry)."""
+    texts, first_tokens = [], []
+    for p in prompts:
+        ids = tokenizer(p, add_special_tokens=add_special_tokens).input_ids \
+            if isinstance(p, str) else p
+        texts.append(p if isinstance(p, str) else tokenizer.decode(ids))
+        first_tokens.append([tokenizer.decode([ids[0]])] if ids else [""])
+    return texts, first_tokens
 
 
 class _Logprobs:
@@ -100,12 +113,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
     created = int(time.time())
     echo_text: list[str] = []
     echo_tokens: list[list[str]] = []
-    if req.echo:
-        for p in prompts:
-            ids = ctx.tokenizer(p, add_special_tokens=req.add_special_tokens).input_ids \
-                if isinstance(p, str) else p
-            echo_text.append(p if isinstance(p, str) else ctx.tokenizer.decode(ids))
-            echo_tokens.append([ctx.tokenizer.decode([ids[0]])] if ids else [""])
+    if req.echo:  # in a thread: a long prompt must not stall the other requests' streams
+        echo_text, echo_tokens = await asyncio.to_thread(_echoed, ctx.tokenizer, prompts,
+                                                         req.add_special_tokens)
     prompt_logprobs: dict[int, list[PositionLogprobs | None]] = {}
     builders: dict[int, _Logprobs] = {}
     started: set[int] = set()
@@ -196,8 +206,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
 async def _beam_search(ctx: ServingContext, req: CompletionRequest, http_request: web.Request,
                        prompts: list[str | list[int]]) -> web.StreamResponse:
     """use_beam_search: the n best beams of each prompt (choice index = prompt index * n + i)."""
-    ids = [ctx.tokenizer(p, add_special_tokens=req.add_special_tokens).input_ids
-           if isinstance(p, str) else p for p in prompts]
+    ids = await asyncio.to_thread(lambda: [  # off the event loop, as for echo
+        ctx.tokenizer(p, add_special_tokens=req.add_special_tokens).input_ids
+        if isinstance(p, str) else p for p in prompts])
     try:
         ids = [truncate_prompt(p, req.truncate_prompt_tokens, ctx.max_model_len) for p in ids]
     except ValueError as e:

@@ -240,6 +240,22 @@ def test_a_non_utf8_or_non_ascii_api_key_is_a_401(server, key):
     assert answer.startswith(b"HTTP/1.1 401 "), answer[:300]
 
 
+def test_expect_100_continue_over_the_limit_gets_413_before_the_body(server):
+    head = (f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+            f"Content-Length: {MAX_BODY + 1}\r\n\r\n").encode()
+    answer = _raw_exchange(server, head)  # the body is never sent
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+    assert b"larger than the limit" in answer
+    small = _js({"model": MODEL, "prompt": PROMPT, "max_tokens": 1})
+    url = urllib.parse.urlsplit(server.api_url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(head.replace(str(MAX_BODY + 1).encode(), str(len(small)).encode()))
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue"), "no 100 within the limit"
+        sock.sendall(small)
+        assert sock.recv(100).startswith(b"HTTP/1.1 200 ")
+
+
 def test_wrong_content_type_and_form_body(server):
     status, body = _post(server, COMPLETIONS, b"model=tiny&prompt=hi",
                          content_type="application/x-www-form-urlencoded")
