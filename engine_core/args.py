@@ -94,7 +94,8 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         ("--tensor-parallel-size", "tensor_parallel_size", dict(type=int, help="devices per model (default 1)")),
         ("--distributed-executor-backend", "distributed_executor_backend",
          dict(choices=EXECUTOR_BACKENDS,
-              help="uni: worker in the engine process; mp: one process per rank (default: mp when TP > 1)")),
+              help="uni: worker in the engine process; mp: one process per rank; ray: one Ray "
+                   "actor per rank, across a Ray cluster's nodes (default: mp when TP > 1)")),
         ("--data-parallel-size", "data_parallel_size",
          dict(type=int, help="engine cores (replicas) behind engine serve, each with its own "
                              "workers; requests go to the least loaded (default 1)")),

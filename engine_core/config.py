@@ -16,7 +16,7 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 HASH_ALGOS = ("sha256", "xxhash", "builtin")
-EXECUTOR_BACKENDS = ("uni", "mp")
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
                "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "t": 10**12, "tb": 10**12,
                "tib": 2**40}
@@ -255,8 +255,9 @@ class ParallelConfig:
     """How many devices share the model."""
 
     tensor_parallel_size: int = 1
-    # 'uni': the worker runs in the engine core's process; 'mp': one worker process per rank.
-    # None picks 'mp' when tensor_parallel_size > 1, else 'uni'.
+    # 'uni': the worker runs in the engine core's process; 'mp': one worker process per rank;
+    # 'ray': one Ray actor per rank, on the nodes of a Ray cluster. None picks 'mp' when
+    # tensor_parallel_size > 1, else 'uni'.
     distributed_executor_backend: str | None = None
     # Data parallelism (engine serve only): data_parallel_size engine cores in all, of which
     # data_parallel_size_local (default: all) run on this host from data_parallel_start_rank;
@@ -286,12 +287,12 @@ class ParallelConfig:
         if backend == "uni" and self.tensor_parallel_size > 1:
             raise ConfigError(
                 f"distributed_executor_backend 'uni' runs a single worker; tensor_parallel_size "
-                f"{self.tensor_parallel_size} needs 'mp'"
+                f"{self.tensor_parallel_size} needs 'mp' or 'ray'"
             )
 
     @property
     def executor_backend(self) -> str:
-        """The resolved backend: 'uni' or 'mp'."""
+        """The resolved backend: 'uni', 'mp' or 'ray'."""
         if self.distributed_executor_backend is not None:
             return self.distributed_executor_backend
         return "mp" if self.tensor_parallel_size > 1 else "uni"

@@ -81,11 +81,18 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "kv_offloading_backend": (True, (), "the KV cache is not offloaded"),
     "kv_sharing_fast_prefill": (False, (), "layers do not share KV caches"),
     "kv_events_config": (True, (), "there are no KV cache events"),
-    "nnodes": (True, ("1",), "tensor-parallel ranks run on one host; span hosts with "
-                             "--data-parallel-size and --headless"),
-    "node_rank": (True, ("0",), "tensor-parallel ranks run on one host"),
-    "master_addr": (True, (), "tensor-parallel ranks run on one host"),
-    "master_port": (True, (), "tensor-parallel ranks run on one host"),
+    "nnodes": (True, ("1",), "tensor-parallel ranks span hosts only as Ray actors "
+                             "(--distributed-executor-backend ray); or run --headless hosts"),
+    "node_rank": (True, ("0",), "tensor-parallel ranks span hosts only as Ray actors "
+                                "(--distributed-executor-backend ray)"),
+    "master_addr": (True, (), "tensor-parallel ranks span hosts only as Ray actors "
+                              "(--distributed-executor-backend ray)"),
+    "master_port": (True, (), "tensor-parallel ranks span hosts only as Ray actors "
+                              "(--distributed-executor-backend ray)"),
+    "data_parallel_backend": (True, ("mp",), "data-parallel engine cores are processes that "
+                                             "engine serve starts, on other hosts with "
+                                             "--headless; placing them as Ray actors is not "
+                                             "built"),
     "enable_eplb": (False, (), "the engine runs dense models (no MoE)"),
     "decode_context_parallel_size": (True, ("1",), "there is no context parallelism"),
     "enable_mfu_metrics": (False, (), "there are no MFU metrics"),

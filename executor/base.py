@@ -9,6 +9,10 @@ from engine_core.config import EngineConfig
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
 
+class WorkerError(RuntimeError):
+    """A worker raised or died; the message names its rank."""
+
+
 class StepFuture(Protocol):
     """A step handed to the workers; result() waits for its output (or raises its error)."""
 
@@ -33,11 +37,16 @@ class Executor(ABC):
 
     @staticmethod
     def create(config: EngineConfig) -> Executor:
-        """One worker process per rank (backend 'mp'), or the worker in this process ('uni')."""
+        """One worker process per rank (backend 'mp'), one Ray actor per rank ('ray'), or the
+        worker in this process ('uni')."""
         if config.parallel.executor_backend == "mp":
             from executor.multiproc import MultiprocExecutor
 
             return MultiprocExecutor(config)
+        if config.parallel.executor_backend == "ray":
+            from executor.ray_executor import RayExecutor
+
+            return RayExecutor(config)
         from executor.uniproc import UniProcExecutor
 
         return UniProcExecutor(config)

@@ -15,7 +15,7 @@ import msgspec
 import torch
 
 from engine_core.config import EngineConfig
-from executor.base import Executor, StepFuture
+from executor.base import Executor, StepFuture, WorkerError
 from executor.shm_broadcast import ShmRingWriter
 from executor.worker_messages import (AllocateKVCache, Command, Failed, KVCacheReady, Loaded,
                                       Reply, RunStep, Shutdown, StepDone, WorkerArgs)
@@ -23,10 +23,6 @@ from executor.worker_proc import worker_main
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
 SHUTDOWN_TIMEOUT_S = 5.0
-
-
-class WorkerError(RuntimeError):
-    """A worker process raised or died; the message names its rank."""
 
 
 class MultiprocExecutor(Executor):

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="python3 -m pip install --disable-pip-version-check -q"
 extras=""
-[ "${1:-}" = "--test" ] && extras="[test]"
+# The tests include the Ray executor's (tests/executor/test_ray_executor.py), so --test adds ray.
+[ "${1:-}" = "--test" ] && extras="[test,ray]"
 # On a machine without a GPU, pin the CPU build first; otherwise pip pulls several GB of CUDA wheels.
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     python3 -c "import torch" 2>/dev/null || $PIP torch==2.13.0

@@ -1,0 +1,95 @@
+"""RayExecutor on a two-node local Ray cluster (one CPU each): tensor parallelism across the
+nodes gives one device's greedy tokens, a killed worker actor fails the engine naming it, and a
+cluster too small is refused at start-up saying what is missing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from engine_core.sampling_params import SamplingParams
+from executor.base import WorkerError
+from frontend.llm import LLM
+from tests.tiny_models import make_tiny_model_with_tokenizer
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+
+from executor.ray_cluster import RayResourcesError  # noqa: E402
+from executor.ray_executor import RayExecutor  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
+PROMPTS = [[1, 400, 401, 402], [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
+           [1, 30000]]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster = Cluster(initialize_head=True, connect=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model_with_tokenizer(tmp_path_factory.mktemp("tiny"))
+
+
+def _llm(model_dir, **kwargs) -> LLM:
+    return LLM(str(model_dir), engine_process=False, device="cpu", max_model_len=256,
+               kv_cache_memory="4MiB", **kwargs)
+
+
+def _generate(llm: LLM) -> list[list[int]]:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    return [out.outputs[0].token_ids for out in outputs]
+
+
+def test_tp2_across_two_nodes_equals_tp1_and_a_killed_worker_is_named(cluster, model_dir):
+    one = _llm(model_dir)
+    try:
+        expected = _generate(one)
+    finally:
+        one.shutdown()
+    llm = _llm(model_dir, tensor_parallel_size=2, distributed_executor_backend="ray")
+    try:
+        executor = llm.engine_core.executor
+        assert isinstance(executor, RayExecutor)
+        nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        assert len(nodes) == 2
+        assert {node_id for node_id, _, _ in executor.locations} == nodes, \
+            "the two ranks should run on different nodes"
+        assert _generate(llm) == expected
+        os.kill(executor.locations[1][2], signal.SIGKILL)
+        with pytest.raises(WorkerError, match=r"^engine worker rank 1 \(Ray actor, pid \d+ on "
+                                              r"node \w+ at [\d.]+\) died: The actor is dead "
+                                              r"because its worker process has died;"):
+            _generate(llm)
+    finally:
+        llm.shutdown()
+    deadline = time.monotonic() + 10  # Ray frees a removed placement group's bundles lazily
+    while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU") == 2, "the bundles should be given back"
+
+
+def test_too_small_a_cluster_is_refused_saying_what_is_missing(cluster, model_dir):
+    taken = placement_group([{"CPU": 1}])  # one of the two CPUs is busy elsewhere
+    assert taken.wait(30)
+    try:
+        with pytest.raises(RayResourcesError,
+                           match=r"tensor_parallel_size 2 needs 2 CPU bundles \(one CPU per "
+                                 r"rank\); the Ray cluster has 1 CPU free of 2 on 2 node\(s\)"):
+            _llm(model_dir, tensor_parallel_size=2, distributed_executor_backend="ray")
+    finally:
+        remove_placement_group(taken)
