@@ -151,7 +151,9 @@ class TokenizerProc:
             return
         try:
             params = with_bad_words_tokenized(self.tokenizer, req.sampling_params)
-            prompt_ids = truncate_prompt(self._prompt_token_ids(req),
+            # In a thread: a long prompt must not stall the streams this loop forwards (new
+            # requests still wait their turn: this loop takes them one at a time).
+            prompt_ids = truncate_prompt(await asyncio.to_thread(self._prompt_token_ids, req),
                                          params.truncate_prompt_tokens,
                                          self.config.max_model_len)
             request = EngineCoreRequest(request_id, prompt_ids, params,
