@@ -102,8 +102,10 @@ class RayExecutor(Executor):
                             f"{_death_reason(e)}")
             except GetTimeoutError:
                 pass
-            except RayError as e:
-                raised.append(f"engine worker rank {rank} ({self._where(rank)}) failed:\n{e}")
+            except RayError as e:  # RayTaskError: the actor's method raised
+                trace = getattr(e, "traceback_str", None) or str(e)
+                raised.append(f"engine worker rank {rank} ({self._where(rank)}) failed:\n"
+                              f"{trace.strip()}")
         return WorkerError("; ".join(dead + raised) or "engine workers failed")
 
     def _where(self, rank: int) -> str:

@@ -3,8 +3,10 @@ process, driven by actor method calls. Steps and outputs cross as msgspec bytes,
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import struct
 
 import msgspec
 import ray
@@ -39,6 +41,11 @@ class EngineWorker:
     def load_model(self, encoded_config: bytes, init_method: str) -> int:
         """Join the tensor-parallel group, load this rank's shard; the KV blocks it can hold."""
         config = msgspec.msgpack.decode(encoded_config, type=EngineConfig)
+        # gloo binds to the address the host name resolves to, often 127.0.0.1 (containers),
+        # which peers on other nodes cannot reach: use the interface Ray reaches this node on.
+        interface = _interface_of(ray.util.get_node_ip_address())
+        if interface is not None:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
         self.worker = Worker(config, self.rank, init_method)
         self.worker.load_model()
         return self.worker.determine_num_blocks()
@@ -58,3 +65,20 @@ class EngineWorker:
         """Leave the tensor-parallel group."""
         if self.worker is not None:
             self.worker.shutdown()
+
+
+_SIOCGIFADDR = 0x8915
+
+
+def _interface_of(ip: str) -> str | None:
+    """The name of the network interface that holds the IPv4 address ip, or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                request = struct.pack("256s", name.encode()[:15])
+                address = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, request)[20:24]
+            except OSError:  # no IPv4 address
+                continue
+            if socket.inet_ntoa(address) == ip:
+                return name
+    return None
