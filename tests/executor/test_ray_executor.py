@@ -1,18 +1,22 @@
 """RayExecutor on a two-node local Ray cluster (one CPU each): tensor parallelism across the
-nodes gives one device's greedy tokens, a killed worker actor fails the engine naming it, and a
-cluster too small is refused at start-up saying what is missing."""
+nodes gives one device's greedy tokens, a killed worker actor fails the engine naming it (and,
+under `engine serve`, its requests with 503 and the launcher with exit 1), and a cluster too
+small is refused at start-up saying what is missing."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
 from engine_core.sampling_params import SamplingParams
 from executor.base import WorkerError
 from frontend.llm import LLM
+from tests.serve.conftest import Server, kill_mid_generation, pid_gone, wait_until
 from tests.tiny_models import make_tiny_model_with_tokenizer
 
 ray = pytest.importorskip("ray")
@@ -93,3 +97,38 @@ def test_too_small_a_cluster_is_refused_saying_what_is_missing(cluster, model_di
             _llm(model_dir, tensor_parallel_size=2, distributed_executor_backend="ray")
     finally:
         remove_placement_group(taken)
+
+
+def _worker_actor_pids() -> set[int]:
+    """The processes of this machine's live RayExecutor worker actors."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(
+                    b"ray::EngineWorker") and not pid_gone(int(entry.name)):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_serve_with_ray_workers_fails_requests_and_exits_1_when_one_is_killed(
+        cluster, model_dir, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # the engine core joins this cluster
+    before = _worker_actor_pids()
+    server = Server(["--model", str(model_dir), "--device", "cpu", "--kv-cache-memory", "16MiB",
+                     "--max-model-len", "256", "--tensor-parallel-size", "2",
+                     "--distributed-executor-backend", "ray"])
+    try:
+        assert server.ready, server.stderr
+        workers = _worker_actor_pids() - before
+        assert len(workers) == 2
+        error = kill_mid_generation(server, max(workers))
+        assert error.status == 503
+        assert re.search(r"engine worker rank \d \(Ray actor, pid \d+ .*\) died", str(error))
+        assert server.proc.wait(timeout=30) == 1, server.stderr
+        assert "engine-core" in server.stderr
+        assert wait_until(lambda: all(pid_gone(pid) for pid in workers), timeout=10)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()

@@ -99,6 +99,26 @@ def pid_gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+def kill_mid_generation(server: Server, pid: int) -> Exception:
+    """Start a long request, SIGKILL pid once it streams, and return the error the request
+    ends with (AssertionError if it ends without one)."""
+    from engine_core.sampling_params import SamplingParams
+    from tokenizer_proc.client import BlockingTokenizerClient, TokenizerRequestError
+    from tokenizer_proc.protocol import GenerateRequest
+
+    client = BlockingTokenizerClient(server.tokenizer_addresses)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+        client.send(GenerateRequest("doomed", params, prompt="Hello"))
+        next(client.deltas("doomed"))
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(TokenizerRequestError) as err:
+            list(client.deltas("doomed", timeout=20))
+        return err.value
+    finally:
+        client.close()
+
+
 def wait_until(condition, timeout: float = 10.0) -> bool:
     """Poll condition() until it is true or timeout seconds pass; its last value."""
     deadline = time.monotonic() + timeout

@@ -4,18 +4,12 @@ killed mid-generation failing its requests and the launcher."""
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from engine_core.sampling_params import SamplingParams
-from tests.serve.conftest import Server, pid_gone, wait_until
-from tokenizer_proc.client import BlockingTokenizerClient, TokenizerRequestError
-from tokenizer_proc.protocol import GenerateRequest
-
-LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+from tests.serve.conftest import Server, kill_mid_generation, pid_gone, wait_until
 
 
 def _descendants(root: int) -> dict[int, str]:
@@ -74,18 +68,9 @@ def test_idle_process_tree_uses_under_2_percent_of_a_core(tp2_server):
 
 
 def test_worker_killed_mid_generation_fails_requests_and_launcher(tp2_server):
-    client = BlockingTokenizerClient(tp2_server.tokenizer_addresses)
     tree = _descendants(tp2_server.proc.pid)
     worker = next(pid for pid, name in tree.items() if name == "engine-worker-1")
-    try:
-        client.send(GenerateRequest("doomed", LONG, prompt="Hello"))
-        next(client.deltas("doomed"))
-        os.kill(worker, signal.SIGKILL)
-        with pytest.raises(TokenizerRequestError) as err:
-            list(client.deltas("doomed", timeout=20))
-        assert err.value.status == 503
-    finally:
-        client.close()
+    assert kill_mid_generation(tp2_server, worker).status == 503
     assert tp2_server.proc.wait(timeout=30) == 1, tp2_server.stderr
     assert "engine-core" in tp2_server.stderr
     assert wait_until(lambda: all(pid_gone(pid) for pid in tree), timeout=10)
