@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -10,6 +11,8 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 PLACEMENT_TIMEOUT_S = 60.0
+
+logger = logging.getLogger(__name__)
 
 
 class RayResourcesError(RuntimeError):
@@ -45,22 +48,27 @@ def connect() -> bool:
 def reserve(world_size: int, resource: str,
             timeout_s: float = PLACEMENT_TIMEOUT_S) -> PlacementGroup:
     """A placement group of world_size bundles of one resource ("CPU" or "GPU") each, packed
-    on as few nodes as hold them; RayResourcesError at once when the cluster has too few free,
-    or after timeout_s when they cannot be placed."""
+    on as few nodes as hold them. RayResourcesError at once when the whole cluster has too
+    few; else after timeout_s if the bundles cannot be placed (others hold the resources, or
+    they are split so that no placement fits)."""
+    total = ray.cluster_resources().get(resource, 0.0)
+    if total < world_size:
+        raise RayResourcesError(_missing(world_size, resource))
     free = ray.available_resources().get(resource, 0.0)
     if free < world_size:
-        raise RayResourcesError(_missing(world_size, resource, free))
+        logger.warning("%g %s of the Ray cluster's %g are free, %d needed: waiting up to %g s "
+                       "for them", free, resource, total, world_size, timeout_s)
     group = placement_group([{resource: 1}] * world_size, strategy="PACK")
     if not group.wait(timeout_s):
         remove_placement_group(group)
-        free = ray.available_resources().get(resource, 0.0)
-        raise RayResourcesError(_missing(world_size, resource, free)
+        raise RayResourcesError(_missing(world_size, resource)
                                 + f"; the bundles could not be placed in {timeout_s:g} s")
     return group
 
 
-def _missing(world_size: int, resource: str, free: float) -> str:
+def _missing(world_size: int, resource: str) -> str:
     nodes = [node for node in ray.nodes() if node.get("Alive")]
+    free = ray.available_resources().get(resource, 0.0)
     total = sum(node["Resources"].get(resource, 0.0) for node in nodes)
     per_node = ", ".join(f"node {node['NodeID'][:12]} at {node['NodeManagerAddress']}: "
                          f"{node['Resources'].get(resource, 0.0):g} {resource}"

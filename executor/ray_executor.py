@@ -8,6 +8,8 @@ failure. The tensor-parallel group meets at rank 0's node (gloo on CPU, NCCL on 
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
@@ -16,20 +18,23 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from engine_core.config import EngineConfig
 from executor.base import Executor, StepFuture, WorkerError
-from executor.ray_cluster import connect, reserve
+from executor.ray_cluster import PLACEMENT_TIMEOUT_S, connect, reserve
 from executor.ray_worker import EngineWorker
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
 SHUTDOWN_TIMEOUT_S = 5.0
+_ANSI_COLOR = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the header of a remote traceback
 FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others' news is awaited
 
 
 class RayExecutor(Executor):
     """Workers as Ray actors, one per rank, in a placement group of one bundle per rank."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig,
+                 placement_timeout_s: float = PLACEMENT_TIMEOUT_S) -> None:
         super().__init__(config)
         self.world_size = config.parallel.tensor_parallel_size
+        self.placement_timeout_s = placement_timeout_s
         self.actors: list[ray.actor.ActorHandle] = []
         self.locations: list[tuple[str, str, int]] = []  # (node id, node IP, pid) per rank
         self._group: PlacementGroup | None = None
@@ -44,7 +49,7 @@ class RayExecutor(Executor):
         try:
             self._connected = connect()
             resource = "GPU" if self.config.device_type == "cuda" else "CPU"
-            self._group = reserve(self.world_size, resource)
+            self._group = reserve(self.world_size, resource, self.placement_timeout_s)
             self._start_actors(resource)
             self.locations = self._gather([actor.where.remote() for actor in self.actors])
             init_method = (self._gather([self.actors[0].free_tcp_address.remote()])[0]
@@ -102,10 +107,9 @@ class RayExecutor(Executor):
                             f"{_death_reason(e)}")
             except GetTimeoutError:
                 pass
-            except RayError as e:  # RayTaskError: the actor's method raised
-                trace = getattr(e, "traceback_str", None) or str(e)
-                raised.append(f"engine worker rank {rank} ({self._where(rank)}) failed:\n"
-                              f"{trace.strip()}")
+            except RayError as e:  # RayTaskError: the actor's method raised; its traceback
+                trace = _ANSI_COLOR.sub("", str(e)).strip()
+                raised.append(f"engine worker rank {rank} ({self._where(rank)}) failed:\n{trace}")
         return WorkerError("; ".join(dead + raised) or "engine workers failed")
 
     def _where(self, rank: int) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_core.config import engine_config_from_kwargs
 from engine_core.sampling_params import SamplingParams
 from executor.base import WorkerError
 from frontend.llm import LLM
@@ -81,22 +82,55 @@ def test_tp2_across_two_nodes_equals_tp1_and_a_killed_worker_is_named(cluster, m
             _generate(llm)
     finally:
         llm.shutdown()
-    deadline = time.monotonic() + 10  # Ray frees a removed placement group's bundles lazily
-    while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ray.available_resources().get("CPU") == 2, "the bundles should be given back"
+    # Ray frees a removed placement group's bundles a little later.
+    assert wait_until(lambda: ray.available_resources().get("CPU") == 2, timeout=10), \
+        "the bundles should be given back"
 
 
-def test_too_small_a_cluster_is_refused_saying_what_is_missing(cluster, model_dir):
+def _config(model_dir, tp: int):
+    return engine_config_from_kwargs(model=str(model_dir), device="cpu", kv_cache_memory="4MiB",
+                                     tensor_parallel_size=tp,
+                                     distributed_executor_backend="ray").resolve()
+
+
+def test_too_small_a_cluster_is_refused_saying_what_is_missing(cluster, tmp_path):
+    four_kv_heads = make_tiny_model_with_tokenizer(tmp_path / "m", num_key_value_heads=4)
+    start = time.monotonic()
+    with pytest.raises(RayResourcesError,
+                       match=r"^tensor_parallel_size 4 needs 4 CPU bundles \(one CPU per rank\); "
+                             r"the Ray cluster has \d CPU free of 2 on 2 node\(s\) \(node \w+ "
+                             r"at [\d.]+: 1 CPU, node \w+ at [\d.]+: 1 CPU\)$"):
+        _llm(four_kv_heads, tensor_parallel_size=4, distributed_executor_backend="ray")
+    assert time.monotonic() - start < 10, "a cluster that can never hold it is refused at once"
+
+
+def test_bundles_held_elsewhere_are_awaited_then_refused(cluster, model_dir):
     taken = placement_group([{"CPU": 1}])  # one of the two CPUs is busy elsewhere
     assert taken.wait(30)
     try:
-        with pytest.raises(RayResourcesError,
-                           match=r"tensor_parallel_size 2 needs 2 CPU bundles \(one CPU per "
-                                 r"rank\); the Ray cluster has 1 CPU free of 2 on 2 node\(s\)"):
-            _llm(model_dir, tensor_parallel_size=2, distributed_executor_backend="ray")
+        with pytest.raises(RayResourcesError, match=r"tensor_parallel_size 2 needs 2 CPU bundles "
+                                                    r"\(one CPU per rank\); the Ray cluster has 1 "
+                                                    r"CPU free of 2 .*; the bundles could not be "
+                                                    r"placed in 2 s$"):
+            RayExecutor(_config(model_dir, 2), placement_timeout_s=2).initialize()
     finally:
         remove_placement_group(taken)
+
+
+def test_a_worker_failing_at_start_up_is_reported_and_its_bundles_freed(cluster, model_dir,
+                                                                         tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((model_dir / "config.json").read_text())
+    (broken / "model.safetensors").write_bytes(b"not a checkpoint")
+    executor = RayExecutor(_config(broken, 2))
+    with pytest.raises(WorkerError, match=r"engine worker rank \d \(Ray actor, pid \d+ on node "
+                                          r"\w+ at [\d.]+\) failed:\n"
+                                          r"ray::EngineWorker.load_model\(\)(.|\n)*"
+                                          r"cannot read safetensors file"):
+        executor.initialize()
+    assert not executor.actors
+    assert wait_until(lambda: ray.available_resources().get("CPU") == 2, timeout=10)
 
 
 def _worker_actor_pids() -> set[int]:
