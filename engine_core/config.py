@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from dataclasses import dataclass, field
@@ -284,6 +285,9 @@ class ParallelConfig:
                 f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
                 f"got {backend!r}"
             )
+        if backend == "ray" and importlib.util.find_spec("ray") is None:
+            raise ConfigError("distributed_executor_backend 'ray' needs Ray, which is not "
+                              "installed: pip install ray (the engine's [ray] extra)")
         if backend == "uni" and self.tensor_parallel_size > 1:
             raise ConfigError(
                 f"distributed_executor_backend 'uni' runs a single worker; tensor_parallel_size "

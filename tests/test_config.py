@@ -88,6 +88,17 @@ def test_kwargs_reach_their_groups():
     assert cfg.cache.enable_prefix_caching is False
 
 
+def test_the_ray_backend_without_ray_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"'ray' needs Ray, which is not installed: "
+                                          r"pip install ray \(the engine's \[ray\] extra\)"):
+        engine_config_from_kwargs(distributed_executor_backend="ray", tensor_parallel_size=2)
+
+
 def test_config_errors_are_value_errors():
     assert issubclass(ConfigError, ValueError)
 
