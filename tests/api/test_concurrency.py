@@ -16,14 +16,15 @@ PROMPT = "The capital of France is"
 
 
 def _metrics(server) -> dict[str, float]:
-    """name{labels} -> value of every sample on /metrics (labels sorted, model_name dropped)."""
+    """name{labels} -> value of every sample on /metrics (labels sorted; model_name and engine,
+    one each here, dropped)."""
     with urllib.request.urlopen(server.api_url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())
-                              if k != "model_name")
+                              if k not in ("model_name", "engine"))
             out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return out
 
