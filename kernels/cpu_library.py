@@ -24,7 +24,12 @@ logger = logging.getLogger(__name__)
 _SOURCE_DIR = Path(__file__).parent / "cpu"
 _SOURCES = sorted(_SOURCE_DIR.glob("*.c"))
 _HEADERS = sorted(_SOURCE_DIR.glob("*.h"))
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+# Compiled with -ffast-math, linked without it: at link time the flag makes GCC add crtfastmath.o,
+# whose constructor turns on flush-to-zero for the whole process that loads the library (a
+# user's Python floats would lose their subnormals). The kernels flush subnormals themselves,
+# per thread and for their own span (vec.h: ftz_enter/ftz_leave).
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
+_LINK_FLAGS = ["-shared", "-fopenmp"]
 
 _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
@@ -67,11 +72,18 @@ def _cache_dir() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "engine" / "kernels"
 
 
+def _run(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{command[0]} failed:\n{result.stderr[-2000:]}")
+
+
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
-    for part in [*(p.read_bytes() for p in _SOURCES + _HEADERS), " ".join(_FLAGS).encode(),
-                 version.encode(), _cpu_id().encode()]:
+    flags = " ".join(_FLAGS + _LINK_FLAGS).encode()
+    for part in [*(p.read_bytes() for p in _SOURCES + _HEADERS), flags, version.encode(),
+                 _cpu_id().encode()]:
         key.update(part)
     target = _cache_dir() / f"libenginecpu-{key.hexdigest()[:16]}.so"
     if target.is_file():
@@ -79,11 +91,12 @@ def _build(cc: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        result = subprocess.run([cc, *_FLAGS, f"-I{_SOURCE_DIR}", "-o", str(out), *map(str, _SOURCES),
-                                 "-lm"],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{cc} failed:\n{result.stderr[-2000:]}")
+        objects = []
+        for source in _SOURCES:
+            obj = Path(tmp) / f"{source.stem}.o"
+            _run([cc, *_FLAGS, f"-I{_SOURCE_DIR}", "-c", "-o", str(obj), str(source)])
+            objects.append(str(obj))
+        _run([cc, *_LINK_FLAGS, "-o", str(out), *objects, "-lm"])
         os.replace(out, target)  # atomic: concurrent builders each write a whole file
     return target
 

@@ -124,6 +124,7 @@ int32_t decode_stack_f32(const dmodel_t *m, const float *x, float *out, int64_t 
 
     #pragma omp parallel num_threads(num_threads)
     {
+        const unsigned csr = ftz_enter();
         float *scratch = malloc(sizeof(float) * (scratch_floats + 2 * MAX_ROWS * 32));
         if (!scratch) {
             #pragma omp atomic write
@@ -189,6 +190,7 @@ int32_t decode_stack_f32(const dmodel_t *m, const float *x, float *out, int64_t 
                 project_block(&ly->down, h, I, xsum, layer_out + nb * 32, H, M, nb);
         }
         free(scratch);
+        ftz_leave(csr);
     }
     if (failed) return -2;
     for (int64_t r = 0; r < M; r++)

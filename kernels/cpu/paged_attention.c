@@ -216,6 +216,7 @@ int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t ou
     int failed = 0;
     #pragma omp parallel num_threads(num_threads)
     {
+        const unsigned csr = ftz_enter();
         float *scratch = malloc(sizeof(float) * scratch_floats);
         if (!scratch) {
             #pragma omp atomic write
@@ -239,6 +240,7 @@ int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t ou
                                 h, scratch);
         }
         free(scratch);
+        ftz_leave(csr);
     }
     free(tiles);
     return failed ? -1 : 0;

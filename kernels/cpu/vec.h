@@ -98,4 +98,21 @@ static inline __attribute__((always_inline)) vf load_f16(const uint8_t *p)
 #endif
 }
 
+/* Subnormal floats (e.g. exp of a score far below the row's max) take a slow microcode path;
+ * the kernels flush them to zero, for the calling thread only and for the span of the kernel
+ * (MXCSR is per thread: each thread of a parallel region sets and restores its own). */
+#if defined(__SSE__)
+#include <xmmintrin.h>
+static inline unsigned ftz_enter(void)
+{
+    const unsigned old = _mm_getcsr();
+    _mm_setcsr(old | 0x8040); /* FTZ | DAZ */
+    return old;
+}
+static inline void ftz_leave(unsigned old) { _mm_setcsr(old); }
+#else
+static inline unsigned ftz_enter(void) { return 0; }
+static inline void ftz_leave(unsigned old) { (void)old; }
+#endif
+
 #endif

@@ -250,6 +250,18 @@ def test_library_builds_into_the_engine_cache(tmp_path) -> None:
         assert built[0].stat().st_mtime_ns == mtime
 
 
+def test_loading_the_library_leaves_the_process_floats_alone() -> None:
+    """-ffast-math at link time would add crtfastmath.o, whose constructor sets flush-to-zero for
+    the whole process: a user's (and hypothesis's) subnormal floats would read as 0."""
+    import subprocess
+    import sys
+
+    code = ("from kernels import cpu_library\nassert cpu_library.load() is not None\n"
+            "print(repr(5e-324 * 1.0), repr(1e-310 / 2))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["5e-324", "5e-311"]
+
+
 def test_a_failing_compiler_means_the_torch_path(tmp_path, caplog) -> None:
     from gpu_worker.attention.select import attention_backend
     from kernels import cpu_library
