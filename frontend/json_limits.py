@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from frontend.errors import bad_request
 
@@ -24,8 +25,6 @@ _LONG_NUMBER = re.compile(rb"\d{19}")  # any integer outside int64 has at least 
 def _depth(raw: bytes) -> int:
     """How deep raw JSON nests (strings, and escapes within them, are skipped)."""
     brackets = _STRING.sub(b"", _ESCAPE.sub(b"", raw)).translate(None, _KEEP_BRACKETS)
-    import numpy as np
-
     codes = np.frombuffer(brackets, dtype=np.uint8)
     steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
     return int(np.cumsum(steps).max(initial=0))
