@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from frontend.errors import ApiError
@@ -20,10 +23,30 @@ from metrics.exposition import ENV_VAR
 _FILES = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css"}
 PAGE_PATHS = frozenset({"/", "/ui", *(f"/ui/{name}" for name in _FILES)})
 
+# The live view is computed at most this often, however many pages poll.
+_ANSWER_TTL_S = 1.0
+
+
+class SharedAnswer:
+    """A value computed at most once per ttl_s and shared by every caller in the meantime, so
+    N open pages cost this API server what one does."""
+
+    def __init__(self, compute: Callable[[], Any], ttl_s: float = _ANSWER_TTL_S) -> None:
+        self._compute = compute
+        self._ttl_s = ttl_s
+        self._value: Any = None
+        self._at = -math.inf
+
+    def get(self) -> Any:
+        now = time.monotonic()
+        if now - self._at >= self._ttl_s:
+            self._value, self._at = self._compute(), now
+        return self._value
+
+
+STATS = web.AppKey("ui_stats", SharedAnswer)
 TIMELINE = web.AppKey("ui_timeline", RequestTimeline)
-INFO = web.AppKey("ui_info", dict)
-# The process tree is read from /proc at most this often, however many pages poll.
-_PROCESS_TTL_S = 1.0
+_ENCODER = msgspec.json.Encoder()
 
 
 def _static(name: str) -> bytes:
@@ -37,8 +60,7 @@ def register(app: web.Application, ctx: ServingContext, config: Any) -> None:
     timeline = RequestTimeline(os.path.join(directory, "ui") if directory else None)
     ctx.client = TimelineClient(ctx.client, timeline, ctx.api_server_index)
     ready = ctx.client.ready[0]
-    app[TIMELINE] = timeline
-    app[INFO] = {"config": {
+    page_config = {
         "model": ctx.model_name, "model_path": ctx.model_root,
         "max_model_len": ctx.max_model_len, "block_size": ready.block_size,
         "num_kv_blocks": ready.num_blocks, "dtype": config.torch_dtype_name,
@@ -46,8 +68,11 @@ def register(app: web.Application, ctx: ServingContext, config: Any) -> None:
         "data_parallel_size": config.parallel.data_parallel_size,
         "max_num_seqs": config.scheduler.max_num_seqs,
         "enable_prefix_caching": config.cache.enable_prefix_caching,
-        "tokenizer_workers": len(ctx.client.ready)},
-        "processes": [], "processes_at": 0.0}
+        "tokenizer_workers": len(ctx.client.ready)}
+    app[STATS] = SharedAnswer(lambda: _ENCODER.encode(
+        {"time": time.time(), "metrics": snapshot(), "config": page_config,
+         "processes": process_tree()}))
+    app[TIMELINE] = timeline
     files = {name: _static(name) for name in _FILES}
 
     def page(name: str):
@@ -66,18 +91,23 @@ def register(app: web.Application, ctx: ServingContext, config: Any) -> None:
 
 
 async def stats(request: web.Request) -> web.Response:
-    """The live view: /metrics's numbers now, the configuration and the process tree."""
-    info = request.app[INFO]
-    now = time.time()
-    if now - info["processes_at"] > _PROCESS_TTL_S:
-        info["processes"], info["processes_at"] = process_tree(), now
-    return json_response({"time": now, "metrics": snapshot(), "config": info["config"],
-                          "processes": info["processes"]})
+    """The live view: /metrics's numbers, the configuration and the process tree, as of at most
+    a second ago (one encoded answer shared by every poller)."""
+    return web.Response(body=request.app[STATS].get(), content_type="application/json")
 
 
 async def requests(request: web.Request) -> web.Response:
-    """The last finished requests of every API server (no texts)."""
-    return json_response({"time": time.time(), "requests": request.app[TIMELINE].recent()})
+    """The last finished requests of every API server (no texts); with ?after=T only those
+    that finished after T (the newest finish time the caller holds)."""
+    after = request.query.get("after")
+    records = request.app[TIMELINE].recent()
+    if after is not None:
+        try:
+            since = float(after)
+        except ValueError:
+            raise ApiError(400, f"after must be a finish time in seconds, got {after!r}") from None
+        records = [r for r in records if r["finish"] > since]
+    return json_response({"time": time.time(), "requests": records})
 
 
 async def request_text(request: web.Request) -> web.Response:

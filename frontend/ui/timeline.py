@@ -101,6 +101,8 @@ class RequestTimeline:
         self._records: deque[dict[str, Any]] = deque(maxlen=capacity)
         self._texts: deque[dict[str, Any]] = deque(maxlen=capacity)
         self._lines = 0
+        # path -> ((mtime_ns, size), its records): unchanged files are not parsed again.
+        self._parsed: dict[Path, tuple[tuple[int, int], list[dict[str, Any]]]] = {}
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
             pid = os.getpid()
@@ -141,10 +143,22 @@ class RequestTimeline:
         out = []
         for path in self.dir.glob(f"{prefix}-*.jsonl"):
             with contextlib.suppress(OSError):
-                for line in path.read_text(encoding="utf-8").splitlines()[-self.capacity:]:
-                    with contextlib.suppress(ValueError):  # a line being written
-                        out.append(json.loads(line))
+                out.extend(self._read_file(path))
         return out
+
+    def _read_file(self, path: Path) -> list[dict[str, Any]]:
+        """The file's last `capacity` records, parsed again only when it has changed."""
+        st = path.stat()
+        key = (st.st_mtime_ns, st.st_size)
+        cached = self._parsed.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        records = []
+        for line in path.read_text(encoding="utf-8").splitlines()[-self.capacity:]:
+            with contextlib.suppress(ValueError):  # a line being written
+                records.append(json.loads(line))
+        self._parsed[path] = (key, records)
+        return records
 
     def recent(self) -> list[dict[str, Any]]:
         """The last `capacity` finished requests of every API server, oldest first."""

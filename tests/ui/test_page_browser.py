@@ -167,6 +167,24 @@ def test_page_in_chromium(ui_server, page, shots):
     assert "L" in page.get_attribute("#chart-gen svg path", "d")
     page.screenshot(path=str(shots / "engine-after-request.png"), full_page=True)
 
+    # A poll redraws in place: the table rows and chart lines are the elements built at first.
+    page.evaluate("window.kept = [document.querySelector('#now tr'), "
+                  "document.querySelector('#chart-gen svg path')]")
+    _wait_for_poll(page)
+    assert page.evaluate("window.kept[0] === document.querySelector('#now tr') && "
+                         "window.kept[1] === document.querySelector('#chart-gen svg path')")
+    # A hidden tab polls nothing; shown again, it catches up at once.
+    page.evaluate("Object.defineProperty(document, 'visibilityState', "
+                  "{value: 'hidden', configurable: true}); "
+                  "document.dispatchEvent(new Event('visibilitychange'))")
+    time.sleep(1.5)  # a poll already under way lands
+    hidden_at = page.get_attribute("#status", "data-time")
+    time.sleep(2.5)
+    assert page.get_attribute("#status", "data-time") == hidden_at
+    page.evaluate("delete document.visibilityState; "
+                  "document.dispatchEvent(new Event('visibilitychange'))")
+    _wait_for_poll(page)
+
     # 128 requests in flight: the page keeps polling, answers at once, and shows the load.
     done = threading.Event()
     flood = threading.Thread(target=_flood, args=(url, 128, 64, done), daemon=True)

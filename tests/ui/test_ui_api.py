@@ -3,7 +3,10 @@ one view across API server processes, and --disable-ui."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import time
+import urllib.parse
 
 from tests.serve.conftest import Server, wait_until
 from tests.ui.conftest import API_KEY, MODEL, get, metrics_now
@@ -36,6 +39,9 @@ def test_stats_shape_and_numbers_equal_metrics(ui_server):
     assert status == 200, body
     # Idle now: gauges settle at 0 once the engine reports the step after the request.
     assert wait_until(lambda: metrics_now(url).get("vllm:num_requests_running", 1) == 0, 10)
+    # The live view is at most a second old: wait for one computed after the engine went idle.
+    idle_at = time.time()
+    assert wait_until(lambda: _json(url + "/ui/api/stats")["time"] > idle_at, 10)
     stats = _json(url + "/ui/api/stats")
     prom = metrics_now(url)
     m = stats["metrics"]
@@ -67,6 +73,48 @@ def test_stats_shape_and_numbers_equal_metrics(ui_server):
     children = ui_server.children()
     assert {p["pid"]: p["name"] for p in procs[1:]} == children
     assert all(p["alive"] for p in procs)
+
+
+def test_stats_answer_is_shared_for_a_second(ui_server):
+    """Pollers within a second get the same computed answer; a second later, a new one."""
+    parsed = urllib.parse.urlsplit(ui_server.api_url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def stats_time() -> tuple[str, float]:  # one connection: always the same API server
+        conn.request("GET", "/ui/api/stats", headers=headers)
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        assert resp.status == 200, body
+        return resp.getheader("X-Engine-Api-Server"), body["time"]
+
+    try:
+        server, first = stats_time()
+        t0 = time.monotonic()
+        again = stats_time()
+        if time.monotonic() - t0 < 0.5:  # else the box was too slow to tell
+            assert again == (server, first)
+        time.sleep(1.1)
+        later = stats_time()
+        assert later[0] == server and later[1] > first
+    finally:
+        conn.close()
+
+
+def test_requests_after(ui_server):
+    url = ui_server.api_url
+    for i in range(2):
+        status, _, body = get(url + "/v1/completions", body={"model": MODEL, "max_tokens": 2,
+                                                              "prompt": f"after test {i}"})
+        assert status == 200, body
+    records = _json(url + "/ui/api/requests")["requests"]
+    assert len(records) >= 2
+    cut = records[-2]["finish"]
+    newer = _json(url + f"/ui/api/requests?after={cut}")["requests"]
+    assert newer == [r for r in records if r["finish"] > cut] and newer
+    assert _json(url + f"/ui/api/requests?after={records[-1]['finish']}")["requests"] == []
+    status, _, body = get(url + "/ui/api/requests?after=yesterday")
+    assert status == 400 and b"after must be" in body
 
 
 def test_request_timeline_is_one_view_across_api_servers(ui_server):

@@ -1,11 +1,14 @@
 // The built-in page: polls ui/api/stats (the numbers /metrics reports) and /ui/api/requests,
 // draws small SVG charts, and streams from the server's own /v1 routes in the playground.
+// It stays light: nothing is polled while the tab is hidden, only the shown view is drawn, and
+// a redraw changes attributes and text of elements built once, only where a value changed.
 "use strict";
 // Every URL is relative to the page (served at / and /ui), so a --root-path prefix carries over.
 
 const POLL_MS = 1000;
 const HISTORY_S = 120;   // what a chart shows
 const WINDOW_S = 60;     // the percentiles' window
+const REQUESTS_KEPT = 100;
 const $ = (id) => document.getElementById(id);
 const state = { key: sessionStorage.getItem("engine-api-key") || "", history: [], view: "engine",
   selected: null, requests: [] };
@@ -120,9 +123,28 @@ const CHARTS = [
 function buildCharts() {
   $("charts").innerHTML = CHARTS.map((c) => `<div class="chart" id="chart-${c.id}">
     <div class="title">${c.title}</div><div class="value">–</div>
-    <svg viewBox="0 0 300 70" preserveAspectRatio="none"></svg>
+    <svg viewBox="0 0 300 70" preserveAspectRatio="none">
+    <line x1="0" y1="67.5" x2="300" y2="67.5" stroke="#dde1e6"/>
+    ${c.series.map((s) => `<path d="" fill="none" stroke="${s[1]}" stroke-width="1.5"
+      vector-effect="non-scaling-stroke"/>`).join("")}
+    <text x="2" y="10" font-size="9" fill="#6b7480" class="max"></text>
+    <text x="298" y="10" font-size="9" fill="#6b7480" text-anchor="end">last ${HISTORY_S / 60} min</text>
+    </svg>
     <div class="keys">${c.series.filter((s) => s[2]).map((s) =>
       `<i style="background:${s[1]}"></i>${s[2]}`).join("")}</div></div>`).join("");
+  for (const c of CHARTS) {  // the elements a redraw touches, found once
+    const el = $("chart-" + c.id);
+    c.el = { value: el.querySelector(".value"), paths: el.querySelectorAll("path"),
+      max: el.querySelector("text.max") };
+  }
+}
+
+function setText(el, text) {  // a DOM write only when the text changes
+  if (el.textContent !== text) el.textContent = text;
+}
+
+function setHTML(el, html) {
+  if (el.dataset.html !== html) { el.innerHTML = html; el.dataset.html = html; }
 }
 
 function points(c) {  // per series: [[t, value]] over the kept history
@@ -135,14 +157,12 @@ function points(c) {  // per series: [[t, value]] over the kept history
 }
 
 function drawChart(c, now) {
-  const el = $("chart-" + c.id);
   const series = points(c);
   let max = c.max || 0;
   for (const s of series) for (const [, v] of s) if (v !== null && v > max) max = v;
   if (!max) max = 1;
   const x = (t) => 300 - ((now - t) / HISTORY_S) * 300;
   const y = (v) => 67 - (v / max) * 62;
-  let svg = `<line x1="0" y1="67.5" x2="300" y2="67.5" stroke="#dde1e6"/>`;
   for (let i = 0; i < series.length; i++) {
     let path = "", pen = false;
     for (const [t, v] of series[i]) {
@@ -150,13 +170,21 @@ function drawChart(c, now) {
       path += (pen ? "L" : "M") + x(t).toFixed(1) + " " + y(v).toFixed(1);
       pen = true;
     }
-    svg += `<path d="${path}" fill="none" stroke="${c.series[i][1]}" stroke-width="1.5"
-      vector-effect="non-scaling-stroke"/>`;
+    if (c.el.paths[i].getAttribute("d") !== path) c.el.paths[i].setAttribute("d", path);
   }
-  const label = c.seconds ? fmtSeconds(max) : fmt(max);
-  svg += `<text x="2" y="10" font-size="9" fill="#6b7480">${label}</text>` +
-    `<text x="298" y="10" font-size="9" fill="#6b7480" text-anchor="end">last ${HISTORY_S / 60} min</text>`;
-  el.querySelector("svg").innerHTML = svg;
+  setText(c.el.max, c.seconds ? fmtSeconds(max) : fmt(max));
+}
+
+function drawEngineView() {
+  const snap = state.history[state.history.length - 1];
+  if (!snap) return;
+  renderNow(snap.metrics);
+  renderConfig(snap.config);
+  renderProcesses(snap.processes);
+  for (const c of CHARTS) {
+    setHTML(c.el.value, c.value(snap.derived, snap.metrics));
+    drawChart(c, snap.time);
+  }
 }
 
 // ---- the engine view ----
@@ -176,11 +204,17 @@ const NOW_ROWS = [  // data-metric: the /metrics family the test compares with
 ];
 
 function renderNow(m) {
-  $("now").innerHTML = NOW_ROWS.map(([key, metric, label]) => {
+  if (!$("now").rows.length) {
+    $("now").innerHTML = NOW_ROWS.map(([, metric, label]) =>
+      `<tr><td>${label}</td><td data-metric="${metric}"></td></tr>`).join("");
+  }
+  NOW_ROWS.forEach(([key], i) => {
     const v = key.includes(".") ? m[key.split(".")[0]][key.split(".")[1]] : m[key];
-    return `<tr><td>${label}</td><td data-metric="${metric}" data-value="${v}">${
-      Number.isInteger(v) ? v : +v.toFixed(4)}</td></tr>`;
-  }).join("");
+    const cell = $("now").rows[i].cells[1];
+    if (cell.dataset.value === String(v)) return;
+    cell.dataset.value = v;
+    cell.textContent = Number.isInteger(v) ? v : +v.toFixed(4);
+  });
 }
 
 function esc(s) {
@@ -195,16 +229,16 @@ function renderConfig(cfg) {
     ["data parallel", cfg.data_parallel_size], ["max sequences", cfg.max_num_seqs],
     ["prefix caching", cfg.enable_prefix_caching ? "on" : "off"],
     ["tokenizer processes", cfg.tokenizer_workers]];
-  $("config").innerHTML = rows.map(([k, v]) =>
-    `<tr><td>${k}</td><td data-config="${esc(k)}">${esc(v ?? "–")}</td></tr>`).join("");
-  $("model").textContent = cfg.model;
+  setHTML($("config"), rows.map(([k, v]) =>
+    `<tr><td>${k}</td><td data-config="${esc(k)}">${esc(v ?? "–")}</td></tr>`).join(""));
+  setText($("model"), cfg.model);
 }
 
 function renderProcesses(procs) {
-  $("processes").querySelector("tbody").innerHTML = procs.map((p) => `<tr data-pid="${p.pid}"
+  setHTML($("processes").querySelector("tbody"), procs.map((p) => `<tr data-pid="${p.pid}"
     data-role="${esc(p.role)}"><td style="padding-left:${6 + 18 * p.depth}px">
     <span class="dot ${p.alive ? "up" : "down"}"></span>${esc(p.name)}</td><td>${esc(p.role)}</td>
-    <td>${p.pid}</td><td>${esc(p.state)}</td></tr>`).join("");
+    <td>${p.pid}</td><td>${esc(p.state)}</td></tr>`).join(""));
 }
 
 async function pollStats() {
@@ -212,29 +246,24 @@ async function pollStats() {
   if (!resp.ok) throw new Error("stats: HTTP " + resp.status);
   const snap = await resp.json();
   const prev = state.history[state.history.length - 1];
+  if (prev && snap.time <= prev.time) return;  // the server's shared answer has not moved on
   state.history.push(snap);
   snap.derived = derive(snap, prev);
   while (state.history.length && state.history[0].time < snap.time - HISTORY_S - WINDOW_S) {
     state.history.shift();
   }
-  renderNow(snap.metrics);
-  renderConfig(snap.config);
-  renderProcesses(snap.processes);
-  for (const c of CHARTS) {
-    $("chart-" + c.id).querySelector(".value").innerHTML = c.value(snap.derived, snap.metrics);
-    drawChart(c, snap.time);
-  }
-  $("status").textContent = "updated " + new Date(snap.time * 1000).toLocaleTimeString() +
-    " by API server " + resp.headers.get("X-Engine-Api-Server");
+  if (state.view === "engine") drawEngineView();
+  setText($("status"), "updated " + new Date(snap.time * 1000).toLocaleTimeString() +
+    " by API server " + resp.headers.get("X-Engine-Api-Server"));
   $("status").dataset.time = snap.time;
 }
 
 // ---- the requests view ----
 
 function renderRequests() {
-  const rows = state.requests.slice().reverse().slice(0, 50);
+  const rows = state.requests.slice(-50).reverse();
   const span = Math.max(0.001, ...rows.map((r) => r.finish - r.arrival));
-  $("requests").querySelector("tbody").innerHTML = rows.map((r) => {
+  setHTML($("requests").querySelector("tbody"), rows.map((r) => {
     const total = r.finish - r.arrival;
     const ttft = r.first_token === null ? null : r.first_token - r.arrival;
     const w = (s) => ((s / span) * 100).toFixed(2);
@@ -257,13 +286,19 @@ function renderRequests() {
       <td>${fmtSeconds(ttft)}</td><td>${fmtSeconds(total)}</td>
       <td>${r.prompt_tokens}</td><td>${r.cached_tokens}</td><td>${r.output_tokens}</td>
       <td>${esc(r.finish_reason)}</td></tr>`;
-  }).join("");
+  }).join(""));
 }
 
-async function pollRequests() {
-  const resp = await api("ui/api/requests");
+async function pollRequests() {  // only the requests that finished since the newest one held
+  const last = state.requests[state.requests.length - 1];
+  // A margin: another API server may write a request a moment after it finished.
+  const resp = await api("ui/api/requests" + (last ? "?after=" + (last.finish - 5) : ""));
   if (!resp.ok) throw new Error("requests: HTTP " + resp.status);
-  state.requests = (await resp.json()).requests;
+  const held = new Set(state.requests.map((r) => r.id));
+  const fresh = (await resp.json()).requests.filter((r) => !held.has(r.id));
+  if (!fresh.length) return;
+  state.requests = state.requests.concat(fresh).sort((a, b) => a.finish - b.finish)
+    .slice(-REQUESTS_KEPT);
   renderRequests();
 }
 
@@ -376,13 +411,14 @@ for (const button of document.querySelectorAll("nav button")) {
     state.view = button.dataset.view;
     for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b === button);
     for (const v of document.querySelectorAll(".view")) v.hidden = v.id !== "view-" + state.view;
+    if (state.view === "engine") drawEngineView();
     poll();
   });
 }
 
 let polling = false;
 async function poll() {
-  if (polling) return;
+  if (polling || document.visibilityState === "hidden") return;
   polling = true;
   try {
     await pollStats();
@@ -394,6 +430,8 @@ async function poll() {
     polling = false;
   }
 }
+
+document.addEventListener("visibilitychange", poll);  // shown again: catch up at once
 
 buildCharts();
 poll();
