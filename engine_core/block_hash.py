@@ -65,19 +65,25 @@ def hash_block_tokens(hash_fn: HashFn, parent_hash: BlockHash, token_ids: list[i
     return hash_fn((parent_hash, tuple(token_ids), extra_keys))
 
 
-def make_block_hasher(block_size: int,
-                      algo: str = "sha256") -> Callable[[Request], list[BlockHash]]:
-    """A function giving the hashes of a request's newly completed full blocks, in order."""
-    hash_fn = get_hash_fn(algo)
-    root = root_hash(algo)
+class BlockHasher:
+    """Callable: the hashes of a request's newly completed full blocks, in order."""
 
-    def hash_new_blocks(request: Request) -> list[BlockHash]:
+    __slots__ = ("block_size", "_hash_fn", "_root")
+
+    def __init__(self, block_size: int, algo: str = "sha256") -> None:
+        self.block_size = block_size
+        self._hash_fn = get_hash_fn(algo)
+        self._root = root_hash(algo)
+
+    def __call__(self, request: Request) -> list[BlockHash]:
         hashes = request.block_hashes
+        block_size = self.block_size
         start = len(hashes)
         end = len(request.all_token_ids) // block_size
         if end <= start:
             return []
-        parent = hashes[-1] if hashes else root
+        hash_fn = self._hash_fn
+        parent = hashes[-1] if hashes else self._root
         tokens = request.all_token_ids
         new: list[BlockHash] = []
         for i in range(start, end):
@@ -86,4 +92,7 @@ def make_block_hasher(block_size: int,
             new.append(parent)
         return new
 
-    return hash_new_blocks
+
+def make_block_hasher(block_size: int, algo: str = "sha256") -> BlockHasher:
+    """The block hasher of a block size and hash algorithm."""
+    return BlockHasher(block_size, algo)

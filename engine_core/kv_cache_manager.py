@@ -52,10 +52,22 @@ class KVCacheManager:
         Returns the newly allocated blocks, or None, changing nothing, when they do not fit.
         Caches the request's blocks that these tokens complete.
         """
-        computed = new_computed_blocks or ()
         req_id = request.request_id
         block_size = self.block_size
         req_blocks = self.req_to_blocks.get(req_id)
+        if req_blocks is not None and not new_computed_blocks:
+            # The common case, a decode whose last block has room and completes no block to
+            # cache: nothing to do (checked first, it is most of the calls).
+            num_total_tokens = request.num_computed_tokens + num_new_tokens
+            if num_total_tokens <= len(req_blocks) * block_size:
+                if not self.enable_caching:
+                    return []
+                # As below: blocks full by the end of this step, min(total, num_tokens) // bs.
+                num_cached = self.num_cached_blocks.get(req_id, 0)
+                if (num_total_tokens // block_size <= num_cached
+                        or len(request.all_token_ids) // block_size <= num_cached):
+                    return []
+        computed = new_computed_blocks or ()
         if req_blocks is None:
             req_blocks = []
         num_total_tokens = (request.num_computed_tokens + len(computed) * block_size

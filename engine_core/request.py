@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine_core.protocol import EngineCoreRequest, FinishReason
 from engine_core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from engine_core.block_hash import BlockHasher
     from engine_core.structured_output.manager import RequestGrammar
-
-# Computes the hashes of the request's full blocks that are not in request.block_hashes yet.
-BlockHasher = Callable[["Request"], list]
 
 
 class RequestStatus(enum.IntEnum):
@@ -51,7 +48,8 @@ class Request:
                  "arrival_time", "priority", "cache_salt", "client_index", "output_token_ids",
                  "all_token_ids", "num_computed_tokens", "num_cached_tokens", "status",
                  "stop_reason", "num_preemptions", "block_hashes", "stop_token_ids",
-                 "num_output_placeholders", "grammar", "_block_hasher", "prefill_chunks")
+                 "num_output_placeholders", "grammar", "_block_hasher", "_hash_at",
+                 "prefill_chunks")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, eos_token_id: int | None,
@@ -82,8 +80,10 @@ class Request:
         self.grammar: RequestGrammar | None = None
         self._block_hasher = block_hasher
         self.block_hashes: list = []
+        # Token count at which the next full block completes (hashing is due only then).
+        self._hash_at = 0
         if block_hasher is not None:
-            self.block_hashes.extend(block_hasher(self))
+            self._hash_blocks(block_hasher)
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, eos_token_id: int | None,
@@ -122,5 +122,9 @@ class Request:
         else:
             self.output_token_ids.extend(token_ids)
             self.all_token_ids.extend(token_ids)
-        if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
+        if self._block_hasher is not None and len(self.all_token_ids) >= self._hash_at:
+            self._hash_blocks(self._block_hasher)
+
+    def _hash_blocks(self, hasher: BlockHasher) -> None:
+        self.block_hashes.extend(hasher(self))
+        self._hash_at = (len(self.block_hashes) + 1) * hasher.block_size

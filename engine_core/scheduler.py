@@ -164,14 +164,16 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             pending = req.num_output_placeholders
-            n = min(req.num_tokens + pending, max_model_len) - req.num_computed_tokens
+            n = len(req.all_token_ids) + pending
+            n = (n if n < max_model_len else max_model_len) - req.num_computed_tokens
             # A constrained request's next bitmask needs the token in flight.
             if pending and (req.grammar is not None or self._done_once_landed(req)):
                 n = 0
             if n <= 0:
                 i += 1
                 continue
-            n = min(n, budget)
+            if n > budget:
+                n = budget
             while (blocks := kv.allocate_slots(req, n)) is None:
                 victim, vi = self._pick_victim()
                 del running[vi]
@@ -189,7 +191,7 @@ class Scheduler:
                 break
             scheduled_running.append(req)
             num_scheduled[req.request_id] = n
-            new_block_ids[req.request_id] = [b.block_id for b in blocks]
+            new_block_ids[req.request_id] = [b.block_id for b in blocks] if blocks else []
             budget -= n
             i += 1
 
@@ -233,14 +235,16 @@ class Scheduler:
         now = time.time()
         for reqs in (scheduled_running, new_reqs):
             for r in reqs:
-                if r.num_computed_tokens < r.num_prompt_tokens and not r.output_token_ids:
-                    r.prefill_chunks.append((now, num_scheduled[r.request_id]))
-                r.num_computed_tokens += num_scheduled[r.request_id]
-                samples = r.num_computed_tokens >= r.num_tokens + r.num_output_placeholders
-                if samples and r.grammar is not None:
-                    constrained.append(r)
-                if placeholders and samples:
-                    r.num_output_placeholders += 1  # this step samples its next token
+                n = num_scheduled[r.request_id]
+                computed = r.num_computed_tokens
+                if computed < len(r.prompt_token_ids) and not r.output_token_ids:
+                    r.prefill_chunks.append((now, n))
+                r.num_computed_tokens = computed = computed + n
+                if computed >= len(r.all_token_ids) + r.num_output_placeholders:  # it samples
+                    if r.grammar is not None:
+                        constrained.append(r)
+                    if placeholders:
+                        r.num_output_placeholders += 1  # this step samples its next token
         if constrained:
             assert self.structured_output is not None
             output.structured_output_request_ids = [r.request_id for r in constrained]
@@ -258,19 +262,21 @@ class Scheduler:
         prompt_logprobs = model_runner_output.prompt_logprobs
         any_finished = False
         num_generated = 0
+        running = RequestStatus.RUNNING
+        check_stop = self._check_stop
         for i, (req_id, sampled) in enumerate(zip(model_runner_output.req_ids,
                                                   model_runner_output.sampled_token_ids)):
             req = requests.get(req_id)
             if req is None or not sampled:  # finished or aborted meanwhile, or mid-prompt
                 continue
-            if req.status != RequestStatus.RUNNING:
+            if req.status != running:
                 continue  # preempted after this step was scheduled: recomputed from its tokens
             if req.num_output_placeholders:
                 req.num_output_placeholders -= len(sampled)
             new_tokens, status = sampled, None
             for k, token in enumerate(sampled):
                 req.append_output_token_ids(token)
-                status = self._check_stop(req, token)
+                status = check_stop(req, token)
                 if status is None and req.grammar is not None:
                     status = self._advance_grammar(req, token)
                 if status is not None:
@@ -279,7 +285,8 @@ class Scheduler:
             num_generated += len(new_tokens)
             out = EngineCoreOutput(req_id, new_tokens,
                                    new_logprobs=logprobs[i] if logprobs else None,
-                                   new_prompt_logprobs=prompt_logprobs.get(req_id))
+                                   new_prompt_logprobs=(prompt_logprobs.get(req_id)
+                                                        if prompt_logprobs else None))
             if len(req.output_token_ids) == len(new_tokens):
                 out.num_cached_tokens = max(req.num_cached_tokens, 0)
                 out.prefill_chunks, req.prefill_chunks = req.prefill_chunks, []
