@@ -7,7 +7,7 @@ the memory's limit. The bandwidth is a large device copy measured in the same ru
 nominal figure when that is higher.
 
 The `engine` command imports this module for its flags, so heavy imports (torch, numpy) wait for
-the run, as in bench_serve.
+the run, as in bench/serve.py.
 """
 
 from __future__ import annotations
@@ -88,27 +88,6 @@ def weight_bytes_per_step(arch, dtype_bytes: int) -> int:
     return (arch.num_hidden_layers * per_layer + h + arch.vocab_size * h) * dtype_bytes
 
 
-def copy_bandwidth(device_type: str, nbytes: int, reps: int = 5) -> float:
-    """Bytes/s of the best of reps copies of an nbytes tensor on the device (read + write)."""
-    import torch
-
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device_type)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(reps + 1):  # the first copy faults the destination's pages in
-        if device_type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        dst.copy_(src)
-        if device_type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    del src, dst
-    if device_type == "cuda":
-        torch.cuda.empty_cache()
-    return 2 * nbytes / best
-
-
 def nominal_bandwidth(device_name: str) -> float | None:
     """The GPU's published memory bandwidth in bytes/s, or None when not known (and on CPUs)."""
     return next((bw for name, bw in NOMINAL_BANDWIDTH if name in device_name), None)
@@ -171,8 +150,8 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import torch
 
+    from bench.machine_limits import copy_bandwidth, machine_info
     from engine_core.config import DeviceConfig, engine_config_from_kwargs
-    from frontend.bench import _machine
 
     kwargs = engine_kwargs(args)
     for name in ("model", "tokenizer", "load_format", "max_model_len", "max_num_seqs",
@@ -209,7 +188,7 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     assert config.arch is not None
     dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
     return {
-        "workload": "device", "machine": _machine(), "device_type": device_type,
+        "workload": "device", "machine": machine_info(), "device_type": device_type,
         "shape": shape, "dtype": config.torch_dtype_name,
         "layers": config.arch.num_hidden_layers, "hidden_size": config.arch.hidden_size,
         "block_size": block_size, "context_len": args.context_len, "output_len": args.output_len,

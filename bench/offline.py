@@ -1,4 +1,5 @@
-"""`engine bench`: the offline workloads of shared/BENCHMARKS.md, with transformers alongside."""
+"""`engine bench throughput`, `prefix-shared` and `null-model`: offline workloads of
+shared/BENCHMARKS.md through `LLM.generate`, with transformers alongside."""
 
 from __future__ import annotations
 
@@ -10,63 +11,17 @@ from typing import Any
 
 import numpy as np
 
+from bench.machine_limits import machine_info, matmul_rates, timed
+from bench.overhead import step_overhead
 from engine_core.args import engine_kwargs
-from frontend.bench_overhead import step_overhead
 from engine_core.sampling_params import SamplingParams
 
 
-def _random_prompts(tokenizer, rng: np.random.Generator, lengths: np.ndarray) -> list[list[int]]:
+def random_prompts(tokenizer, rng: np.random.Generator, lengths: np.ndarray) -> list[list[int]]:
     """Random token ids from the vocabulary, special tokens excluded."""
     special = set(tokenizer.all_special_ids)
     vocab = np.array([t for t in range(len(tokenizer)) if t not in special])
     return [vocab[rng.integers(0, len(vocab), n)].tolist() for n in lengths]
-
-
-def _machine() -> dict[str, Any]:
-    import os
-    import platform
-
-    import torch
-
-    cpu, flags = platform.processor(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-        cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-        flags = set(next(line for line in lines if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        pass
-    # The vector extensions the CPU kernels are built for (-march=native).
-    vector = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_tile")
-              if f in flags]
-    return {"cpu": cpu, "cpu_flags": vector, "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
-
-
-def matmul_rates(n: int = 1024) -> dict[str, float]:
-    """fp32 GFLOP/s of an n x n x n matrix multiply through torch and, on CPU, through the
-    engine's own kernel (kernels/cpu/linear.c, twice torch's on AVX-512 AMD CPUs, where MKL runs
-    AVX2 code); "limit" is the faster, so a fraction of it never flatters the engine."""
-    import torch
-
-    from kernels import cpu_ops
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    rates = {"torch": 2 * n**3 / min(_timed(lambda: a @ b) for _ in range(10)) / 1e9}
-    if not torch.cuda.is_available() and cpu_ops.available():
-        blocked = cpu_ops.block_weight(b)
-        cpu_ops.linear(a, blocked)
-        rates["engine_kernel"] = 2 * n**3 / min(_timed(lambda: cpu_ops.linear(a, blocked))
-                                                for _ in range(10)) / 1e9
-    rates["limit"] = max(rates.values())
-    return {k: round(v, 1) for k, v in rates.items()}
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def _flops_per_token(arch) -> tuple[float, float]:
@@ -110,16 +65,16 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     prompt_lens = rng.integers(32, 257, 64)
     output_lens = rng.integers(16, 129, 64).tolist()
-    prompts = _random_prompts(llm.get_tokenizer(), rng, prompt_lens)
+    prompts = random_prompts(llm.get_tokenizer(), rng, prompt_lens)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in output_lens]
     llm.generate(prompts[:4], params[:4], use_tqdm=False)  # warm-up
-    elapsed = _timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+    elapsed = timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                           use_tqdm=False))
     n_out, n_in = sum(output_lens), int(prompt_lens.sum())
     flops_in, flops_out = _flops_per_token(llm.config.arch)
     matmul = matmul_rates()
     result: dict[str, Any] = {
-        "workload": "offline-mixed", "machine": _machine(), "model": llm.config.model_path,
+        "workload": "offline-mixed", "machine": machine_info(), "model": llm.config.model_path,
         "engine_core": "in-process" if args.in_process else "own process",
         "dtype": llm.config.torch_dtype_name, "requests": len(prompts), "prompt_tokens": n_in,
         "output_tokens": n_out, "engine_seconds": round(elapsed, 2),
@@ -143,16 +98,16 @@ def bench_prefix_shared(args: argparse.Namespace) -> dict[str, Any]:
     """Workload prefix-shared: 64 requests sharing a 512-token prefix, 32 unique + 32 out."""
     from frontend.llm import LLM
 
-    results: dict[str, Any] = {"workload": "prefix-shared", "machine": _machine()}
+    results: dict[str, Any] = {"workload": "prefix-shared", "machine": machine_info()}
     kwargs = engine_kwargs(args)
     for caching in (True, False):
         llm = LLM(**{**kwargs, "enable_prefix_caching": caching})
         rng = np.random.default_rng(0)
-        prefix = _random_prompts(llm.get_tokenizer(), rng, np.array([512]))[0]
-        tails = _random_prompts(llm.get_tokenizer(), rng, np.full(64, 32))
+        prefix = random_prompts(llm.get_tokenizer(), rng, np.array([512]))[0]
+        tails = random_prompts(llm.get_tokenizer(), rng, np.full(64, 32))
         prompts = [{"prompt_token_ids": prefix + t} for t in tails]
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=32)
-        elapsed = _timed(lambda: llm.generate(prompts, params, use_tqdm=False))
+        elapsed = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
         totals = llm.get_engine_stats()
         stats = (totals["prefix_cache_queries"], totals["prefix_cache_hits"])
         key = "caching_on" if caching else "caching_off"
@@ -164,25 +119,6 @@ def bench_prefix_shared(args: argparse.Namespace) -> dict[str, Any]:
         del llm
     results["speedup"] = round(results["caching_off"]["seconds"] / results["caching_on"]["seconds"], 2)
     return results
-
-
-def bench_single_stream(args: argparse.Namespace) -> dict[str, Any]:
-    """Workload single-stream: one request, 32 prompt tokens, 256 decoded; decode tok/s."""
-    from frontend.llm import LLM
-
-    llm = LLM(**engine_kwargs(args))
-    rng = np.random.default_rng(0)
-    prompt = _random_prompts(llm.get_tokenizer(), rng, np.array([32]))[0]
-    runs = []
-    for _ in range(args.runs):
-        first = _timed(lambda: llm.generate({"prompt_token_ids": prompt},
-                                            SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False))
-        total = _timed(lambda: llm.generate({"prompt_token_ids": prompt}, SamplingParams(
-            temperature=0.0, ignore_eos=True, max_tokens=256), use_tqdm=False))
-        runs.append(255 / (total - first))
-    return {"workload": "single-stream", "machine": _machine(), "dtype": llm.config.torch_dtype_name,
-            "engine_decode_tok_s": round(statistics.median(runs), 2),
-            "runs": [round(r, 2) for r in runs]}
 
 
 def _null_model_dir() -> str:
@@ -216,14 +152,14 @@ def bench_null_model(args: argparse.Namespace) -> dict[str, Any]:
 
     kwargs = {**engine_kwargs(args), "model": _null_model_dir(), "load_format": "dummy",
               "max_num_seqs": 256, "max_model_len": 256}
-    result: dict[str, Any] = {"workload": "null-model", "machine": _machine()}
+    result: dict[str, Any] = {"workload": "null-model", "machine": machine_info()}
     rng = np.random.default_rng(0)
     for label, own_process in (("in_process", False), ("zmq", True)):
         llm = LLM(engine_process=own_process, **kwargs)
-        prompts = _random_prompts(llm.get_tokenizer(), rng, np.full(256, 16))
+        prompts = random_prompts(llm.get_tokenizer(), rng, np.full(256, 16))
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=128)
         llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], params, use_tqdm=False)
-        runs = [_timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+        runs = [timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                             use_tqdm=False)) for _ in range(args.runs)]
         seconds = statistics.median(runs)
         # Every request fits one batch: one prefill step, then one step per further token.
@@ -234,20 +170,3 @@ def bench_null_model(args: argparse.Namespace) -> dict[str, Any]:
         result["zmq"]["output_tok_s"] / result["in_process"]["output_tok_s"], 3)
     result["step_overhead"] = step_overhead(kwargs)
     return result
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    """Run the chosen workload and print its figures as JSON."""
-    from frontend.bench_device import bench_device
-    from frontend.bench_structured import bench_structured
-
-    fn = {"throughput": bench_throughput, "prefix-shared": bench_prefix_shared,
-          "single-stream": bench_single_stream, "null-model": bench_null_model,
-          "device": bench_device, "structured": bench_structured}[args.workload]
-    result = fn(args)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            f.write(text + "\n")
-    return 0

@@ -131,14 +131,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-token-id", type=int, default=49152)
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument("--output-json", help="also write the figures to this file")
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run the benchmark and print its figures as JSON."""
-    result = asyncio.run(run(args))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            f.write(text + "\n")
-    return 0 if result["failed"] == 0 else 1

@@ -1,35 +1,66 @@
-"""Workload single-stream (shared/BENCHMARKS.md): one request, 32 prompt tokens, 256 decoded.
+"""Workload single-stream (shared/BENCHMARKS.md): one request, 32 random prompt tokens, 256
+decoded greedily; decode tokens/s after the first token, the median of the runs.
 
-Runs this engine's model runner and Hugging Face transformers' generate side by side in one
-process, alternating, and reports decode tokens/s after the first token (median of the runs),
-the ratio, and the fraction of the memory-bandwidth limit (weight bytes / read GB/s). With
-several --dtype values (e.g. `--dtype auto float32`: a GGUF model's quantized weights, then the
-same weights dequantized) each gets its own runner and the runs alternate between them.
+`engine bench single-stream` measures it through the offline API (`LLM.generate`).
+`python -m bench.single_stream` drives the model runner alone, one step at a time, beside
+Hugging Face transformers' generate in the same process (alternating), and reports the ratio
+and the fraction of the memory-bandwidth limit (weight bytes / read GB/s). With several
+--dtype values (e.g. `--dtype auto float32`: a GGUF model's quantized weights, then the same
+weights dequantized) each gets its own runner and the runs alternate between them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
+from typing import Any
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.machine_limits import machine_info, memory_read_gbps, timed
+from bench.offline import random_prompts
+from engine_core.args import engine_kwargs
+from engine_core.config import engine_config_from_kwargs
+from engine_core.sampling_params import SamplingParams
+from gpu_worker.layers.linear import Linear
+from gpu_worker.model_runner import ModelRunner
+from gpu_worker.protocol import CachedRequestData, NewRequestData, SchedulerOutput
 
-from engine_core.config import engine_config_from_kwargs  # noqa: E402
-from engine_core.sampling_params import SamplingParams  # noqa: E402
-from gpu_worker.layers.linear import Linear  # noqa: E402
-from gpu_worker.model_runner import ModelRunner  # noqa: E402
-from gpu_worker.protocol import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
-from scripts.machine_limits import machine_info, memory_read_gbps  # noqa: E402
+PROMPT_TOKENS, NEW_TOKENS = 32, 256
 
 
-def engine_decode(runner: ModelRunner, prompt: list[int], new_tokens: int, run_id: int) -> float:
+def workload_prompt(tokenizer, prompt_tokens: int = PROMPT_TOKENS) -> list[int]:
+    """The workload's prompt: random token ids of the vocabulary, special tokens excluded."""
+    return random_prompts(tokenizer, np.random.default_rng(0), np.array([prompt_tokens]))[0]
+
+
+def offline_decode(llm, prompt: list[int], new_tokens: int) -> float:
+    """Decode tokens/s after the first token through LLM.generate: a request of new_tokens
+    tokens less one of a single token."""
+    first = timed(lambda: llm.generate({"prompt_token_ids": prompt}, SamplingParams(
+        temperature=0.0, max_tokens=1), use_tqdm=False))
+    total = timed(lambda: llm.generate({"prompt_token_ids": prompt}, SamplingParams(
+        temperature=0.0, ignore_eos=True, max_tokens=new_tokens), use_tqdm=False))
+    return (new_tokens - 1) / (total - first)
+
+
+def bench_single_stream(args: argparse.Namespace) -> dict[str, Any]:
+    """`engine bench single-stream`: the workload through the offline API, --runs times."""
+    from frontend.llm import LLM
+
+    llm = LLM(**engine_kwargs(args))
+    prompt = workload_prompt(llm.get_tokenizer())
+    runs = [offline_decode(llm, prompt, NEW_TOKENS) for _ in range(args.runs)]
+    return {"workload": "single-stream", "machine": machine_info(),
+            "dtype": llm.config.torch_dtype_name,
+            "engine_decode_tok_s": round(statistics.median(runs), 2),
+            "runs": [round(r, 2) for r in runs]}
+
+
+def runner_decode(runner: ModelRunner, prompt: list[int], new_tokens: int, run_id: int) -> float:
     """Decode tokens/s after the first token, driving the runner one step at a time."""
     bs = runner.block_size
     req = f"r{run_id}"
@@ -81,45 +112,52 @@ def hf_decode(model, prompt: list[int], new_tokens: int) -> float:
     return (new_tokens - 1) / (total - first)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def load_runner(model: str | None, dtype: str) -> ModelRunner:
+    """A model runner of the model in dtype, its KV cache allocated (128 MiB)."""
+    config = engine_config_from_kwargs(model=model, dtype=dtype, max_model_len=1024,
+                                       kv_cache_memory="128MiB").resolve()
+    runner = ModelRunner(config, torch.device(config.device_type))
+    runner.load_model()
+    runner.initialize_kv_cache(runner.determine_num_blocks())
+    return runner
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.single_stream`: the model runner beside transformers; prints JSON."""
+    from tokenizer_proc.tokenizer import load_tokenizer
+
+    parser = argparse.ArgumentParser(prog="python -m bench.single_stream", description=__doc__)
     parser.add_argument("--model", default=None, help="model directory or .gguf (default model)")
     parser.add_argument("--dtype", nargs="+", default=["auto"],
                         help="engine dtype(s); auto keeps a GGUF model quantized on the CPU")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    runners = {}
-    for dtype in args.dtype:
-        config = engine_config_from_kwargs(model=args.model, dtype=dtype, max_model_len=1024,
-                                           kv_cache_memory="128MiB").resolve()
-        runner = ModelRunner(config, torch.device(config.device_type))
-        runner.load_model()
-        runner.initialize_kv_cache(runner.determine_num_blocks())
-        runners[dtype] = runner
+    runners = {dtype: load_runner(args.model, dtype) for dtype in args.dtype}
     config = next(iter(runners.values())).config
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, config.arch.vocab_size, args.prompt_tokens).tolist()
+    prompt = workload_prompt(load_tokenizer(config.model.tokenizer or config.model_path),
+                             args.prompt_tokens)
     hf = None
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32).eval()
     for runner in runners.values():
-        engine_decode(runner, prompt, 16, -1)  # warm-up
+        runner_decode(runner, prompt, 16, -1)  # warm-up
     ours: dict[str, list[float]] = {dtype: [] for dtype in runners}
     theirs = []
     for run in range(args.runs):
         for dtype, runner in runners.items():
-            ours[dtype].append(engine_decode(runner, prompt, args.new_tokens, run))
+            ours[dtype].append(runner_decode(runner, prompt, args.new_tokens, run))
         if hf is not None:
             theirs.append(hf_decode(hf, prompt, args.new_tokens))
     gbps = memory_read_gbps()
-    result = {"workload": "single-stream", "machine": machine_info(), "model": config.model_path,
-              "memory_read_gb_s": round(gbps, 1)}
+    machine = {**machine_info(), "torch": torch.__version__}
+    result = {"workload": "single-stream", "machine": machine,
+              "model": config.model_path, "memory_read_gb_s": round(gbps, 1)}
     for dtype, runner in runners.items():
         weight_bytes = decode_weight_bytes(runner.model)
         limit = gbps * 1e9 / weight_bytes

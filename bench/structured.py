@@ -35,7 +35,8 @@ def _schema(i: int) -> dict[str, Any]:
 
 def bench_structured(args: argparse.Namespace) -> dict[str, Any]:
     """Run the workload; figures as a dict."""
-    from frontend.bench import _machine, _random_prompts
+    from bench.machine_limits import machine_info
+    from bench.offline import random_prompts
     from frontend.llm import LLM
 
     llm = LLM(engine_process=not args.in_process, **engine_kwargs(args))
@@ -43,8 +44,8 @@ def bench_structured(args: argparse.Namespace) -> dict[str, Any]:
     prompt_lens = rng.integers(32, 257, 64)
     output_lens = rng.integers(16, 129, 64).tolist()
     prompts = [{"prompt_token_ids": p}
-               for p in _random_prompts(llm.get_tokenizer(), rng, prompt_lens)]
-    one = [{"prompt_token_ids": _random_prompts(llm.get_tokenizer(), rng, [64])[0]}]
+               for p in random_prompts(llm.get_tokenizer(), rng, prompt_lens)]
+    one = [{"prompt_token_ids": random_prompts(llm.get_tokenizer(), rng, [64])[0]}]
 
     def ttft(constraint: StructuredOutputsParams | None) -> float:
         start = time.perf_counter()
@@ -82,7 +83,7 @@ def bench_structured(args: argparse.Namespace) -> dict[str, Any]:
     llm.shutdown()
     return {
         "workload": "offline-mixed, every request constrained by one JSON schema, against none",
-        "machine": _machine(), "model": llm.config.model_path,
+        "machine": machine_info(), "model": llm.config.model_path,
         "engine_core": "in-process" if args.in_process else "own process",
         "output_tokens": tokens,
         "seconds": {name: [round(x, 2) for x in s] for name, s in seconds.items()},

@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from engine_core.args import add_engine_args, engine_kwargs
-from frontend import bench_device, bench_serve
 from frontend.chat_args import ChatOptions, add_chat_args
 from frontend.http_options import (HttpOptions, add_http_args, add_vllm_frontend_args,
                                    refuse_vllm_serve_flags)
@@ -30,12 +29,6 @@ def _generate(args: argparse.Namespace) -> int:
             text = completion.text if args.chat else (out.prompt or "") + completion.text
             print(text, flush=True)
     return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from frontend.bench import run_bench
-
-    return run_bench(args)
 
 
 def _core(args: argparse.Namespace) -> int:
@@ -78,32 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(gen)
     gen.set_defaults(func=_generate)
 
-    bench = sub.add_parser("bench", help="run a benchmark workload of shared/BENCHMARKS.md")
-    workloads = bench.add_subparsers(dest="workload", required=True)
-    for name, text in (("throughput", "offline-mixed, against transformers"),
-                       ("prefix-shared", "prefix caching on and off"),
-                       ("single-stream", "one request's decode speed"),
-                       ("null-model", "engine overhead, in-process and over ZeroMQ"),
-                       ("structured", "offline-mixed constrained by a JSON schema against "
-                                      "unconstrained, and grammar-compile TTFT")):
-        offline = workloads.add_parser(name, help=text)
-        offline.add_argument("--in-process", action="store_true",
-                             help="run the engine core in this process (default: its own process)")
-        offline.add_argument("--no-hf", action="store_true",
-                             help="skip the transformers comparison")
-        offline.add_argument("--runs", type=int, default=3, help="repetitions")
-        offline.add_argument("--output-json", help="also write the figures to this file")
-        add_engine_args(offline)
-        offline.set_defaults(func=_bench)
-    device = workloads.add_parser("device", help="batch-1 and batch-64 decode of a Llama-3-8B-"
-                                  "shaped model (dummy weights) against the memory-bandwidth limit")
-    bench_device.add_arguments(device)
-    add_engine_args(device)
-    device.set_defaults(func=_bench)
-    serve = workloads.add_parser("serve", help="serving-poisson over HTTP against any "
-                                               "OpenAI-compatible server")
-    bench_serve.add_arguments(serve)
-    serve.set_defaults(func=bench_serve.main)
+    from bench.commands import add_bench_parser  # the workloads load when one runs
+
+    add_bench_parser(sub)
 
     core = sub.add_parser("core", help="run the engine core alone (headless) on a ZeroMQ address; "
                                        "protocol: docs/protocol.md")

@@ -4,7 +4,7 @@ Builds llama.cpp's llama-bench and llama-quantize from the llama-cpp-python sdis
 vendors llama.cpp (pip download, cmake, build -j2; kept under the engine's cache), writes an F32
 copy of the file with llama-quantize, then alternates round by round: llama-bench's generation
 of --new-tokens tokens on the file and on the F32 copy, and this engine's model runner decoding
-as scripts/bench_single_stream.py does, on the file quantized (--dtype auto) and dequantized
+as `python -m bench.single_stream` does, on the file quantized (--dtype auto) and dequantized
 (--dtype float32). Prints JSON: every run, the medians, and the engine's ratio to llama.cpp.
 """
 
@@ -24,11 +24,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine_core.config import engine_config_from_kwargs  # noqa: E402
+from bench.machine_limits import machine_info, memory_read_gbps  # noqa: E402
+from bench.single_stream import decode_weight_bytes, load_runner, runner_decode  # noqa: E402
 from gpu_worker.loader.default_model import cache_root, find_default_gguf  # noqa: E402
-from gpu_worker.model_runner import ModelRunner  # noqa: E402
-from scripts.bench_single_stream import decode_weight_bytes, engine_decode  # noqa: E402
-from scripts.machine_limits import machine_info, memory_read_gbps  # noqa: E402
 
 
 def build_llama_cpp(root: Path, version: str | None) -> Path:
@@ -81,22 +79,18 @@ def main() -> None:
 
     runners = {}
     for dtype in ("auto", "float32"):
-        config = engine_config_from_kwargs(model=str(gguf), dtype=dtype, max_model_len=1024,
-                                           kv_cache_memory="128MiB").resolve()
-        runners[dtype] = ModelRunner(config, torch.device(config.device_type))
-        runners[dtype].load_model()
-        runners[dtype].initialize_kv_cache(runners[dtype].determine_num_blocks())
-        engine_decode(runners[dtype], [1] * args.prompt_tokens, 16, -1)  # warm-up
+        runners[dtype] = load_runner(str(gguf), dtype)
+        runner_decode(runners[dtype], [1] * args.prompt_tokens, 16, -1)  # warm-up
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, runners["auto"].config.arch.vocab_size, args.prompt_tokens).tolist()
     runs: dict[str, list[float]] = {"llama.cpp file": [], "llama.cpp F32": [],
                                     "engine quantized": [], "engine float32": []}
     for run in range(args.runs):
         runs["llama.cpp file"].append(llama_bench(bin_dir, gguf, args.new_tokens, threads))
-        runs["engine quantized"].append(engine_decode(runners["auto"], prompt, args.new_tokens,
+        runs["engine quantized"].append(runner_decode(runners["auto"], prompt, args.new_tokens,
                                                       run))
         runs["llama.cpp F32"].append(llama_bench(bin_dir, f32, args.new_tokens, threads))
-        runs["engine float32"].append(engine_decode(runners["float32"], prompt, args.new_tokens,
+        runs["engine float32"].append(runner_decode(runners["float32"], prompt, args.new_tokens,
                                                     run))
     medians = {name: statistics.median(values) for name, values in runs.items()}
     gbps = memory_read_gbps()

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from bench.device import SHAPES, nominal_bandwidth, weight_bytes_per_step
 from engine_core.model_arch import ModelArchConfig
-from frontend.bench_device import SHAPES, nominal_bandwidth, weight_bytes_per_step
 from frontend.cli import main
 
 RUN_FIELDS = {"batch_size", "async_scheduling", "ms_per_step", "output_tok_s", "steps_timed",
@@ -83,7 +83,7 @@ def test_batch_sizes_flag(capsys):
 
 def test_llama3_8b_shape_resolves_for_cuda_in_bf16(tmp_path):
     from engine_core.config import engine_config_from_kwargs
-    from frontend.bench_device import write_model_dir
+    from bench.device import write_model_dir
 
     cfg = engine_config_from_kwargs(model=str(write_model_dir(tmp_path, "llama3-8b")),
                                     device="cuda", load_format="dummy").resolve()
@@ -94,7 +94,7 @@ def test_llama3_8b_shape_resolves_for_cuda_in_bf16(tmp_path):
 
 
 def test_step_overhead_reports_phases(tmp_path):
-    from frontend.bench_overhead import step_overhead
+    from bench.overhead import step_overhead
     from tests.tiny_models import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from frontend import bench_serve
-from tests.api.conftest import API_KEY
+from bench import serve as bench_serve
+from tests.api.conftest import API_KEY, server, tiny_model  # noqa: F401 (fixtures)
 
 
 def test_bench_serve_reports_latencies(server):
