@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -68,3 +70,48 @@ def start_child_process(name: str, parent_pid: int | None) -> None:
     set_process_name(name)
     if parent_pid is not None:
         exit_with_parent(parent_pid)
+
+
+# The exit status of a process that had to cut in-flight requests when it stopped (its drain
+# deadline passed, or it was told to stop at once); the launcher then exits non-zero.
+EXIT_REQUESTS_CUT = 3
+
+
+@dataclass(frozen=True)
+class StopOrder:
+    """Why a process is told to stop, and until when (Unix time) it may drain its requests."""
+
+    reason: str
+    deadline: float
+
+    def write(self, path: str) -> None:
+        """Write the order where the process reads it on SIGTERM (atomically: it may be reading)."""
+        with open(f"{path}.tmp", "w") as f:
+            json.dump({"reason": self.reason, "deadline": self.deadline}, f)
+        os.replace(f"{path}.tmp", path)
+
+    @classmethod
+    def read(cls, path: str | None, drain_timeout: float) -> StopOrder:
+        """The launcher's order at path; without one (a SIGTERM sent by someone else), drain for
+        drain_timeout seconds from now."""
+        try:
+            with open(path or "") as f:
+                order = json.load(f)
+            return cls(str(order["reason"]), float(order["deadline"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return cls("the server is shutting down", time.time() + drain_timeout)
+
+    def remaining(self) -> float:
+        """Seconds left to drain (0 once the deadline passed)."""
+        return max(0.0, self.deadline - time.time())
+
+
+def host_identity() -> str:
+    """Who shares this machine's pids: the boot id and the pid namespace. Two processes with the
+    same identity may watch each other's pids."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from importlib import metadata
@@ -32,7 +33,8 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from engine_core.config import ObservabilityConfig
 from engine_core.generation_config import default_sampling_params, log_defaults
 from engine_core.log_options import apply_log_options
-from engine_core.process_lifecycle import pid_alive, start_child_process
+from engine_core.process_lifecycle import (EXIT_REQUESTS_CUT, StopOrder, pid_alive,
+                                           start_child_process)
 from frontend import admin_routes
 from frontend.admin_routes import AdminState, ServerInfoResponse, count_load
 from frontend.chat_args import ChatOptions, add_chat_args
@@ -64,6 +66,12 @@ OPEN_PATHS = frozenset({"/health", "/version", "/metrics", *ui.PAGE_PATHS})
 VLLM_OPEN_PATHS = frozenset({"/ping", "/load", "/tokenize", "/detokenize", "/openapi.json",
                              "/docs"})
 
+# A 503's Retry-After: by then a load balancer has another server, or this one is back.
+RETRY_AFTER_S = 5
+# How long handlers get to send their last event, and aiohttp to close connections, once the
+# requests in flight have finished or failed.
+_CLOSE_S = 2.0
+
 CTX = web.AppKey("ctx", ServingContext)
 STATE = web.AppKey("state", dict)
 
@@ -89,7 +97,7 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as e:
-        return error_response(e.status, e.message, e.param)
+        return error_response(e.status, e.message, e.param, e.headers)
     except RequestPayloadError as e:  # e.g. a gzip body that does not decompress
         response = error_response(400, f"the request body could not be read: "
                                        f"{str(e.__cause__ or e).splitlines()[-1].strip()}")
@@ -165,18 +173,26 @@ async def _decode(request: web.Request, struct: type) -> Any:
     return req
 
 
-def _check_available(request: web.Request) -> None:
-    state = request.app[STATE]
+def _unavailable(state: dict) -> str | None:
+    """Why this server cannot take a request now, or None."""
     if state["draining"]:
-        raise ApiError(503, "the server is shutting down")
+        return "the server is shutting down"
     if not state["engine_alive"]():
-        raise ApiError(503, "the engine core is not running")
+        return "the engine core is not running"
+    return state["unavailable"]()
+
+
+def _check_available(request: web.Request) -> None:
+    reason = _unavailable(request.app[STATE])
+    if reason is not None:
+        raise ApiError(503, reason, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def health(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    if state["draining"] or not state["engine_alive"]():
-        return error_response(503, "the engine is not available")
+    """200 once every process of the server is ready and while all of them run; else 503."""
+    reason = _unavailable(request.app[STATE])
+    if reason is not None:
+        return error_response(503, reason, headers={"Retry-After": str(RETRY_AFTER_S)})
     return web.Response(status=200)
 
 
@@ -318,11 +334,13 @@ async def docs(request: web.Request) -> web.Response:
 
 def build_app(ctx: ServingContext, *, api_key: str | None = None,
               max_body: int = DEFAULT_MAX_REQUEST_BODY,
-              engine_alive=lambda: True, http: HttpOptions = HttpOptions(),
+              engine_alive=lambda: True, unavailable=lambda: None,
+              http: HttpOptions = HttpOptions(),
               admin: AdminState | None = None,
               log_requests: ObservabilityConfig | None = None,
               generation_defaults: dict[str, Any] | None = None) -> web.Application:
-    """The aiohttp application of one API server. log_requests: log each generation request
+    """The aiohttp application of one API server. engine_alive() false, or unavailable() giving
+    a reason, make /health and new requests 503. log_requests: log each generation request
     (--enable-log-requests), cut at its max_log_len. generation_defaults: sampling defaults
     for requests that leave a field unset (engine_core.generation_config)."""
     cors = CorsPolicy(http.allowed_origins, http.allowed_methods, http.allowed_headers,
@@ -332,7 +350,8 @@ def build_app(ctx: ServingContext, *, api_key: str | None = None,
     serve_under(app, http.root_path)
     app[CTX] = ctx
     app[STATE] = {"api_key": api_key, "max_body": max_body, "draining": False,
-                  "engine_alive": engine_alive, "http": http, "cors": cors,
+                  "engine_alive": engine_alive, "unavailable": unavailable, "http": http,
+                  "cors": cors,
                   "log_requests": log_requests, "defaults": generation_defaults or {},
                   "live_ids": set(),
                   "openapi": openapi_schema(http.root_path, _version())}
@@ -411,7 +430,8 @@ async def run_api_server(args: argparse.Namespace) -> int:
     http = HttpOptions.from_args(args)
     tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
     client = await TokenizerClient.create(args.tokenizer_address,
-                                          client_name=process_name(args.index))
+                                          client_name=process_name(args.index),
+                                          pids=args.tokenizer_pid or None)
     ready = client.ready[0]
     chat = ChatOptions.from_args(args)
     ctx = ServingContext(ready.model_name, ready.max_model_len, ready.vocab_size, client,
@@ -426,13 +446,15 @@ async def run_api_server(args: argparse.Namespace) -> int:
     app = build_app(ctx, api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
                     max_body=args.max_request_body,
                     engine_alive=lambda: args.engine_pid is None or pid_alive(args.engine_pid),
+                    unavailable=lambda: starting(args.serving_file) or client.unavailable(),
                     http=http, admin=AdminState(args.engine_address or [], info),
                     log_requests=obs if obs.enable_log_requests else None,
                     generation_defaults=defaults)
     if not args.disable_ui:
         ui.register(app, ctx, config)
+    # Requests have finished or failed (drain) before cleanup waits this long for handlers.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=args.shutdown_timeout)
+                           shutdown_timeout=_CLOSE_S)
     await runner.setup()
     if http.uds:
         site: web.BaseSite = web.UnixSite(runner, http.uds, ssl_context=http.ssl_context())
@@ -448,10 +470,38 @@ async def run_api_server(args: argparse.Namespace) -> int:
         with open(args.ready_file, "w") as f:
             f.write(str(os.getpid()))
     await stop.wait()
-    app[STATE]["draining"] = True
-    await runner.cleanup()  # stops accepting; waits for in-flight requests (shutdown_timeout)
+    cut = await drain(app, StopOrder.read(args.stop_file, args.shutdown_timeout))
+    await runner.cleanup()  # stops accepting, closes idle connections
     client.shutdown()
-    return 0
+    return EXIT_REQUESTS_CUT if cut else 0
+
+
+def starting(serving_file: str | None) -> str | None:
+    """Until the launcher has written serving_file (every process of the server is ready),
+    why requests wait."""
+    if serving_file is None or os.path.exists(serving_file):
+        return None
+    return "the server is starting"
+
+
+async def drain(app: web.Application, order: StopOrder) -> int:
+    """Answer 503 to new requests (still accepting them: a refused connection tells a client
+    nothing) while those in flight finish, until order's deadline; then fail the rest with its
+    reason, an error event or a 503. How many were cut."""
+    state = app[STATE]
+    state["draining"] = True
+    live = state["live_ids"]
+    while live and order.remaining():
+        await asyncio.sleep(0.05)
+    cut = len(live)
+    if cut:
+        logger.warning("%d requests still running at the drain deadline; failing them: %s", cut,
+                       order.reason)
+        app[CTX].client.fail_all(order.reason)
+        deadline = time.monotonic() + _CLOSE_S  # time for their handlers to send the error
+        while live and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    return cut
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -470,6 +520,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-request-body", type=int, default=DEFAULT_MAX_REQUEST_BODY)
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
     parser.add_argument("--ready-file")
+    parser.add_argument("--serving-file", help="answer 503 until the launcher writes this file "
+                        "(once every process is ready)")
+    parser.add_argument("--stop-file", help="where the launcher writes why and until when to "
+                        "drain, before it sends SIGTERM")
+    parser.add_argument("--tokenizer-pid", type=int, action="append", default=[],
+                        help="fail the requests of a tokenizer process when this pid exits (once "
+                        "per --tokenizer-address, in the same order)")
     parser.add_argument("--engine-address", action="append",
                         help="an engine core's address, for POST /reset_prefix_cache (once per "
                              "data-parallel rank)")

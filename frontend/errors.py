@@ -14,13 +14,16 @@ _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundErro
 
 
 class ApiError(Exception):
-    """A request the API server refuses; param names the offending field when there is one."""
+    """A request the API server refuses; param names the offending field when there is one,
+    headers go with the response (e.g. a 503's Retry-After)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.headers = headers
 
     def body(self) -> dict:
         return error_body(self.status, self.message, self.param)
@@ -32,9 +35,10 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
                       "code": status}}
 
 
-def error_response(status: int, message: str, param: str | None = None) -> web.Response:
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, body=msgspec.json.encode(error_body(status, message, param)),
-                        content_type="application/json")
+                        content_type="application/json", headers=headers)
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:

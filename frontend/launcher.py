@@ -7,7 +7,12 @@ order. With ranks on other hosts, the first host waits for them to register befo
 its tokenizer processes; `--headless` starts only engine cores and registers them with the
 first host (frontend/dp_rendezvous.py). The engine core and tokenizer processes are ready
 when they answer a HELLO on their socket with READY, an API server when it has written its
-ready file; every child watches the launcher's pid and exits when it is gone.
+ready file; /health answers 200 only once the launcher has seen every child ready and written
+the serving file. Every child watches the launcher's pid and exits when it is gone.
+
+Stopping, the launcher first writes a StopOrder (why, and until when requests may drain: one
+deadline for every tier) where the children read it on SIGTERM; a child that had to cut requests
+exits EXIT_REQUESTS_CUT, and the launcher then exits 1.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import msgspec
 import zmq
 
 from engine_core.core_launcher import CoreProcess
+from engine_core.curve_auth import key_from_env, secure_client
 from engine_core.frames import FrameDecoder
+from engine_core.process_lifecycle import EXIT_REQUESTS_CUT, StopOrder
 from engine_core.protocol import PROTOCOL_VERSION, ClientHello, output_decoders
 from frontend import api_server
 from frontend.dp_rendezvous import (FirstHost, HeadlessHost, RendezvousError,
@@ -44,12 +51,16 @@ from tokenizer_proc.tokenizer_proc import process_name
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _POLL_S = 0.2
-# How long a child may take to exit after SIGTERM when nothing is being drained.
+# How long a child may take to exit after SIGTERM once its drain deadline has passed.
 _STOP_TIMEOUT_S = 10.0
 
 
 class LaunchError(RuntimeError):
     """A child failed to start or died; the message names it."""
+
+
+class StartUpInterrupted(LaunchError):
+    """A stop signal came during start-up: a clean stop, not a failure."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,9 @@ class Launcher:
         self._ctx = zmq.Context()
         self._first_host: FirstHost | None = None
         self._headless_host: HeadlessHost | None = None
+        # Written before the children get SIGTERM (StopOrder), and once every child is ready.
+        self._stop_file = os.path.join(self._dir, "stop.json")
+        self._serving_file = os.path.join(self._dir, "serving")
 
     # ---- start-up ----
 
@@ -195,6 +209,7 @@ class Launcher:
                 self._port_socket = None
             self._await_files(self.tiers[-1], max(1.0, deadline - time.monotonic()),
                               stop_requested)
+            Path(self._serving_file).touch()  # /health answers 200 from now on
 
     def _start_cores(self) -> list[Child]:
         """Start this host's engine cores; a headless host's listen on TCP for the first host."""
@@ -251,13 +266,13 @@ class Launcher:
         args = ["frontend.api_server", "--index", str(index), "--host", self.host,
                 "--port", str(self.port), "--engine-args", json.dumps(self.engine_args),
                 "--engine-pid", str(engine_pid), "--parent-pid", str(os.getpid()),
-                "--shutdown-timeout", str(self.shutdown_timeout),
+                "--shutdown-timeout", str(self.shutdown_timeout), "--stop-file", self._stop_file,
                 "--max-request-body", str(self.max_request_body), "--ready-file", ready_file,
-                *self.chat.argv(self.chat_template_file)]
+                "--serving-file", self._serving_file, *self.chat.argv(self.chat_template_file)]
         if self.disable_ui:
             args.append("--disable-ui")
-        for address in self.tokenizer_addresses:
-            args += ["--tokenizer-address", address]
+        for address, tokenizer in zip(self.tokenizer_addresses, self.tiers[1]):
+            args += ["--tokenizer-address", address, "--tokenizer-pid", str(tokenizer.popen.pid)]
         for address in self.engine_addresses:
             args += ["--engine-address", address]
         args += self.http.argv()
@@ -285,7 +300,7 @@ class Launcher:
         pids = [a for pid in engine_pids for a in ("--engine-pid", str(pid))]
         popen = _spawn(["tokenizer_proc.tokenizer_proc", "--index", str(index), "--listen", address,
                         *engines, "--engine-args", json.dumps(self.engine_args), *pids,
-                        "--parent-pid", str(os.getpid()),
+                        "--parent-pid", str(os.getpid()), "--stop-file", self._stop_file,
                         "--shutdown-timeout", str(self.shutdown_timeout), *template])
         return Child(process_name(index), popen, address,
                      _hello_frames(TokenizerHello(TOKENIZER_PROTOCOL_VERSION, "launcher")),
@@ -294,9 +309,12 @@ class Launcher:
     def _await_ready(self, children: list[Child], timeout: float,
                      stop_requested: Callable[[], bool]) -> None:
         sockets = {}
+        auth_key = key_from_env()
         for child in children:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            if auth_key:  # the engine cores and tokenizer processes then speak CurveZMQ
+                secure_client(sock, auth_key)
             sock.connect(child.address)
             sock.send_multipart(child.hello)
             sockets[sock] = child
@@ -329,7 +347,7 @@ class Launcher:
             except RendezvousError as e:
                 raise LaunchError(str(e)) from None
         if stop_requested():
-            raise LaunchError("stopped by a signal during start-up")
+            raise StartUpInterrupted("stopped by a signal during start-up")
         if time.monotonic() > deadline:
             late = ", ".join(c.name for c in children if c.ready is None)
             raise LaunchError(f"{late} not ready within {timeout:.0f} s")
@@ -367,30 +385,38 @@ class Launcher:
             except RendezvousError as e:
                 raise LaunchError(str(e)) from None
 
-    def stop(self, drain: bool, failure: str | None = None) -> None:
-        """Stop the tiers in reverse start order; drain lets in-flight requests finish first.
-        failure (a child's death) goes to the other hosts of a data-parallel group."""
+    def stop(self, drain: bool, failure: str | None = None,
+             reason: str | None = None) -> list[str]:
+        """Stop the tiers in reverse start order; drain lets in-flight requests finish first, for
+        up to --shutdown-timeout in all. reason: what clients whose requests are cut are told
+        (by default, failure). failure (a child's death) goes to the other hosts of a
+        data-parallel group. Returns the children that cut requests."""
         if self._headless_host is not None:
             self._headless_host.fail(failure or "the headless host was stopped")
             self._headless_host.close()
+        order = StopOrder(reason or f"the server is stopping: {failure or 'stopped'}",
+                          time.time() + (self.shutdown_timeout if drain else 0.0))
+        order.write(self._stop_file)
+        cut = []
         for depth, tier in reversed(list(enumerate(self.tiers))):
             if depth == 0 and self._first_host is not None:  # nobody sends them requests now
                 self._first_host.stop(failed=failure is not None)
-            # Every tier in front of the engine core (tier 0) may be draining requests.
-            timeout = self.shutdown_timeout + _STOP_TIMEOUT_S if drain and depth else \
-                _STOP_TIMEOUT_S
+            # The tiers in front of the engine core (tier 0) drain until the order's deadline.
+            timeout = _STOP_TIMEOUT_S + (order.remaining() if depth else 0.0)
             for child in tier:
                 if child.popen.poll() is None:
                     child.popen.terminate()
             deadline = time.monotonic() + timeout
             for child in tier:
                 try:
-                    child.popen.wait(max(0.0, deadline - time.monotonic()))
+                    code = child.popen.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    print(f"engine serve: {child.name} did not stop in {timeout} s; killing it",
-                          file=sys.stderr, flush=True)
+                    print(f"engine serve: {child.name} did not stop in {timeout:.0f} s; killing "
+                          "it", file=sys.stderr, flush=True)
                     child.popen.kill()
-                    child.popen.wait()
+                    code = child.popen.wait()
+                if depth and code in (EXIT_REQUESTS_CUT, -signal.SIGKILL):
+                    cut.append(child.name)
         if self._first_host is not None:  # closed above unless start-up failed before tier 0
             self._first_host.stop(failed=failure is not None)
         if self._port_socket is not None:
@@ -399,6 +425,7 @@ class Launcher:
             core.terminate()  # already stopped; removes its socket directory
         self._ctx.term()
         shutil.rmtree(self._dir, ignore_errors=True)
+        return cut
 
 
 def _free_port(host: str) -> int:
@@ -428,8 +455,10 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
           max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
           chat: ChatOptions = ChatOptions(), disable_ui: bool = False,
           headless: bool = False, http: HttpOptions = HttpOptions()) -> int:
-    """Run `engine serve` until SIGTERM/SIGINT (exit code 0) or a child's failure (1).
-    headless: only this host's data-parallel engine cores, registered with the first host."""
+    """Run `engine serve` until SIGTERM/SIGINT, at any moment of start-up or serving (exit code
+    0, or 1 when requests still running at the --shutdown-timeout deadline were cut), or a
+    child's failure (1). headless: only this host's data-parallel engine cores, registered with
+    the first host."""
     signals: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _frame: signals.append(s))
@@ -454,6 +483,8 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
                   f"listening on {http.url(launcher.host, launcher.port)}", flush=True)
         print("engine serve: ready", flush=True)
         launcher.supervise(stop_requested=lambda: bool(signals))
+    except StartUpInterrupted:
+        pass  # drained below, like a signal while serving: requests may already be running
     except LaunchError as e:
         print(f"engine serve: error: {e}; stopping the rest", file=sys.stderr, flush=True)
         launcher.stop(drain=False, failure=str(e))
@@ -462,8 +493,13 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
         launcher.stop(drain=False)
         print("engine serve: stopped", flush=True)
         return 0
-    print(f"engine serve: got {signal.Signals(signals[0]).name}; draining for up to "
-          f"{shutdown_timeout} s", flush=True)
-    launcher.stop(drain=True)
+    name = signal.Signals(signals[0]).name
+    print(f"engine serve: got {name}; draining for up to {shutdown_timeout} s", flush=True)
+    cut = launcher.stop(drain=True, reason=f"the server is shutting down ({name}) and the "
+                        f"request did not finish within --shutdown-timeout {shutdown_timeout} s")
+    if cut:
+        print(f"engine serve: error: {', '.join(cut)} cut requests still running at the "
+              "--shutdown-timeout deadline", file=sys.stderr, flush=True)
+        return 1
     print("engine serve: stopped", flush=True)
     return 0

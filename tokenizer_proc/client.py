@@ -2,12 +2,15 @@
 
 Each connects one DEALER socket per tokenizer process and pins every request to one of them by
 hashing its id (pin_worker), so the process keeping a request's detokenizer state also gets its
-aborts.
+aborts. The HELLO carries the client's pid, so a tokenizer process on the same host aborts the
+requests of a client that died; with the engine's shared secret (ENGINE_CORE_KEY) the sockets
+speak CurveZMQ (engine_core/curve_auth.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +20,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from engine_core.curve_auth import key_from_env, secure_client
+from engine_core.process_lifecycle import host_identity, wait_for_exit
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, AbortRequest, ApiOutputType,
                                      ApiRequestType, GenerateRequest, RequestDelta, RequestError,
                                      TokenizerHello, TokenizerReady, api_output_decoders)
@@ -36,11 +41,13 @@ class TokenizerRequestError(RuntimeError):
         self.status = error.status
 
 
-def _dealer(ctx: zmq.Context, address: str) -> zmq.Socket:
+def _dealer(ctx: zmq.Context, address: str, auth_key: str | None) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
+    if auth_key:
+        secure_client(sock, auth_key)
     sock.connect(address)
     return sock
 
@@ -49,34 +56,73 @@ def _frames(kind: ApiRequestType, msg: Any) -> list[bytes]:
     return [bytes([kind]), msgspec.msgpack.encode(msg)]
 
 
+def hello_frames(client_name: str = "") -> list[bytes]:
+    """A HELLO naming this process, so that the tokenizer process can watch it."""
+    return _frames(ApiRequestType.HELLO, TokenizerHello(
+        TOKENIZER_PROTOCOL_VERSION, client_name, os.getpid(), host_identity()))
+
+
 class TokenizerClient:
     """asyncio client of M tokenizer processes; build it with `await TokenizerClient.create(...)`."""
 
-    def __init__(self, addresses: list[str], client_name: str = "") -> None:
+    def __init__(self, addresses: list[str], client_name: str = "",
+                 auth_key: str | None = None) -> None:
         self.addresses = list(addresses)
         self.ready: list[TokenizerReady] = []
         self._ctx = zmq.asyncio.Context()
-        self._sockets = [_dealer(self._ctx, a) for a in self.addresses]
+        auth_key = auth_key or key_from_env()
+        self._sockets = [_dealer(self._ctx, a, auth_key) for a in self.addresses]
         self._decoders = api_output_decoders()
         self._queues: dict[str, asyncio.Queue[RequestDelta | RequestError]] = {}
         self._hello = [asyncio.get_running_loop().create_future() for _ in self._sockets]
         self._readers = [asyncio.create_task(self._read_loop(i)) for i in range(len(self._sockets))]
         self._client_name = client_name
+        # Why each tokenizer process cannot serve (it exited), or why none can (fail_all).
+        self._dead: dict[int, str] = {}
+        self._stopped: str | None = None
 
     @classmethod
     async def create(cls, addresses: list[str], *, client_name: str = "",
-                     timeout: float = 60.0) -> TokenizerClient:
-        """Connect to every tokenizer process and wait for each one's READY."""
-        client = cls(addresses, client_name)
+                     timeout: float = 60.0, pids: list[int] | None = None,
+                     auth_key: str | None = None) -> TokenizerClient:
+        """Connect to every tokenizer process and wait for each one's READY. pids: the tokenizer
+        processes' pids (same host, in address order); when one exits, its requests fail with
+        503 at once (unavailable() says why). auth_key: the shared secret, default
+        $ENGINE_CORE_KEY."""
+        client = cls(addresses, client_name, auth_key)
         try:
             for sock in client._sockets:
-                await sock.send_multipart(_frames(ApiRequestType.HELLO, TokenizerHello(
-                    TOKENIZER_PROTOCOL_VERSION, client_name)))
+                await sock.send_multipart(hello_frames(client_name))
             client.ready = list(await asyncio.wait_for(asyncio.gather(*client._hello), timeout))
         except BaseException:
             client.shutdown()
             raise
+        client._readers += [asyncio.create_task(client._watch(i, pid))
+                            for i, pid in enumerate(pids or ())]
         return client
+
+    def unavailable(self) -> str | None:
+        """Why requests cannot be served (a tokenizer process exited, or fail_all), or None."""
+        return self._stopped or next(iter(self._dead.values()), None)
+
+    def live_requests(self) -> int:
+        """How many requests are in flight."""
+        return len(self._queues)
+
+    def fail_all(self, message: str) -> int:
+        """Fail every request in flight, and every later one, with 503 and message; returns how
+        many were in flight."""
+        self._stopped = message
+        for request_id, queue in self._queues.items():
+            queue.put_nowait(RequestError(request_id, message, 503))
+        return len(self._queues)
+
+    async def _watch(self, index: int, pid: int) -> None:
+        await wait_for_exit(pid)
+        self._dead[index] = message = f"the tokenizer process {pid} exited"
+        for request_id, queue in self._queues.items():
+            if pin_worker(request_id, len(self._sockets)) == index:
+                queue.put_nowait(RequestError(request_id, message, 503))
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestDelta]:
         """Send request and yield its deltas until all n completions finish.
@@ -87,6 +133,9 @@ class TokenizerClient:
         request_id = request.request_id
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in use by this client")
+        down = self._stopped or self._dead.get(pin_worker(request_id, len(self._sockets)))
+        if down is not None:
+            raise TokenizerRequestError(RequestError(request_id, down, 503))
         queue = self._queues[request_id] = asyncio.Queue()
         finished = 0
         try:
@@ -100,7 +149,8 @@ class TokenizerClient:
                 yield item
         finally:
             del self._queues[request_id]
-            if finished < request.sampling_params.n and not self._ctx.closed:
+            if finished < request.sampling_params.n and not self._ctx.closed and \
+                    pin_worker(request_id, len(self._sockets)) not in self._dead:
                 await self.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
@@ -141,17 +191,18 @@ class TokenizerClient:
 class BlockingTokenizerClient:
     """A blocking client for scripts and tests: one request at a time per generate() call."""
 
-    def __init__(self, addresses: list[str], *, timeout: float = 60.0) -> None:
+    def __init__(self, addresses: list[str], *, timeout: float = 60.0,
+                 auth_key: str | None = None) -> None:
         self.addresses = list(addresses)
         self._ctx = zmq.Context()
-        self._sockets = [_dealer(self._ctx, a) for a in self.addresses]
+        self._sockets = [_dealer(self._ctx, a, auth_key or key_from_env())
+                         for a in self.addresses]
         self._decoders = api_output_decoders()
         # Messages of requests other than the one being read, kept for their own generate().
         self._pending: dict[str, list[RequestDelta | RequestError]] = {}
         self.ready: list[TokenizerReady] = []
         for sock in self._sockets:
-            sock.send_multipart(_frames(ApiRequestType.HELLO,
-                                        TokenizerHello(TOKENIZER_PROTOCOL_VERSION)))
+            sock.send_multipart(hello_frames())
         for sock, address in zip(self._sockets, self.addresses):
             if not sock.poll(int(timeout * 1000)):
                 self.close()

@@ -2,7 +2,9 @@
 engine core, text deltas back.
 
 One ROUTER socket serves every API server; the identity a request came from owns it, so its
-deltas go back there without a lookup service. A DPEngineCoreClient talks to the engine cores
+deltas go back there without a lookup service. A client whose HELLO gave a pid on this host is
+watched: when it exits, its requests are aborted at once. With the engine's shared secret
+(ENGINE_CORE_KEY) the socket speaks CurveZMQ (engine_core/curve_auth.py). A DPEngineCoreClient talks to the engine cores
 (one, or a data-parallel group: each request to the least loaded). Protocol:
 tokenizer_proc/protocol.py and docs/protocol.md.
 """
@@ -16,6 +18,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -24,10 +27,12 @@ import zmq.asyncio
 
 from engine_core.client import EngineDeadError, EngineRequestError
 from engine_core.config import EngineConfig
+from engine_core.curve_auth import ENV_KEY, is_exposed, key_from_env, secure_server
 from engine_core.dp_client import DPEngineCoreClient
 from engine_core.generation_config import cap_unset_max_tokens
 from engine_core.log_options import apply_log_options
-from engine_core.process_lifecycle import start_child_process, wait_for_exit
+from engine_core.process_lifecycle import (EXIT_REQUESTS_CUT, StopOrder, host_identity,
+                                           start_child_process, wait_for_exit)
 from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import check_completion_fits, validate_request
 from metrics.request_stats import RequestStatsRecorder
@@ -54,7 +59,7 @@ class TokenizerProc:
 
     def __init__(self, index: int, config: EngineConfig, tokenizer: Any,
                  engine: DPEngineCoreClient, listen: str,
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, auth_key: str | None = None) -> None:
         assert engine.ready is not None
         self.config = config
         self.tokenizer = tokenizer
@@ -71,34 +76,51 @@ class TokenizerProc:
         self._router.setsockopt(zmq.SNDHWM, 0)
         self._router.setsockopt(zmq.RCVHWM, 0)
         self._router.setsockopt(zmq.LINGER, 1000)
+        # With a shared secret only its holders pass the handshake, and the wire is encrypted;
+        # the authenticator needs a blocking-API context (the same libzmq one).
+        self._auth = secure_server(zmq.Context.shadow(self._ctx.underlying), self._router,
+                                   auth_key) if auth_key else None
         self._router.bind(listen)
         self.address = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        if auth_key is None and is_exposed(self.address):
+            logger.warning(
+                "tokenizer %d listens on %s without authentication: anyone who reaches it can "
+                "submit requests. Set %s to a secret (every process of the server and its "
+                "clients set the same) or listen on a loopback address", index, self.address,
+                ENV_KEY)
         self._encoder = msgspec.msgpack.Encoder()
         self._decoders = api_request_decoders()
         self._draining = False
         self._engine_dead: str | None = None
+        self._host = host_identity()
+        self._watched: dict[bytes, asyncio.Task[None]] = {}  # client identity -> its pid watch
 
-    async def serve(self, stop: asyncio.Event, drain_timeout: float,
-                    engine_pids: list[int] = ()) -> None:
-        """Serve until stop is set, then refuse new requests and drain for up to drain_timeout s."""
+    async def serve(self, stop: asyncio.Event, stop_order: Callable[[], StopOrder],
+                    engine_pids: list[int] = ()) -> bool:
+        """Serve until stop is set, then refuse new requests and drain until stop_order()'s
+        deadline; requests still running then fail with its reason. True when some had to."""
         engine_task = asyncio.create_task(self._engine_loop())
         tasks = [asyncio.create_task(self._api_loop()), engine_task]
         tasks += [asyncio.create_task(self._watch_engine(pid, engine_task)) for pid in engine_pids]
         logger.info("tokenizer %d serving on %s", self.ready.worker_index, self.address)
         await stop.wait()
         self._draining = True
-        deadline = time.monotonic() + drain_timeout
-        while len(self.streams) and time.monotonic() < deadline:
+        order = stop_order()
+        while len(self.streams) and order.remaining():
             await asyncio.sleep(0.05)
-        if len(self.streams):
-            logger.warning("%d requests still running after %s s; aborting them",
-                           len(self.streams), drain_timeout)
-            await self._fail_all("the server is shutting down", 503, abort=True)
-        for task in tasks:
+        cut = len(self.streams)
+        if cut:
+            logger.warning("%d requests still running at the drain deadline; failing them: %s",
+                           cut, order.reason)
+            await self._fail_all(order.reason, 503, abort=True)
+        for task in [*tasks, *self._watched.values()]:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._watched.values(), return_exceptions=True)
         self._router.close(linger=1000)
+        if self._auth is not None:
+            self._auth.stop()
         self.engine.shutdown()
+        return cut > 0
 
     # ---- API servers -> engine core ----
 
@@ -130,6 +152,10 @@ class TokenizerProc:
                                   f"process speaks version {TOKENIZER_PROTOCOL_VERSION}, the "
                                   f"client {msg.protocol_version}")
             else:
+                if msg.pid and msg.host and msg.host == self._host and \
+                        identity not in self._watched:
+                    self._watched[identity] = asyncio.create_task(
+                        self._watch_client(identity, msg.pid, msg.client_name))
                 await self._send(identity, ApiOutputType.READY, self.ready)
         elif kind == ApiRequestType.GENERATE:
             await self._generate(identity, msg)
@@ -235,6 +261,17 @@ class TokenizerProc:
         engine_task.cancel()
         await self._on_engine_dead(f"the engine core process {pid} exited")
 
+    async def _watch_client(self, identity: bytes, pid: int, name: str) -> None:
+        """Abort the requests of a client (an API server) once its process exits."""
+        await wait_for_exit(pid, _WATCH_INTERVAL_S)
+        del self._watched[identity]
+        request_ids = [r for r, owner in self.streams.live() if owner == identity]
+        child_ids = [c for r in request_ids for c in self.streams.remove(r)]
+        logger.warning("client %s (pid %d) exited; aborting its %d requests", name or "?", pid,
+                       len(request_ids))
+        if child_ids and self._engine_dead is None:
+            await self.engine.abort_requests(child_ids)
+
     async def _on_engine_dead(self, message: str) -> None:
         if self._engine_dead is None:
             logger.error("%s; failing every request", message)
@@ -268,10 +305,12 @@ def _first_str(payload: bytes) -> str:
 
 async def run_tokenizer_proc(index: int, listen: str, engine_addresses: list[str],
                              engine_args: dict[str, Any], engine_pids: list[int] = (),
-                             drain_timeout: float = 10.0, chat_template: str | None = None
-                             ) -> int:
+                             drain_timeout: float = 10.0, chat_template: str | None = None,
+                             stop_file: str | None = None) -> int:
     """Load the tokenizer, connect to the engine cores (DP rank i at engine_addresses[i]),
-    serve until SIGTERM/SIGINT; the exit code."""
+    serve until SIGTERM/SIGINT; the exit code (EXIT_REQUESTS_CUT when requests were cut).
+    stop_file: where the launcher writes its StopOrder before the signal (else drain for
+    drain_timeout seconds)."""
     from engine_core.config import engine_config_from_kwargs
     from tokenizer_proc.tokenizer import load_chat_template, load_tokenizer
 
@@ -294,9 +333,9 @@ async def run_tokenizer_proc(index: int, listen: str, engine_addresses: list[str
     # The engine core's own limit wins over what our copy of the arguments resolved to.
     config.model.max_model_len = engine.ready.max_model_len
     proc = TokenizerProc(index, config, tokenizer, engine, listen,
-                         load_chat_template(chat_template))
-    await proc.serve(stop, drain_timeout, engine_pids)
-    return 0
+                         load_chat_template(chat_template), key_from_env())
+    cut = await proc.serve(stop, lambda: StopOrder.read(stop_file, drain_timeout), engine_pids)
+    return EXIT_REQUESTS_CUT if cut else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,11 +353,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds in-flight requests may take to finish after SIGTERM")
     parser.add_argument("--chat-template", help="the chat template (a file, or inline) for "
                         "requests that give none")
+    parser.add_argument("--stop-file", help="where the launcher writes why and until when to "
+                        "drain, before it sends SIGTERM")
     args = parser.parse_args(argv)
     start_child_process(process_name(args.index), args.parent_pid)
     return asyncio.run(run_tokenizer_proc(args.index, args.listen, args.engine_address,
                                           json.loads(args.engine_args), args.engine_pid,
-                                          args.shutdown_timeout, args.chat_template))
+                                          args.shutdown_timeout, args.chat_template,
+                                          args.stop_file))
 
 
 if __name__ == "__main__":
