@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import queue
 import re
@@ -11,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -23,12 +26,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 class Server:
     """A running `engine serve`: its process, addresses and captured output."""
 
-    def __init__(self, args: list[str], timeout: float = 120.0) -> None:
+    def __init__(self, args: list[str], timeout: float = 120.0, wait: bool = True,
+                 env: dict[str, str] | None = None) -> None:
+        """Start it; wait: until it is ready (else call wait_ready). env: added variables."""
         if "--port" not in args:  # a free port, so servers never collide
             args = [*args, "--port", "0"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "frontend.cli", "serve", *args], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         self.stdout: queue.Queue[str | None] = queue.Queue()
         self.stderr_lines: list[str] = []
         threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout.put),
@@ -38,7 +44,7 @@ class Server:
         self.core_address = ""
         self.tokenizer_addresses: list[str] = []
         self.api_url = ""  # http://host:port of the API servers, when there are any
-        self.ready = self._wait_ready(timeout)
+        self.ready = self.wait_ready(timeout) if wait else False
 
     @staticmethod
     def _pump(stream, sink) -> None:
@@ -46,7 +52,8 @@ class Server:
             sink(line)
         sink(None)
 
-    def _wait_ready(self, timeout: float) -> bool:
+    def wait_ready(self, timeout: float = 120.0) -> bool:
+        """Read its output until `engine serve: ready` (True) or its exit (False)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -67,6 +74,10 @@ class Server:
     @property
     def stderr(self) -> str:
         return "".join(line for line in self.stderr_lines if line)
+
+    def child(self, name: str) -> int:
+        """The pid of the live child called name (/proc/<pid>/comm)."""
+        return next(pid for pid, comm in self.children().items() if comm == name)
 
     def children(self) -> dict[int, str]:
         """pid -> /proc/<pid>/comm of each live child of the launcher."""
@@ -140,3 +151,54 @@ def tiny_args(tiny_model) -> list[str]:
     """Engine flags for the tiny model on the CPU."""
     return ["--model", str(tiny_model), "--device", "cpu", "--kv-cache-memory", "16MiB",
             "--max-model-len", "256"]
+
+
+class SseStream:
+    """A streaming HTTP request to the API servers, read event by event."""
+
+    def __init__(self, server: Server, path: str, body: dict) -> None:
+        url = urlsplit(server.api_url)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        self.conn.request("POST", path, json.dumps({**body, "stream": True}),
+                          {"Content-Type": "application/json"})
+        self.response = self.conn.getresponse()
+        assert self.response.status == 200, self.response.read()
+        # Which API server answered (its --index).
+        self.api_server = int(self.response.getheader("X-Engine-Api-Server"))
+
+    def next_event(self) -> str | None:
+        """The next event's data (`[DONE]` last), or None when the stream ends without one."""
+        while True:
+            line = self.response.readline()
+            if not line:
+                return None
+            if line.startswith(b"data: "):
+                return line[len(b"data: "):].decode().strip()
+
+    def rest(self) -> list[str]:
+        """The events left, up to the end of the stream."""
+        events = []
+        while (event := self.next_event()) is not None:
+            events.append(event)
+        return events
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def http_request(server: Server, method: str, path: str, body: dict | None = None
+                 ) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of one request to the API servers; ConnectionError if refused."""
+    url = urlsplit(server.api_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        conn.request(method, path, None if body is None else json.dumps(body),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+# A completion that runs until its engine core is stopped or the request is cut.
+LONG_COMPLETION = {"prompt": "Hello", "max_tokens": 200, "ignore_eos": True, "temperature": 0.0}
