@@ -204,8 +204,10 @@ class LLM:
         order = {}
         for text, request in requests:
             params = request.sampling_params
-            child_ids = self.output_processor.add_request(request.request_id, text,
-                                                          request.prompt_token_ids, params)
+            output = RequestOutput.empty(request.request_id, text, request.prompt_token_ids,
+                                         params.n, params.logprobs is not None)
+            child_ids = self.output_processor.add_request(
+                request.request_id, request.prompt_token_ids, params, owner=output)
             self._stats.on_request(child_ids, params, len(request.prompt_token_ids))
             for index, child_id in enumerate(child_ids):
                 child = request if len(child_ids) == 1 else EngineCoreRequest(
@@ -216,20 +218,24 @@ class LLM:
         results: list[RequestOutput | None] = [None] * len(order)
         progress = _progress(len(order), use_tqdm)
         try:
-            while self.output_processor.has_unfinished_requests():
+            while len(self.output_processor):
                 step = self.engine.get_output()
-                outputs, to_abort = self.output_processor.process_outputs(step.outputs)
+                deltas, to_abort = self.output_processor.process_outputs(step.outputs)
                 self._stats.on_step(step, to_abort)
                 if to_abort:
                     self.engine.abort_requests(to_abort)
-                for out in outputs:
-                    if out.finished:
-                        results[order[out.request_id]] = out
+                for delta in deltas:
+                    output = delta.request.owner
+                    output.add(delta)
+                    index = order[output.request_id]
+                    if output.finished and results[index] is None:
+                        results[index] = output
                         if progress is not None:
                             progress.update(1)
         except BaseException as e:
             # Leave no request running: a later generate() would wait for it forever.
-            children = self.output_processor.abort_requests(list(order))
+            children = [child for request_id in order
+                        for child in self.output_processor.abort_request(request_id)]
             self._stats.on_abort(children)
             if children and not isinstance(e, EngineDeadError):
                 self.engine.abort_requests(children)

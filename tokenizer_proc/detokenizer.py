@@ -9,7 +9,7 @@ from engine_core.protocol import Logprobs
 from engine_core.sampling_params import SamplingParams
 from gpu_worker.protocol import LogprobsLists
 from tokenizer_proc.incremental import make_incremental_decoder
-from tokenizer_proc.outputs import Logprob
+from tokenizer_proc.request_output import Logprob
 
 
 class IncrementalDetokenizer:

@@ -1,45 +1,24 @@
-"""OutputProcessor: turns the engine core's token outputs into RequestOutputs with text.
+"""OutputProcessor: the one output pipeline, from the engine core's token outputs to text.
 
-Keeps each sequence's incremental detokenizer, applies stop strings (reporting which engine
-requests to abort), converts logprobs to token strings, and gathers the n sequences of a
-request (sent to the engine core as n child requests) into one RequestOutput.
+Used by the offline LLM (frontend/llm.py, which gathers the deltas into RequestOutputs) and by
+the tokenizer process (tokenizer_proc/streams.py, which sends them to API servers as
+RequestDeltas). Per engine (child) request it detokenizes incrementally, holds back a possible
+partial stop string, applies stop strings (reporting which engine requests to abort), decides
+the finish and stop reasons, converts logprobs to token strings, and counts the n sequences of a
+request (sent to the engine core as n child requests) until all have finished.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
 from engine_core.protocol import EngineCoreOutput, FinishReason
 from engine_core.sampling_params import SamplingParams
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
-from tokenizer_proc.request_output import CompletionOutput, RequestOutput
-
-
-@dataclass
-class _Sequence:
-    """One child request: one completion of its parent."""
-
-    index: int
-    detokenizer: IncrementalDetokenizer
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list | None = None
-    cumulative_logprob: float | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class _Parent:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    sequences: list[_Sequence]
-    prompt_logprobs: list | None = None
-    num_cached_tokens: int = 0
-    num_finished: int = 0
+from tokenizer_proc.request_output import PromptLogprobs, SampleLogprobs
 
 
 def child_request_ids(request_id: str, n: int) -> list[str]:
@@ -53,93 +32,146 @@ def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
     return msgspec.structs.replace(params, n=1, seed=seed)
 
 
+@dataclass
+class SequenceState:
+    """One child request: one completion of its parent."""
+
+    index: int
+    detokenizer: IncrementalDetokenizer
+    # Sum of the sampled tokens' logprobs, when the request asked for logprobs.
+    cumulative_logprob: float | None = None
+
+
+@dataclass
+class RequestState:
+    """A request and its n sequences, keyed by their engine (child) ids."""
+
+    request_id: str
+    params: SamplingParams
+    num_prompt_tokens: int
+    # Who receives the request's outputs (the tokenizer process: the API server's identity).
+    owner: Any
+    sequences: dict[str, SequenceState] = field(default_factory=dict)
+    num_cached_tokens: int = 0
+    prompt_logprobs_sent: bool = False
+    num_finished: int = 0
+
+    @property
+    def finished(self) -> bool:
+        """True once every sequence has finished."""
+        return self.num_finished == len(self.sequences)
+
+
+@dataclass
+class SequenceDelta:
+    """What one engine output added to one sequence of a request."""
+
+    request: RequestState
+    child_id: str
+    index: int
+    text: str  # new text; a possible partial stop string is held back until it is decided
+    token_ids: list[int]
+    logprobs: SampleLogprobs | None
+    prompt_logprobs: PromptLogprobs | None  # on the request's first delta that has them
+    cumulative_logprob: float | None
+    finish_reason: str | None = None  # "stop", "length" or "abort" on the sequence's last delta
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    # EngineCoreOutput.prefill_chunks ([Unix time, tokens] each), on the sequence's first delta.
+    prefill_chunks: list[tuple[float, int]] = field(default_factory=list)
+
+
 class OutputProcessor:
-    """Per-request output state, keyed by the engine core's (child) request ids."""
+    """Live requests, keyed by request id and by engine (child) id."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self._parents: dict[str, _Parent] = {}
-        self._children: dict[str, tuple[_Parent, _Sequence]] = {}
+        self._requests: dict[str, RequestState] = {}
+        self._children: dict[str, tuple[RequestState, SequenceState]] = {}
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams) -> list[str]:
-        """Track a request; returns the child ids to send to the engine core."""
-        child_ids = child_request_ids(request_id, params.n)
-        parent = _Parent(request_id, prompt, prompt_token_ids, params, [])
-        for index, child_id in enumerate(child_ids):
-            seq = _Sequence(index, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params),
-                            logprobs=[] if params.logprobs is not None else None,
-                            cumulative_logprob=0.0 if params.logprobs is not None else None)
-            parent.sequences.append(seq)
-            self._children[child_id] = (parent, seq)
-        self._parents[request_id] = parent
-        return child_ids
+    def __len__(self) -> int:
+        return len(self._requests)
 
-    def has_unfinished_requests(self) -> bool:
-        """True while any tracked request has an unfinished sequence."""
-        return bool(self._parents)
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._requests
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Apply one step's outputs: the RequestOutputs that changed, and child ids to abort."""
-        changed: dict[str, _Parent] = {}
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    owner: Any = None) -> list[str]:
+        """Track a request; returns the engine ids of its n sequences, to send to the engine."""
+        request = RequestState(request_id, params, len(prompt_token_ids), owner)
+        cumulative = 0.0 if params.logprobs is not None else None
+        for index, child_id in enumerate(child_request_ids(request_id, params.n)):
+            seq = SequenceState(index, IncrementalDetokenizer(self.tokenizer, prompt_token_ids,
+                                                              params), cumulative)
+            request.sequences[child_id] = seq
+            self._children[child_id] = (request, seq)
+        self._requests[request_id] = request
+        return list(request.sequences)
+
+    def get(self, request_id: str) -> RequestState | None:
+        """A live request, or None."""
+        return self._requests.get(request_id)
+
+    def request_of_child(self, child_id: str) -> RequestState | None:
+        """The live request an engine id belongs to, or None."""
+        entry = self._children.get(child_id)
+        return None if entry is None else entry[0]
+
+    def requests(self) -> list[RequestState]:
+        """Every live request."""
+        return list(self._requests.values())
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]
+                        ) -> tuple[list[SequenceDelta], list[str]]:
+        """Apply one step's outputs: a delta per output of a live sequence, and the engine ids to
+        abort (stopped by a stop string before the engine core saw them finish)."""
+        deltas: list[SequenceDelta] = []
         to_abort: list[str] = []
         for out in outputs:
             entry = self._children.get(out.request_id)
             if entry is None:
-                continue
-            parent, seq = entry
-            if out.new_prompt_logprobs is not None and parent.prompt_logprobs is None:
-                parent.prompt_logprobs = [None] + convert_logprobs(self.tokenizer,
-                                                                   out.new_prompt_logprobs)
-            if out.num_cached_tokens:
-                parent.num_cached_tokens = out.num_cached_tokens
-            seq.token_ids.extend(out.new_token_ids)
-            if seq.logprobs is not None and out.new_logprobs is not None:
-                seq.logprobs.extend(convert_logprobs(self.tokenizer, out.new_logprobs))
-                seq.cumulative_logprob += sum(float(row[0]) for row in out.new_logprobs.logprobs)
+                continue  # forgotten after a stop string or an abort
+            request, seq = entry
             stop = seq.detokenizer.update(out.new_token_ids, out.finished,
-                                         out.finish_reason == FinishReason.STOP)
-            if stop is not None and not out.finished:
-                seq.finish_reason, seq.stop_reason = "stop", stop
-                to_abort.append(out.request_id)
+                                          out.finish_reason == FinishReason.STOP)
+            finish_reason, stop_reason = None, None
+            if stop is not None:
+                finish_reason, stop_reason = "stop", stop
+                if not out.finished:
+                    to_abort.append(out.request_id)
             elif out.finished:
-                seq.finish_reason = str(out.finish_reason)
-                seq.stop_reason = stop if stop is not None else out.stop_reason
-                if stop is not None:
-                    seq.finish_reason = "stop"
-            if seq.finish_reason is not None:
-                parent.num_finished += 1
-                del self._children[out.request_id]
-            changed[parent.request_id] = parent
-        results = []
-        for parent in changed.values():
-            finished = parent.num_finished == len(parent.sequences)
-            if finished:
-                del self._parents[parent.request_id]
-            results.append(self._request_output(parent, finished))
-        return results, to_abort
+                finish_reason, stop_reason = str(out.finish_reason), out.stop_reason
+            if out.num_cached_tokens:
+                request.num_cached_tokens = out.num_cached_tokens
+            prompt_logprobs = None
+            if out.new_prompt_logprobs is not None and not request.prompt_logprobs_sent:
+                request.prompt_logprobs_sent = True
+                prompt_logprobs = [None, *convert_logprobs(self.tokenizer, out.new_prompt_logprobs)]
+            logprobs = None
+            if out.new_logprobs is not None:
+                logprobs = convert_logprobs(self.tokenizer, out.new_logprobs)
+                if seq.cumulative_logprob is not None:
+                    seq.cumulative_logprob += sum(float(row[0])
+                                                  for row in out.new_logprobs.logprobs)
+            deltas.append(SequenceDelta(request, out.request_id, seq.index,
+                                        seq.detokenizer.get_next_delta(), list(out.new_token_ids),
+                                        logprobs, prompt_logprobs, seq.cumulative_logprob,
+                                        finish_reason, stop_reason, out.prefill_chunks))
+            if finish_reason is not None:
+                self._finish(out.request_id)
+        return deltas, to_abort
 
-    def abort_requests(self, request_ids: list[str]) -> list[str]:
-        """Forget requests; returns the child ids the engine core must abort."""
-        children = []
-        for request_id in request_ids:
-            parent = self._parents.pop(request_id, None)
-            if parent is None:
-                continue
-            ids = child_request_ids(request_id, parent.params.n)
-            children.extend(i for i in ids if self._children.pop(i, None) is not None)
-        return children
+    def abort_request(self, request_id: str) -> list[str]:
+        """Forget a request; returns the engine ids of its unfinished sequences (to abort)."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return []
+        live = [child_id for child_id in request.sequences if child_id in self._children]
+        for child_id in live:
+            del self._children[child_id]
+        return live
 
-    @staticmethod
-    def _request_output(parent: _Parent, finished: bool) -> RequestOutput:
-        completions = [
-            CompletionOutput(index=s.index, text=s.detokenizer.output_text, token_ids=list(s.token_ids),
-                             cumulative_logprob=s.cumulative_logprob,
-                             logprobs=list(s.logprobs) if s.logprobs is not None else None,
-                             finish_reason=s.finish_reason, stop_reason=s.stop_reason)
-            for s in parent.sequences
-        ]
-        return RequestOutput(request_id=parent.request_id, prompt=parent.prompt,
-                             prompt_token_ids=parent.prompt_token_ids,
-                             prompt_logprobs=parent.prompt_logprobs, outputs=completions,
-                             finished=finished, num_cached_tokens=parent.num_cached_tokens)
+    def _finish(self, child_id: str) -> None:
+        request, _ = self._children.pop(child_id)
+        request.num_finished += 1
+        if request.finished:
+            del self._requests[request.request_id]

@@ -1,10 +1,24 @@
-"""RequestOutput and CompletionOutput: what a user of the offline API gets back (vLLM's shape)."""
+"""RequestOutput and CompletionOutput: what a user of the offline API gets back (vLLM's shape),
+gathered from the output pipeline's deltas; Logprob, one token's entry in their logprobs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from tokenizer_proc.outputs import Logprob
+import msgspec
+
+if TYPE_CHECKING:
+    from tokenizer_proc.output_processor import SequenceDelta
+
+
+class Logprob(msgspec.Struct, array_like=True, gc=False):
+    """One token's log probability, its rank in the vocabulary (1 = most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
 
 # Per position: token id -> Logprob; the sampled token is always among the keys.
 SampleLogprobs = list[dict[int, Logprob]]
@@ -41,3 +55,25 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, request_id: str, prompt: str | None, prompt_token_ids: list[int], n: int,
+              with_logprobs: bool) -> RequestOutput:
+        """A request's output before any token: n empty completions."""
+        return cls(request_id, prompt, prompt_token_ids, None,
+                   [CompletionOutput(i, "", [], 0.0 if with_logprobs else None,
+                                     [] if with_logprobs else None) for i in range(n)], False)
+
+    def add(self, delta: SequenceDelta) -> None:
+        """Append what one engine step added to one completion (the output is cumulative)."""
+        completion = self.outputs[delta.index]
+        completion.text += delta.text
+        completion.token_ids.extend(delta.token_ids)
+        if completion.logprobs is not None and delta.logprobs is not None:
+            completion.logprobs.extend(delta.logprobs)
+        completion.cumulative_logprob = delta.cumulative_logprob
+        completion.finish_reason, completion.stop_reason = delta.finish_reason, delta.stop_reason
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
+        self.num_cached_tokens = delta.request.num_cached_tokens
+        self.finished = delta.request.finished

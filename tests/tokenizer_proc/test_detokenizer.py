@@ -11,7 +11,7 @@ from engine_core.sampling_params import SamplingParams
 from gpu_worker.protocol import LogprobsLists
 from tokenizer_proc import incremental
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
-from tokenizer_proc.outputs import Logprob
+from tokenizer_proc.request_output import Logprob
 from tokenizer_proc.tokenizer import apply_chat_template
 
 MULTILINGUAL = "你好，世界！ Привет, мир! 😀🎉 👨‍👩‍👧 naïve café — done."
