@@ -97,11 +97,13 @@ class HandshakeWatch:
     otherwise only shows as a server that never answers; with disconnects, also notes (in
     .disconnected, updated by failure()) that an established connection closed."""
 
-    def __init__(self, sock: zmq.Socket, disconnects: bool = False) -> None:
+    def __init__(self, sock: zmq.Socket, disconnects: bool = False,
+                 peer: str = "the engine core") -> None:
         address = f"inproc://engine-core-handshake-{os.getpid()}-{next(_monitor_ids)}"
         # One monitor per socket: the disconnect watch shares this one.
         sock.monitor(address, _FAILED | (zmq.EVENT_DISCONNECTED if disconnects else 0))
         self.disconnected = False
+        self._peer = peer  # the server, as the reason names it
         # A plain (blocking-API) context over the same libzmq context: inproc reaches it.
         self._ctx = zmq.Context.shadow(sock.context.underlying)
         self._monitor = self._ctx.socket(zmq.PAIR)
@@ -116,9 +118,9 @@ class HandshakeWatch:
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self.disconnected = True
                 continue
-            reason = ("the engine core refused this client's key" if event["event"]
+            reason = (f"{self._peer} refused this client's key" if event["event"]
                       == zmq.EVENT_HANDSHAKE_FAILED_AUTH else "the CURVE handshake failed")
-            reason += ("; the engine core and its clients must share one secret in "
+            reason += (f"; {self._peer} and its clients must share one secret in "
                        f"{ENV_KEY} (or neither set it)")
         return reason
 

@@ -20,11 +20,15 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from engine_core.curve_auth import key_from_env, secure_client
+from engine_core.curve_auth import HandshakeWatch, key_from_env, secure_client
 from engine_core.process_lifecycle import host_identity, wait_for_exit
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, AbortRequest, ApiOutputType,
                                      ApiRequestType, GenerateRequest, RequestDelta, RequestError,
                                      TokenizerHello, TokenizerReady, api_output_decoders)
+
+
+# How often a client waiting for READY checks for a refused handshake.
+_POLL_S = 0.1
 
 
 def pin_worker(request_id: str, num_workers: int) -> int:
@@ -41,15 +45,40 @@ class TokenizerRequestError(RuntimeError):
         self.status = error.status
 
 
-def _dealer(ctx: zmq.Context, address: str, auth_key: str | None) -> zmq.Socket:
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    if auth_key:
-        secure_client(sock, auth_key)
-    sock.connect(address)
-    return sock
+class _Dealers:
+    """One DEALER per tokenizer process (with a shared secret, CURVE clients), whose refused
+    handshakes are reported (refusal()) instead of looking like a silent server."""
+
+    def __init__(self, ctx: zmq.Context, addresses: list[str], auth_key: str | None) -> None:
+        self.sockets = []
+        self.watches = []
+        for address in addresses:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            if auth_key:
+                secure_client(sock, auth_key)
+            # Also without a key: a CURVE server refuses a plain client.
+            self.watches.append(HandshakeWatch(sock, peer=f"the tokenizer process at {address}"))
+            sock.connect(address)
+            self.sockets.append(sock)
+
+    def refusal(self) -> str | None:
+        """Why a tokenizer process refused this client's key, if one did."""
+        return next(filter(None, (w.failure() for w in self.watches)), None)
+
+    def close(self) -> None:
+        for watch in self.watches:
+            watch.close()
+        for sock in self.sockets:
+            sock.close(linger=0)
+
+
+def _raise_if_refused(dealers: _Dealers) -> None:
+    refused = dealers.refusal()
+    if refused is not None:
+        raise ConnectionError(refused)
 
 
 def _frames(kind: ApiRequestType, msg: Any) -> list[bytes]:
@@ -70,8 +99,8 @@ class TokenizerClient:
         self.addresses = list(addresses)
         self.ready: list[TokenizerReady] = []
         self._ctx = zmq.asyncio.Context()
-        auth_key = auth_key or key_from_env()
-        self._sockets = [_dealer(self._ctx, a, auth_key) for a in self.addresses]
+        self._dealers = _Dealers(self._ctx, self.addresses, auth_key or key_from_env())
+        self._sockets = self._dealers.sockets
         self._decoders = api_output_decoders()
         self._queues: dict[str, asyncio.Queue[RequestDelta | RequestError]] = {}
         self._hello = [asyncio.get_running_loop().create_future() for _ in self._sockets]
@@ -93,7 +122,15 @@ class TokenizerClient:
         try:
             for sock in client._sockets:
                 await sock.send_multipart(hello_frames(client_name))
-            client.ready = list(await asyncio.wait_for(asyncio.gather(*client._hello), timeout))
+            hello = asyncio.gather(*client._hello)
+            deadline = time.monotonic() + timeout
+            while not (await asyncio.wait([hello], timeout=_POLL_S))[0]:
+                _raise_if_refused(client._dealers)
+                if time.monotonic() > deadline:
+                    hello.cancel()
+                    raise TimeoutError(f"tokenizer processes {client.addresses} did not answer "
+                                       f"in {timeout} s")
+            client.ready = list(hello.result())
         except BaseException:
             client.shutdown()
             raise
@@ -162,8 +199,7 @@ class TokenizerClient:
         """Stop reading and close the sockets."""
         for task in self._readers:
             task.cancel()
-        for sock in self._sockets:
-            sock.close(linger=0)
+        self._dealers.close()
         self._ctx.term()
 
     def _socket(self, request_id: str) -> zmq.asyncio.Socket:
@@ -195,18 +231,26 @@ class BlockingTokenizerClient:
                  auth_key: str | None = None) -> None:
         self.addresses = list(addresses)
         self._ctx = zmq.Context()
-        self._sockets = [_dealer(self._ctx, a, auth_key or key_from_env())
-                         for a in self.addresses]
+        self._dealers = _Dealers(self._ctx, self.addresses, auth_key or key_from_env())
+        self._sockets = self._dealers.sockets
         self._decoders = api_output_decoders()
         # Messages of requests other than the one being read, kept for their own generate().
         self._pending: dict[str, list[RequestDelta | RequestError]] = {}
         self.ready: list[TokenizerReady] = []
         for sock in self._sockets:
             sock.send_multipart(hello_frames())
+        deadline = time.monotonic() + timeout
         for sock, address in zip(self._sockets, self.addresses):
-            if not sock.poll(int(timeout * 1000)):
-                self.close()
-                raise TimeoutError(f"tokenizer process at {address} did not answer in {timeout} s")
+            while not sock.poll(int(_POLL_S * 1000)):
+                try:
+                    _raise_if_refused(self._dealers)
+                except ConnectionError:
+                    self.close()
+                    raise
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise TimeoutError(f"tokenizer process at {address} did not answer in "
+                                       f"{timeout} s")
             kind, payload = sock.recv_multipart()
             msg = self._decoders[kind[0]].decode(payload)
             if not isinstance(msg, TokenizerReady):
@@ -247,8 +291,7 @@ class BlockingTokenizerClient:
 
     def close(self) -> None:
         """Close the sockets."""
-        for sock in self._sockets:
-            sock.close(linger=0)
+        self._dealers.close()
         self._ctx.term()
 
     def _socket(self, request_id: str) -> zmq.Socket:
