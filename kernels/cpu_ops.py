@@ -129,8 +129,10 @@ def block_weight(weight: torch.Tensor) -> torch.Tensor:
             .transpose(0, 1).contiguous())
 
 
-def linear(x: torch.Tensor, weight_blocked: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ W^T (+ bias) with W given by block_weight(); returns [..., N]."""
+def linear(x: torch.Tensor, weight_blocked: torch.Tensor, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias) with W given by block_weight(); returns [..., N], written into
+    out (contiguous, [..., N]) when given."""
     _check(x, "x")
     _check(weight_blocked, "weight_blocked")
     blocks, in_features, width = weight_blocked.shape
@@ -140,7 +142,13 @@ def linear(x: torch.Tensor, weight_blocked: torch.Tensor, bias: torch.Tensor | N
     out_features = blocks * LINEAR_BLOCK
     _check_bias(bias, out_features)
     rows = _matrix(x, in_features)
-    out = torch.empty(*x.shape[:-1], out_features)
+    if out is None:
+        out = torch.empty(*x.shape[:-1], out_features)
+    else:
+        _check(out, "out")
+        if out.shape != (*x.shape[:-1], out_features) or not out.is_contiguous():
+            raise ValueError(f"out {tuple(out.shape)} is not a contiguous "
+                             f"{(*x.shape[:-1], out_features)}")
     if rows.shape[0]:
         _lib().linear_f32(rows.data_ptr(), rows.stride(0), weight_blocked.data_ptr(),
                           None if bias is None else bias.data_ptr(), out.data_ptr(), out_features,

@@ -71,12 +71,14 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.project(x, self.bias)
 
-    def project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x @ W^T + bias in whichever layout W is held."""
+    def project(self, x: torch.Tensor, bias: torch.Tensor | None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W^T + bias in whichever layout W is held. out, a contiguous fp32 buffer of the
+        result's shape, receives the result where the C kernels compute it (use the return)."""
         if self.quantized is not None:
-            return self.quantized(x, bias)
+            return self.quantized(x, bias, out)
         if self.blocked_weight is not None and x.dtype == torch.float32:
-            return cpu_ops.linear(x, self.blocked_weight, bias)
+            return cpu_ops.linear(x, self.blocked_weight, bias, out)
         rows = x.reshape(-1, x.shape[-1])
         # With many rows the split layout's output transpose costs more than it saves; use W
         # itself when it is still held (a weight tied to the embedding is).

@@ -40,11 +40,15 @@ class QuantizedProjection:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if len(self.parts) == 1:
-            return cpu_ops.quant_linear(x, self.parts[0], bias)
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        out = torch.empty(rows.shape[0], self.out_features)
+        out = out.view(rows.shape[0], self.out_features) if out is not None else None
+        if len(self.parts) == 1:
+            y = cpu_ops.quant_linear(rows, self.parts[0], bias, out=out)
+            return y.view(*x.shape[:-1], self.out_features)
+        if out is None:
+            out = torch.empty(rows.shape[0], self.out_features)
         start = 0
         for part in self.parts:
             end = start + part.out_features

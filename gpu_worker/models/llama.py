@@ -223,9 +223,11 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.model.norm.forward_with_residual(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [N, vocab] in fp32 for the given hidden states [N, hidden]."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+        """Logits [N, vocab] in fp32 for the given hidden states [N, hidden]; out, a reused
+        [N, vocab] fp32 buffer, receives them where the kernels can write into it (CPU)."""
+        return self.lm_head(hidden, out).float()
 
     def attention_layers(self) -> list[Attention]:
         """Attention modules in layer order, for binding KV caches."""

@@ -83,5 +83,8 @@ class ParallelLMHead(Linear):
         self.vocab_size = vocab_size
         _shard(self.weight, 0, vocab_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [..., vocab]; out (a buffer for them, one rank only) may receive them."""
+        if tp_world_size() == 1:
+            return self.project(x, None, out)[..., : self.vocab_size]
         return tp_all_gather(self.project(x, None))[..., : self.vocab_size]

@@ -184,6 +184,20 @@ def test_linear_takes_views_and_batches() -> None:
     assert cpu_ops.linear(torch.empty(0, 40), blocked).shape == (0, 64)
 
 
+def test_linear_writes_into_out() -> None:
+    weight, x = torch.randn(64, 40), torch.randn(5, 40)
+    blocked = cpu_ops.block_weight(weight)
+    buffer = torch.full((8, 64), float("nan"))
+    y = cpu_ops.linear(x, blocked, out=buffer[:5])
+    assert y.data_ptr() == buffer.data_ptr()
+    torch.testing.assert_close(buffer[:5], x @ weight.t(), rtol=1e-5, atol=1e-4)
+    assert buffer[5:].isnan().all()
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu_ops.linear(x, blocked, out=torch.empty(5, 128)[:, :64])
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu_ops.linear(x, blocked, out=torch.empty(6, 64))
+
+
 def test_linear_refuses_what_it_would_misread() -> None:
     with pytest.raises(ValueError, match="multiple of 32"):
         cpu_ops.block_weight(torch.randn(48, 16))

@@ -65,6 +65,8 @@ def guarded(request, monkeypatch, tmp_path):
     with library_env(ENGINE_CPU_KERNELS="0" if request.param == "torch-ops" else "1"):
         plain, _ = make_runner(path, max_model_len=256, max_num_seqs=8)
         runner, _ = make_runner(path, max_model_len=256, max_num_seqs=8)
+        # The reference computes fresh logits each step; the guarded runner reuses its buffer.
+        plain._logits_out = lambda rows: None
         yield _guarded(runner, monkeypatch, rewrap_model=request.param == "c-kernels"), plain
 
 
@@ -152,6 +154,7 @@ def test_steps_make_no_host_read_and_match_the_plain_runner(guarded):
         launched = step
         plain_out.append(plain.execute_model(sched))
     guarded_out.append(launched.get_output())
+    assert runner._logits_buffer is not None
     assert [o.sampled_token_ids for o in guarded_out] == [o.sampled_token_ids for o in plain_out]
     assert [o.logprobs for o in guarded_out] == [o.logprobs for o in plain_out]
     assert [o.prompt_logprobs for o in guarded_out] == [o.prompt_logprobs for o in plain_out]
