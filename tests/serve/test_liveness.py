@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -25,18 +26,31 @@ from tokenizer_proc.protocol import GenerateRequest
 WITHIN_S = 5.0
 
 
-def _cut_stream(server: Server, kill: str) -> tuple[list[str], float]:
+def _cut_stream(server: Server, kill: str, plain: bool = False
+                ) -> tuple[list[str], float, tuple | None]:
     """Stream a long completion, freeze the engine core once it streams (so the request stays
-    in flight), SIGKILL the child called kill; the events after that, and how long they took."""
+    in flight), SIGKILL the child called kill; the events after that and how long they took.
+    plain: a non-streaming request is in flight too (one API server); its (status, headers,
+    body) comes third."""
     core = server.child("engine-core")
     stream = SseStream(server, "/v1/completions", LONG_COMPLETION)
+    answers: list[tuple] = []
+    thread = threading.Thread(target=lambda: answers.append(
+        http_request(server, "POST", "/v1/completions", LONG_COMPLETION)))
     try:
         assert stream.next_event() not in (None, "[DONE]")
         os.kill(core, signal.SIGSTOP)
+        if plain:
+            thread.start()
+            assert wait_until(lambda: json.loads(http_request(server, "GET", "/load")[2])[
+                "server_load"] == 2)
         os.kill(server.child(kill.format(other=1 - stream.api_server)), signal.SIGKILL)
         start = time.monotonic()
         events = stream.rest()
-        return events, time.monotonic() - start
+        elapsed = time.monotonic() - start
+        if plain:
+            thread.join(timeout=WITHIN_S)
+        return events, elapsed, answers[0] if answers else None
     finally:
         os.kill(core, signal.SIGCONT)
         stream.close()
@@ -47,21 +61,22 @@ def _error(events: list[str]) -> dict:
     return json.loads(events[-2])["error"]
 
 
-def test_tokenizer_death_ends_http_streams_with_an_error_event(tiny_args):
+def test_tokenizer_death_fails_http_requests_with_an_error_event_or_503(tiny_args):
     server = Server(tiny_args)
     assert server.ready, server.stderr
-    events, elapsed = _cut_stream(server, "engine-tok-0")
+    events, elapsed, plain = _cut_stream(server, "engine-tok-0", plain=True)
     assert elapsed < WITHIN_S
-    error = _error(events)
-    assert error["code"] == 503
-    assert re.search(r"tokenizer process \d+ exited|engine-tok-0", error["message"]), error
+    for error in (_error(events), json.loads(plain[2])["error"]):
+        assert error["code"] == 503
+        assert re.search(r"tokenizer process \d+ exited|engine-tok-0", error["message"]), error
+    assert plain[0] == 503
     assert server.proc.wait(timeout=60) == 1
 
 
 def test_a_dead_api_server_stops_the_tree_with_an_error_event_on_the_other(tiny_args):
     server = Server([*tiny_args, "--api-server-count", "2"])
     assert server.ready, server.stderr
-    events, elapsed = _cut_stream(server, "engine-api-{other}")
+    events, elapsed, _ = _cut_stream(server, "engine-api-{other}")
     assert elapsed < WITHIN_S
     error = _error(events)
     assert error["code"] == 503
