@@ -85,7 +85,7 @@ def _frames(kind: ApiRequestType, msg: Any) -> list[bytes]:
     return [bytes([kind]), msgspec.msgpack.encode(msg)]
 
 
-def hello_frames(client_name: str = "") -> list[bytes]:
+def _hello_frames(client_name: str = "") -> list[bytes]:
     """A HELLO naming this process, so that the tokenizer process can watch it."""
     return _frames(ApiRequestType.HELLO, TokenizerHello(
         TOKENIZER_PROTOCOL_VERSION, client_name, os.getpid(), host_identity()))
@@ -112,18 +112,18 @@ class TokenizerClient:
 
     @classmethod
     async def create(cls, addresses: list[str], *, client_name: str = "",
-                     timeout: float = 60.0, pids: list[int] | None = None,
+                     timeout: float | None = 60.0, pids: list[int] | None = None,
                      auth_key: str | None = None) -> TokenizerClient:
-        """Connect to every tokenizer process and wait for each one's READY. pids: the tokenizer
-        processes' pids (same host, in address order); when one exits, its requests fail with
-        503 at once (unavailable() says why). auth_key: the shared secret, default
-        $ENGINE_CORE_KEY."""
+        """Connect to every tokenizer process and wait for each one's READY (timeout None: as
+        long as it takes). pids: the tokenizer processes' pids (same host, in address order);
+        when one exits, its requests fail with 503 at once (unavailable() says why). auth_key:
+        the shared secret, default $ENGINE_CORE_KEY."""
         client = cls(addresses, client_name, auth_key)
         try:
             for sock in client._sockets:
-                await sock.send_multipart(hello_frames(client_name))
+                await sock.send_multipart(_hello_frames(client_name))
             hello = asyncio.gather(*client._hello)
-            deadline = time.monotonic() + timeout
+            deadline = float("inf") if timeout is None else time.monotonic() + timeout
             while not (await asyncio.wait([hello], timeout=_POLL_S))[0]:
                 _raise_if_refused(client._dealers)
                 if time.monotonic() > deadline:
@@ -238,7 +238,7 @@ class BlockingTokenizerClient:
         self._pending: dict[str, list[RequestDelta | RequestError]] = {}
         self.ready: list[TokenizerReady] = []
         for sock in self._sockets:
-            sock.send_multipart(hello_frames())
+            sock.send_multipart(_hello_frames())
         deadline = time.monotonic() + timeout
         for sock, address in zip(self._sockets, self.addresses):
             while not sock.poll(int(_POLL_S * 1000)):
