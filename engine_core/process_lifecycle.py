@@ -1,4 +1,4 @@
-"""Process naming and liveness, shared by the engine's processes."""
+"""Process naming, liveness and stop orders, shared by the engine's processes."""
 
 from __future__ import annotations
 

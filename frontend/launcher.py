@@ -394,7 +394,8 @@ class Launcher:
         if self._headless_host is not None:
             self._headless_host.fail(failure or "the headless host was stopped")
             self._headless_host.close()
-        order = StopOrder(reason or f"the server is stopping: {failure or 'stopped'}",
+        stopping = "the server is stopping" + (f": {failure}" if failure else "")
+        order = StopOrder(reason or stopping,
                           time.time() + (self.shutdown_timeout if drain else 0.0))
         order.write(self._stop_file)
         cut = []
