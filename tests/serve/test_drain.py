@@ -9,6 +9,7 @@ import os
 import signal
 import time
 
+from engine_core.process_lifecycle import StopOrder
 from tests.serve.conftest import LONG_COMPLETION, Server, SseStream, http_request, wait_until
 
 
@@ -69,3 +70,14 @@ def test_requests_outlasting_the_shutdown_timeout_get_an_error_event_and_exit_1(
     assert "engine-api-0 cut requests still running at the --shutdown-timeout deadline" in \
         server.stderr
     assert "killing" not in server.stderr
+
+
+def test_stop_order_round_trip_and_default(tmp_path):
+    path = str(tmp_path / "stop.json")
+    StopOrder("the server is stopping: engine-api-1 died", time.time() - 1).write(path)
+    order = StopOrder.read(path, drain_timeout=30)
+    assert order.reason == "the server is stopping: engine-api-1 died"
+    assert order.remaining() == 0
+    # A SIGTERM that did not come from the launcher: drain for the process's own timeout.
+    default = StopOrder.read(str(tmp_path / "absent.json"), drain_timeout=30)
+    assert default.reason == "the server is shutting down" and 29 < default.remaining() <= 30
