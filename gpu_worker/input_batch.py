@@ -16,6 +16,7 @@ import torch
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from gpu_worker.request_state import RequestStates
 from gpu_worker.staging import HostToDevice
+from kernels.prepare_inputs import prepare_inputs_for
 
 
 @dataclass(slots=True)
@@ -26,7 +27,6 @@ class InputBatch:
     slots_np: np.ndarray  # [B] int64
     query_start_loc_np: np.ndarray  # [B+1] int32
     seq_lens_np: np.ndarray  # [B] int32
-    samples_np: np.ndarray  # [B] bool: this step reaches the end of the request's known tokens
     sample_rows_np: np.ndarray  # [S] int64: rows of req_ids that sample
     sample_slots_np: np.ndarray  # [S] int64: their slots
     slots: torch.Tensor  # [B] int64
@@ -50,58 +50,50 @@ class InputBatch:
 
 
 class InputPreparer:
-    """Builds InputBatches from RequestStates with one host-to-device copy per step."""
+    """Builds InputBatches from RequestStates with one host-to-device copy and one kernel per
+    step (kernels.prepare_inputs)."""
 
     def __init__(self, states: RequestStates, h2d: HostToDevice, device: torch.device) -> None:
         self.states = states
         self.h2d = h2d
         self.device = device
-        self._arange = torch.arange(0, dtype=torch.int64, device=device)
+        self._gather = prepare_inputs_for(device)
+        # The last step's (states.version, req_ids, slots): most steps run the same requests.
+        self._last_slots: tuple[int, list[str], np.ndarray] = (-1, [], np.zeros(0, np.int64))
 
-    def _iota(self, n: int) -> torch.Tensor:
-        if n > self._arange.shape[0]:
-            self._arange = torch.arange(max(n, 2 * self._arange.shape[0]), dtype=torch.int64,
-                                        device=self.device)
-        return self._arange[:n]
+    def _slots(self, req_ids: list[str]) -> np.ndarray:
+        version, last_ids, last_slots = self._last_slots
+        if version == self.states.version and req_ids == last_ids:
+            return last_slots
+        slot_of = self.states.slot_of
+        slots = np.array([slot_of[r] for r in req_ids], dtype=np.int64)
+        self._last_slots = (self.states.version, req_ids, slots)
+        return slots
 
     def prepare(self, req_ids: list[str], num_scheduled: np.ndarray) -> InputBatch:
         """Inputs for a step computing num_scheduled[i] tokens of request req_ids[i]."""
         st = self.states
-        slots_np = np.fromiter((st.slot_of[r] for r in req_ids), dtype=np.int64,
-                               count=len(req_ids))
+        slots_np = self._slots(req_ids)
         qsl_np = np.zeros(len(req_ids) + 1, dtype=np.int32)
         np.cumsum(num_scheduled, out=qsl_np[1:])
         seq_lens_np = (st.num_computed_np[slots_np] + num_scheduled).astype(np.int32)
-        samples_np = seq_lens_np >= st.num_tokens_np[slots_np]
-        sample_rows_np = np.flatnonzero(samples_np)
+        sample_rows_np = np.flatnonzero(seq_lens_np >= st.num_tokens_np[slots_np])
         num_tokens = int(qsl_np[-1])
-        max_blocks = int(-(-seq_lens_np.max() // st.block_size)) if len(req_ids) else 0
+        max_seq_len = int(seq_lens_np.max()) if len(req_ids) else 0
+        max_blocks = -(-max_seq_len // st.block_size)
 
         slots, qsl, sample_rows = self.h2d.copy(slots_np, qsl_np, sample_rows_np)
-        qsl_long = qsl.to(torch.int64)
-        token_req = torch.searchsorted(qsl_long[1:], self._iota(num_tokens), right=True)
-        token_slot = slots.index_select(0, token_req)
-        computed = st.num_computed.index_select(0, slots)
-        seq_lens = (computed + (qsl_long[1:] - qsl_long[:-1])).to(torch.int32)
-        positions = (computed.index_select(0, token_req) + self._iota(num_tokens)
-                     - qsl_long.index_select(0, token_req))
-        input_ids = st.token_ids.view(-1).index_select(
-            0, token_slot * st.token_ids.shape[1] + positions)
-        bs = st.block_size
-        block_index = token_slot * st.block_table.shape[1] + positions // bs
-        slot_mapping = (st.block_table.view(-1).index_select(0, block_index).to(torch.int64) * bs
-                        + positions % bs)
-        block_table = st.block_table[:, :max_blocks].index_select(0, slots)
+        inputs = self._gather(slots, qsl, sample_rows, st.num_computed, st.token_ids,
+                              st.block_table, st.block_size, num_tokens, max_blocks)
         device_batch = DeviceBatch(
-            query_start_loc=qsl, seq_lens=seq_lens, block_table=block_table,
-            slot_mapping=slot_mapping,
+            query_start_loc=qsl, seq_lens=inputs.seq_lens, block_table=inputs.block_table,
+            slot_mapping=inputs.slot_mapping,
             max_query_len=int(num_scheduled.max()) if len(req_ids) else 0,
-            max_seq_len=int(seq_lens_np.max()) if len(req_ids) else 0)
+            max_seq_len=max_seq_len)
         return InputBatch(
             req_ids=req_ids, slots_np=slots_np, query_start_loc_np=qsl_np,
-            seq_lens_np=seq_lens_np, samples_np=samples_np, sample_rows_np=sample_rows_np,
-            sample_slots_np=slots_np[sample_rows_np],
-            slots=slots, sample_slots=slots.index_select(0, sample_rows),
-            logits_indices=qsl_long.index_select(0, sample_rows + 1) - 1,
-            input_ids=input_ids, positions=positions, device_batch=device_batch,
-            block_table_np=st.block_table_np[slots_np, :max_blocks], block_size=bs)
+            seq_lens_np=seq_lens_np, sample_rows_np=sample_rows_np,
+            sample_slots_np=slots_np[sample_rows_np], slots=slots,
+            sample_slots=inputs.sample_slots, logits_indices=inputs.logits_indices,
+            input_ids=inputs.input_ids, positions=inputs.positions, device_batch=device_batch,
+            block_table_np=st.block_table_np[slots_np, :max_blocks], block_size=st.block_size)

@@ -40,6 +40,8 @@ class RequestStates:
         self._count_writes = [StagedWrites(t, h2d) for t in (self.num_tokens, self.num_computed)]
         self._block_writes = StagedWrites(self.block_table, h2d)
         self.slot_of: dict[str, int] = {}
+        # Bumped whenever slot_of changes, so a step can reuse the last step's slot lookups.
+        self.version = 0
         self._free = list(range(max_num_reqs - 1, -1, -1))
 
     def add(self, req_id: str, token_ids: list[int], num_prompt: int, block_ids: list[int],
@@ -53,6 +55,7 @@ class RequestStates:
                              f"{self.token_ids.shape[1] - 1}")
         slot = self._free.pop()
         self.slot_of[req_id] = slot
+        self.version += 1
         self._token_writes.put_row(slot, token_ids)
         self.num_tokens_np[slot] = n
         self.num_computed_np[slot] = num_computed
@@ -68,6 +71,7 @@ class RequestStates:
         slot = self.slot_of.pop(req_id, None)
         if slot is not None:
             self._free.append(slot)
+            self.version += 1
         return slot
 
     def append_blocks(self, slot: int, block_ids: list[int]) -> None:

@@ -48,6 +48,8 @@ _SIGNATURES = {
     "quant_block_bytes": (_I64, [_I32, _I32]),
     "decode_stack_work_floats": (_I64, [_P, _I64]),
     "decode_stack_f32": (_I32, [_P, _P, _P, _I64, _P, _P, _P, _P, _I64, _P, _P, _I32]),
+    "prepare_inputs_i64": (None, [_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _I64, _P, _I64,
+                                  _P, _P, _P, _P, _P, _P, _P]),
 }
 
 
@@ -78,16 +80,23 @@ def _run(command: list[str]) -> None:
         raise RuntimeError(f"{command[0]} failed:\n{result.stderr[-2000:]}")
 
 
-def _build(cc: str) -> Path:
+@functools.cache
+def _target(cc: str) -> Path:
+    """Where this machine's build lives: keyed by sources, flags, compiler and CPU."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
     flags = " ".join(_FLAGS + _LINK_FLAGS).encode()
     for part in [*(p.read_bytes() for p in _SOURCES + _HEADERS), flags, version.encode(),
                  _cpu_id().encode()]:
         key.update(part)
-    target = _cache_dir() / f"libenginecpu-{key.hexdigest()[:16]}.so"
+    return _cache_dir() / f"libenginecpu-{key.hexdigest()[:16]}.so"
+
+
+def _build(cc: str) -> Path:
+    target = _target(cc)
     if target.is_file():
         return target
+    logger.info("building the CPU kernels into %s (once per machine)", target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
@@ -99,6 +108,18 @@ def _build(cc: str) -> Path:
         _run([cc, *_LINK_FLAGS, "-o", str(out), *objects, "-lm"])
         os.replace(out, target)  # atomic: concurrent builders each write a whole file
     return target
+
+
+def available() -> bool:
+    """Whether load() gives the library here; answered without loading it (or torch) when this
+    machine's build is in the cache, so that a process which only resolves the configuration
+    (a tokenizer process, an API server) stays light."""
+    if os.environ.get("ENGINE_CPU_KERNELS", "1") == "0":
+        return False
+    cc = _compiler()
+    if cc is not None and _target(cc).is_file():
+        return True
+    return load() is not None
 
 
 @functools.cache

@@ -13,6 +13,7 @@ import torch
 
 from kernels.cpu_library import load
 from kernels.gguf_quant import QuantizedWeight
+from kernels.prepare_inputs import PreparedInputs, empty_outputs
 
 
 def available() -> bool:
@@ -307,4 +308,30 @@ def quant_rows(weight: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:
                                torch.get_num_threads())
     if rc == -3:
         raise IndexError(f"ids outside the table's {weight.out_features} rows")
+    return out
+
+
+def prepare_inputs(slots: torch.Tensor, qsl: torch.Tensor, sample_rows: torch.Tensor,
+                   num_computed: torch.Tensor, token_ids: torch.Tensor, block_table: torch.Tensor,
+                   block_size: int, num_tokens: int, max_blocks: int) -> PreparedInputs:
+    """kernels.prepare_inputs' contract in one C call (kernels/cpu/prepare_inputs.c)."""
+    for t, name, dtype in ((slots, "slots", torch.int64), (qsl, "qsl", torch.int32),
+                           (sample_rows, "sample_rows", torch.int64),
+                           (num_computed, "num_computed", torch.int64),
+                           (token_ids, "token_ids", torch.int64),
+                           (block_table, "block_table", torch.int32)):
+        _check(t, name, dtype)
+    if not all(t.is_contiguous() for t in (slots, qsl, sample_rows, num_computed, token_ids,
+                                           block_table)):
+        raise ValueError("prepare_inputs needs contiguous tensors")
+    num_reqs = slots.shape[0]
+    if qsl.shape != (num_reqs + 1,) or not 0 <= max_blocks <= block_table.shape[1]:
+        raise ValueError(f"qsl {tuple(qsl.shape)} / max_blocks {max_blocks} do not match "
+                         f"{num_reqs} requests and a block table {tuple(block_table.shape)}")
+    out = empty_outputs(slots.device, num_reqs, num_tokens, max_blocks, sample_rows.shape[0])
+    _lib().prepare_inputs_i64(
+        slots.data_ptr(), qsl.data_ptr(), num_reqs, num_computed.data_ptr(),
+        token_ids.data_ptr(), token_ids.stride(0), block_table.data_ptr(),
+        block_table.stride(0), block_size, max_blocks, sample_rows.data_ptr(),
+        sample_rows.shape[0], *(t.data_ptr() for t in out))
     return out

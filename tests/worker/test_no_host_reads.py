@@ -16,6 +16,7 @@ import torch
 from engine_core.sampling_params import SamplingParams
 from gpu_worker import async_output, staging
 from gpu_worker.protocol import CachedRequestData, NewRequestData, SchedulerOutput
+from kernels.prepare_inputs import PreparedInputs
 from tests.kernels.library_env import library_env
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
@@ -79,6 +80,10 @@ def _guarded(runner, monkeypatch, rewrap_model: bool):
     for attn in runner.model.attention_layers():
         attn.kv_cache = _guard(attn.kv_cache)
     if rewrap_model:
+        # The C kernels' outputs are fresh host tensors: guard them as the device's would be.
+        gather = runner.inputs._gather
+        monkeypatch.setattr(runner.inputs, "_gather",
+                            lambda *a: PreparedInputs(*(_guard(t) for t in gather(*a))))
         for name in ("forward", "compute_logits"):
             real = getattr(runner.model, name)
             monkeypatch.setattr(runner.model, name,

@@ -1,0 +1,86 @@
+"""A step's model inputs gathered on the device from the runner's persistent request state.
+
+Request i of a step computes tokens qsl[i]..qsl[i+1] of the packed batch, at positions
+num_computed[slot] onward of its slot slots[i]. From those two small arrays (copied from the host
+once per step) and the persistent tables, one kernel writes the input ids (a decode's is the
+token the previous step's post-update wrote into token_ids), positions, sequence lengths, KV
+slot mapping, the step's block-table rows, and for the rows that sample (sample_rows) their
+logits row and slot. Three implementations with one contract: a Triton kernel (CUDA,
+kernels/prepare_inputs_triton.py), its C twin (kernels/cpu/prepare_inputs.c, via kernels.cpu_ops)
+and torch ops here (the reference, and the path without either).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+
+class PreparedInputs(NamedTuple):
+    """The gathered inputs of one step (T tokens, B requests, S sampling rows)."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    seq_lens: torch.Tensor  # [B] int32
+    slot_mapping: torch.Tensor  # [T] int64
+    block_table: torch.Tensor  # [B, max_blocks] int32
+    logits_indices: torch.Tensor  # [S] int64: the token row each sampling row reads
+    sample_slots: torch.Tensor  # [S] int64
+
+
+def empty_outputs(device: torch.device, num_reqs: int, num_tokens: int, max_blocks: int,
+                  num_samples: int) -> PreparedInputs:
+    """Uninitialised output tensors for a kernel to fill."""
+    def i64(n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.int64, device=device)
+
+    return PreparedInputs(i64(num_tokens), i64(num_tokens),
+                          torch.empty(num_reqs, dtype=torch.int32, device=device),
+                          i64(num_tokens),
+                          torch.empty((num_reqs, max_blocks), dtype=torch.int32, device=device),
+                          i64(num_samples), i64(num_samples))
+
+
+def prepare_inputs_torch(slots: torch.Tensor, qsl: torch.Tensor, sample_rows: torch.Tensor,
+                         num_computed: torch.Tensor, token_ids: torch.Tensor,
+                         block_table: torch.Tensor, block_size: int, num_tokens: int,
+                         max_blocks: int) -> PreparedInputs:
+    """The reference: a dozen torch ops, on any device."""
+    qsl_long = qsl.to(torch.int64)
+    iota = torch.arange(num_tokens, dtype=torch.int64, device=slots.device)
+    token_req = torch.searchsorted(qsl_long[1:], iota, right=True)
+    token_slot = slots.index_select(0, token_req)
+    computed = num_computed.index_select(0, slots)
+    seq_lens = (computed + (qsl_long[1:] - qsl_long[:-1])).to(torch.int32)
+    positions = computed.index_select(0, token_req) + iota - qsl_long.index_select(0, token_req)
+    input_ids = token_ids.reshape(-1).index_select(0, token_slot * token_ids.stride(0)
+                                                   + positions)
+    block_index = token_slot * block_table.stride(0) + positions // block_size
+    slot_mapping = (block_table.reshape(-1).index_select(0, block_index).to(torch.int64)
+                    * block_size + positions % block_size)
+    return PreparedInputs(input_ids, positions, seq_lens, slot_mapping,
+                          block_table[:, :max_blocks].index_select(0, slots),
+                          qsl_long.index_select(0, sample_rows + 1) - 1,
+                          slots.index_select(0, sample_rows))
+
+
+PrepareFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                      torch.Tensor, int, int, int], PreparedInputs]
+
+
+def prepare_inputs_for(device: torch.device) -> PrepareFn:
+    """The implementation for a device: the Triton kernel on CUDA, the C one on a CPU where the
+    kernels are built, torch ops otherwise. Each takes (slots, qsl, sample_rows, num_computed,
+    token_ids, block_table, block_size, num_tokens, max_blocks)."""
+    if device.type == "cuda":
+        from kernels.prepare_inputs_triton import prepare_inputs_triton
+
+        return prepare_inputs_triton
+    if device.type == "cpu":
+        from kernels import cpu_ops
+
+        if cpu_ops.available():
+            return cpu_ops.prepare_inputs
+    return prepare_inputs_torch

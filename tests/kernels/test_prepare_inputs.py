@@ -1,0 +1,85 @@
+"""kernels.prepare_inputs: the Triton kernel (under the interpreter without a GPU) and the C one
+against the torch-op reference, on a step mixing prefill chunks and decodes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import cpu_ops
+from kernels.prepare_inputs import prepare_inputs_for, prepare_inputs_torch
+from kernels.prepare_inputs_triton import prepare_inputs_triton
+from tests.kernels.paged_inputs import DEVICE
+
+BLOCK_SIZE = 16
+
+
+def _step(device: str, seed: int = 0):
+    """Persistent tables of 12 slots and a step over 6 of them (chunks of 1..40 tokens, some
+    rows not sampling), as the runner would hand them over."""
+    rng = np.random.default_rng(seed)
+    num_slots, width, max_blocks = 12, 200, 13
+    token_ids = torch.from_numpy(rng.integers(0, 50_000, (num_slots, width)))
+    block_table = torch.from_numpy(rng.permutation(num_slots * max_blocks)
+                                   .reshape(num_slots, max_blocks).astype(np.int32))
+    num_computed = torch.from_numpy(rng.integers(0, 150, num_slots))
+    slots = torch.tensor([7, 2, 11, 0, 5, 9])
+    query_lens = np.array([1, 40, 1, 17, 1, 3])
+    qsl = torch.from_numpy(np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32))
+    sample_rows = torch.tensor([0, 2, 3, 4])  # rows 1 and 5 are mid-prompt chunks
+    seq_lens = num_computed[slots].numpy() + query_lens
+    step_blocks = int(-(-seq_lens.max() // BLOCK_SIZE))
+    args = [slots, qsl, sample_rows, num_computed, token_ids, block_table]
+    return ([a.to(device) for a in args], int(query_lens.sum()), step_blocks)
+
+
+def _assert_equal(got, want) -> None:
+    for name, g, w in zip(want._fields, got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.equal(g.cpu(), w.cpu()), name
+
+
+def test_reference_reads_the_tables_as_documented() -> None:
+    (slots, qsl, sample_rows, computed, tokens, blocks), num_tokens, step_blocks = _step("cpu")
+    out = prepare_inputs_torch(slots, qsl, sample_rows, computed, tokens, blocks, BLOCK_SIZE,
+                               num_tokens, step_blocks)
+    # Request 1 (slot 2) computes 40 tokens from its computed count onward.
+    start, c = int(qsl[1]), int(computed[2])
+    assert out.positions[start:start + 40].tolist() == list(range(c, c + 40))
+    assert out.input_ids[start:start + 40].tolist() == tokens[2, c:c + 40].tolist()
+    pos = c + 39
+    assert int(out.slot_mapping[start + 39]) == (int(blocks[2, pos // BLOCK_SIZE]) * BLOCK_SIZE
+                                                 + pos % BLOCK_SIZE)
+    assert out.seq_lens.tolist() == (computed[slots] + qsl[1:].long() - qsl[:-1].long()).tolist()
+    assert out.logits_indices.tolist() == [0, 41, 58, 59]
+    assert out.sample_slots.tolist() == [7, 11, 0, 5]
+    assert torch.equal(out.block_table, blocks[slots, :step_blocks])
+
+
+def test_triton_kernel_matches_the_reference() -> None:
+    args, num_tokens, step_blocks = _step(DEVICE)
+    want = prepare_inputs_torch(*args, BLOCK_SIZE, num_tokens, step_blocks)
+    _assert_equal(prepare_inputs_triton(*args, BLOCK_SIZE, num_tokens, step_blocks), want)
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+def test_c_kernel_matches_the_reference() -> None:
+    for seed in range(3):
+        args, num_tokens, step_blocks = _step("cpu", seed)
+        want = prepare_inputs_torch(*args, BLOCK_SIZE, num_tokens, step_blocks)
+        _assert_equal(cpu_ops.prepare_inputs(*args, BLOCK_SIZE, num_tokens, step_blocks), want)
+    # An empty step, and arguments it would misread.
+    empty = [torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int32),
+             torch.zeros(0, dtype=torch.int64), *args[3:]]
+    assert cpu_ops.prepare_inputs(*empty, BLOCK_SIZE, 0, 0).input_ids.shape == (0,)
+    with pytest.raises(ValueError, match="int32"):
+        cpu_ops.prepare_inputs(args[0], args[1].long(), *args[2:], BLOCK_SIZE, num_tokens, 1)
+    with pytest.raises(ValueError, match="max_blocks"):
+        cpu_ops.prepare_inputs(*args, BLOCK_SIZE, num_tokens, 99)
+
+
+def test_each_device_gets_its_kernel() -> None:
+    assert prepare_inputs_for(torch.device("cuda")) is prepare_inputs_triton
+    expected = cpu_ops.prepare_inputs if cpu_ops.available() else prepare_inputs_torch
+    assert prepare_inputs_for(torch.device("cpu")) is expected
