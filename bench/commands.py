@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from bench import device, serve
+from bench import device, serve, startup
 from engine_core.args import add_engine_args
 
 # Workload -> (module, function) computing its figures from the parsed arguments.
@@ -21,7 +21,8 @@ _WORKLOADS = {"throughput": ("bench.offline", "bench_throughput"),
               "single-stream": ("bench.single_stream", "bench_single_stream"),
               "null-model": ("bench.offline", "bench_null_model"),
               "structured": ("bench.structured", "bench_structured"),
-              "device": ("bench.device", "bench_device")}
+              "device": ("bench.device", "bench_device"),
+              "startup": ("bench.startup", "bench_startup")}
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +49,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     device.add_arguments(dev)
     add_engine_args(dev)
     dev.set_defaults(func=run_workload)
+    up = workloads.add_parser("startup", help="engine serve's time from the command to its "
+                              "first answer, with each start-up phase's time")
+    startup.add_arguments(up)
+    up.set_defaults(func=run_workload)
     srv = workloads.add_parser("serve", help="serving-poisson over HTTP against any "
                                              "OpenAI-compatible server")
     serve.add_arguments(srv)

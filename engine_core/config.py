@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,8 @@ DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
 QUANTIZATIONS = ("gguf",)
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
+# Without one of these (NVIDIA's driver, ROCm's, WSL's) torch.cuda.is_available() is False.
+_GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 HASH_ALGOS = ("sha256", "xxhash", "builtin")
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
@@ -329,6 +332,8 @@ class DeviceConfig:
         """'cuda' or 'cpu'."""
         if self.device != "auto":
             return self.device
+        if not any(os.path.exists(node) for node in _GPU_DEVICE_NODES):
+            return "cpu"  # no GPU driver: torch would say the same after seconds of importing
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -418,14 +423,14 @@ class EngineConfig:
         """'gguf' when the linear weights stay GGUF-quantized, else None (ModelConfig.quantization);
         --load-format gguf asks for the same. Refuses what the quantized path cannot run."""
         from gpu_worker.loader.default_model import gguf_source
-        from kernels import cpu_ops
+        from kernels import cpu_library
 
         requested = "gguf" if self.load.load_format == "gguf" else self.model.quantization
         is_gguf = gguf_source(self.model.model) is not None
         tp = self.parallel.tensor_parallel_size
         if requested is None:
             auto = (is_gguf and self.device_type == "cpu" and self.model.dtype == "auto" and tp == 1
-                    and self.load.load_format == "auto" and cpu_ops.available())
+                    and self.load.load_format == "auto" and cpu_library.available())
             return "gguf" if auto else None
         if not is_gguf:
             raise ConfigError(f"quantization 'gguf' needs a GGUF model (a .gguf file or the "
@@ -446,7 +451,7 @@ class EngineConfig:
         if self.load.load_format not in ("auto", "gguf"):
             raise ConfigError(f"quantization 'gguf' loads the GGUF file, not load_format "
                               f"{self.load.load_format!r}")
-        if not cpu_ops.available():
+        if not cpu_library.available():
             raise ConfigError("GGUF quantized weights need the C CPU kernels, which are not "
                               "available here (no C compiler, or ENGINE_CPU_KERNELS=0)")
         return "gguf"

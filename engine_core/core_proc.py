@@ -359,15 +359,36 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
     if parent_pid is not None:
         threading.Thread(target=on_parent_exit, args=(parent_pid,), name="engine-core-parent",
                          daemon=True).start()
+    # Each start-up phase's time at INFO, as vLLM logs them (bench/startup.py collects them).
+    logger.info("engine core: interpreter and imports in %.2f s", process_age())
+    began = time.perf_counter()
     config = engine_config_from_kwargs(**engine_args).resolve()
     rank = config.parallel.data_parallel_rank
     if rank is not None:
         set_process_name(f"engine-core-{rank}")
+    logger.info("engine core: configuration resolved in %.2f s", time.perf_counter() - began)
+    began = time.perf_counter()
     engine = EngineCore(config)
+    logger.info("engine core: engine built in %.2f s (model, %d KV blocks, warm-up)",
+                time.perf_counter() - began, engine.num_blocks)
     recorder = EngineStatsRecorder(config.model.served_model_name or "", engine=rank or 0)
     recorder.record_cache_config(config.cache, engine.num_blocks)
     proc = EngineCoreProc(engine, address, on_stats=recorder.record, auth_key=key_from_env())
+    logger.info("engine core: ready in %.2f s since the process began", process_age())
     return proc.run()
+
+
+def process_age() -> float:
+    """Seconds since this process began (its start time in /proc, 10 ms steps); 0.0 where
+    /proc is missing."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - started / os.sysconf("SC_CLK_TCK"))
 
 
 def _on_stop_signal(signum: int, frame: object) -> None:

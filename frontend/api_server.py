@@ -72,6 +72,10 @@ RETRY_AFTER_S = 5
 # requests in flight have finished or failed.
 _CLOSE_S = 2.0
 
+# How long an API server waits for the tokenizer processes: the launcher's --startup-timeout is
+# the limit that matters (a large model loads for minutes).
+_TOKENIZER_WAIT_S = 7 * 24 * 3600.0
+
 CTX = web.AppKey("ctx", ServingContext)
 STATE = web.AppKey("state", dict)
 
@@ -429,9 +433,18 @@ async def run_api_server(args: argparse.Namespace) -> int:
         log_defaults(defaults)
     http = HttpOptions.from_args(args)
     tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
-    client = await TokenizerClient.create(args.tokenizer_address,
-                                          client_name=process_name(args.index),
-                                          pids=args.tokenizer_pid or None)
+    # Started beside the engine core, we wait for the tokenizer processes as long as the model
+    # loads (the launcher enforces --startup-timeout); a stop signal meanwhile ends us cleanly.
+    connect = asyncio.create_task(TokenizerClient.create(
+        args.tokenizer_address, client_name=process_name(args.index),
+        pids=args.tokenizer_pid or None, timeout=_TOKENIZER_WAIT_S))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([connect, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if not connect.done():
+        connect.cancel()
+        return 0
+    stopping.cancel()
+    client = connect.result()
     ready = client.ready[0]
     chat = ChatOptions.from_args(args)
     ctx = ServingContext(ready.model_name, ready.max_model_len, ready.vocab_size, client,

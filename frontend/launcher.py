@@ -196,17 +196,19 @@ class Launcher:
             self._await_registrations(deadline, timeout, stop_requested)
             self.engine_addresses += [self._first_host.addresses[r] for r in self.dp.remote]
         engine_pids = [c.popen.pid for c in self.tiers[0]]
-        # Tokenizer processes load their tokenizer while the engine cores load the model.
+        # Tokenizer processes and API servers import and load their tokenizer while the engine
+        # cores load the model; the API servers then wait for the tokenizer processes' READY.
         self.tiers.append([self._start_tokenizer(i, a, engine_pids)
                            for i, a in enumerate(self.tokenizer_addresses)])
-        self._await_ready([c for tier in self.tiers for c in tier],
-                          max(1.0, deadline - time.monotonic()), stop_requested)
         if self.api_server_count:
             self.tiers.append([self._start_api_server(i, engine_pids[0])
                                for i in range(self.api_server_count)])
             if self._port_socket is not None:  # theirs now: the port closes when they stop
                 self._port_socket.close()
                 self._port_socket = None
+        self._await_ready([c for tier in self.tiers[:2] for c in tier],
+                          max(1.0, deadline - time.monotonic()), stop_requested)
+        if self.api_server_count:
             self._await_files(self.tiers[-1], max(1.0, deadline - time.monotonic()),
                               stop_requested)
             Path(self._serving_file).touch()  # /health answers 200 from now on
@@ -463,6 +465,7 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
     signals: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _frame: signals.append(s))
+    began = time.monotonic()
     launcher = Launcher(engine_args, tokenizer_workers, tokenizer_listen, shutdown_timeout,
                         api_server_count, host, port, api_key, max_request_body, chat,
                         disable_ui=disable_ui, headless=headless, http=http)
@@ -482,7 +485,7 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
         if launcher.api_server_count:
             print(f"API server{'s' if api_server_count > 1 else ''} ({api_server_count}) "
                   f"listening on {http.url(launcher.host, launcher.port)}", flush=True)
-        print("engine serve: ready", flush=True)
+        print(f"engine serve: ready in {time.monotonic() - began:.2f} s", flush=True)
         launcher.supervise(stop_requested=lambda: bool(signals))
     except StartUpInterrupted:
         pass  # drained below, like a signal while serving: requests may already be running

@@ -14,7 +14,6 @@ from typing import Any, NamedTuple
 import msgspec
 
 from engine_core.sampling_params import STRUCTURED_OUTPUT_KINDS, StructuredOutputsParams
-from engine_core.structured_output.grammar import check_grammar
 from frontend.errors import bad_request
 from frontend.openai_protocol import (JsonObjectFormat, JsonSchemaResponseFormat,
                                       StructuralTagFormat, _SamplingFields)
@@ -31,6 +30,10 @@ class _Source(NamedTuple):
 
 def checked(params: StructuredOutputsParams, param: str, what: str) -> StructuredOutputsParams:
     """params, or 400 naming param when its grammar does not parse (what: how to call it)."""
+    # Here, not at the top: xgrammar (and torch with it) costs an API server seconds at start,
+    # and only constrained requests need it (vLLM imports it lazily too).
+    from engine_core.structured_output.grammar import check_grammar
+
     try:
         check_grammar(params)
     except ValueError as e:

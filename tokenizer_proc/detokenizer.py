@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from engine_core.frames import tolist
 from engine_core.protocol import Logprobs
@@ -10,6 +10,9 @@ from engine_core.sampling_params import SamplingParams
 from gpu_worker.protocol import LogprobsLists
 from tokenizer_proc.incremental import make_incremental_decoder
 from tokenizer_proc.request_output import Logprob
+
+if TYPE_CHECKING:  # only a type here: transformers costs a process seconds to import
+    from transformers import PreTrainedTokenizerBase
 
 
 class IncrementalDetokenizer:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tokenizers import Tokenizer
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # only a type here: transformers costs a process seconds to import
+    from transformers import PreTrainedTokenizerBase
 
 try:
     from tokenizers.decoders import DecodeStream

@@ -1,7 +1,12 @@
 """Convert a llama-architecture GGUF file into a Hugging Face-style fp32 model directory.
 
 The directory also links its source file as model.gguf, which the loader reads instead of the
-fp32 weights when they stay quantized (load_format 'gguf')."""
+fp32 weights when they stay quantized (load_format 'gguf').
+
+torch, gguf and safetensors are imported only when a tensor is converted: every process
+resolves the model (the tokenizer process and the API servers too), and a converted model
+needs none of them.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +17,15 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from gguf import GGUFReader, ReaderTensor
-from gguf.quants import dequantize
-from safetensors.torch import save_file
 
-from gpu_worker.loader.gguf_tensors import GGUFTensor
+if TYPE_CHECKING:
+    import torch
+    from gguf import GGUFReader, ReaderTensor
+
+    from gpu_worker.loader.gguf_tensors import GGUFTensor
 
 _LAYER_TENSORS = {
     "attn_q": "self_attn.q_proj",
@@ -118,6 +123,9 @@ def hf_row_order(rows: np.ndarray, name: str, num_heads: int, num_kv_heads: int)
 def dense_tensor(tensor: ReaderTensor | GGUFTensor, name: str, num_heads: int,
                  num_kv_heads: int) -> torch.Tensor:
     """A GGUF tensor dequantized to fp32 in Hugging Face row order."""
+    import torch
+    from gguf.quants import dequantize
+
     weight = dequantize(tensor.data, tensor.tensor_type)
     # GGUF lists dimensions fastest-first; numpy/torch want them slowest-first.
     weight = weight.reshape(tuple(int(d) for d in reversed(tensor.shape)))
@@ -178,6 +186,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         return out_dir
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
+    from gguf import GGUFReader
+    from safetensors.torch import save_file
+
     reader = GGUFReader(gguf_path)
     meta = _fields(reader)
     arch = meta.get("general.architecture")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +19,8 @@ from gpu_worker.loader.gguf_convert import GGUF_LINK
 from gpu_worker.loader.gguf_weights import load_gguf_weights
 from gpu_worker.models.registry import model_class
 from gpu_worker.models.weights import WeightLoadError
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -73,6 +77,7 @@ def load_model(model_dir: str | Path, arch: ModelArchConfig, dtype: torch.dtype,
                device: torch.device, load_format: str = "auto", seed: int = 0) -> nn.Module:
     """The model with weights from model_dir, or random weights when load_format is 'dummy';
     with 'gguf' the linear weights stay quantized as in the GGUF file model_dir links (CPU)."""
+    began = time.perf_counter()
     cls = model_class(arch.architecture, source=str(Path(model_dir) / "config.json"))
     if load_format == "gguf" and (device.type != "cpu" or dtype != torch.float32):
         raise ValueError(f"GGUF quantized weights run on the CPU with float32 activations, not on "
@@ -87,6 +92,8 @@ def load_model(model_dir: str | Path, arch: ModelArchConfig, dtype: torch.dtype,
         model.load_weights(iter_safetensors(model_dir))
     if device.type == "cpu":
         use_cpu_layout(model, torch.get_num_threads())
+    logger.info("model loaded in %.2f s (load format %s, %s on %s)", time.perf_counter() - began,
+                load_format, str(dtype).removeprefix("torch."), device.type)
     return model.eval()
 
 
