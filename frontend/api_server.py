@@ -72,10 +72,6 @@ RETRY_AFTER_S = 5
 # requests in flight have finished or failed.
 _CLOSE_S = 2.0
 
-# How long an API server waits for the tokenizer processes: the launcher's --startup-timeout is
-# the limit that matters (a large model loads for minutes).
-_TOKENIZER_WAIT_S = 7 * 24 * 3600.0
-
 CTX = web.AppKey("ctx", ServingContext)
 STATE = web.AppKey("state", dict)
 
@@ -437,7 +433,7 @@ async def run_api_server(args: argparse.Namespace) -> int:
     # loads (the launcher enforces --startup-timeout); a stop signal meanwhile ends us cleanly.
     connect = asyncio.create_task(TokenizerClient.create(
         args.tokenizer_address, client_name=process_name(args.index),
-        pids=args.tokenizer_pid or None, timeout=_TOKENIZER_WAIT_S))
+        pids=args.tokenizer_pid or None, timeout=None))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait([connect, stopping], return_when=asyncio.FIRST_COMPLETED)
     if not connect.done():
