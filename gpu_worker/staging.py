@@ -86,26 +86,38 @@ class StagedWrites:
         self._np_dtype = torch.empty(0, dtype=target.dtype).numpy().dtype
         self._index: list[np.ndarray] = []
         self._values: list[np.ndarray] = []
+        # Single-element writes (most of them: a count, a parameter) as plain Python lists.
+        self._one_index: list[int] = []
+        self._one_value: list[float | int] = []
 
     def put(self, flat_index: np.ndarray | int, values: np.ndarray | list | float | int) -> None:
         """Stage target.view(-1)[flat_index] = values."""
+        if isinstance(flat_index, int) and not isinstance(values, (np.ndarray, list)):
+            self._one_index.append(flat_index)
+            self._one_value.append(values)
+            return
         index = np.atleast_1d(np.asarray(flat_index, dtype=np.int64))
-        vals = np.broadcast_to(np.asarray(values, dtype=self._np_dtype), index.shape)
         self._index.append(index)
-        self._values.append(vals)
+        self._values.append(np.broadcast_to(np.asarray(values, dtype=self._np_dtype),
+                                            index.shape))
 
-    def put_row(self, row: int, values: np.ndarray | list, start: int = 0) -> None:
+    def put_row(self, row: int, values: np.ndarray | list | tuple, start: int = 0) -> None:
         """Stage target[row, start:start + len(values)] = values (a 2-D target)."""
-        width = self.target.shape[1]
-        n = len(values)
-        self.put(np.arange(row * width + start, row * width + start + n), values)
+        at = row * self.target.shape[1] + start
+        self._index.append(np.arange(at, at + len(values), dtype=np.int64))
+        self._values.append(np.asarray(values, dtype=self._np_dtype))
 
     def apply(self) -> None:
         """Send every staged write to the device (stream-ordered before the next kernels)."""
+        if self._one_index:
+            self._index.append(np.array(self._one_index, dtype=np.int64))
+            self._values.append(np.array(self._one_value, dtype=self._np_dtype))
+            self._one_index.clear()
+            self._one_value.clear()
         if not self._index:
             return
-        index = np.concatenate(self._index)
-        values = np.concatenate(self._values)
+        index = np.concatenate(self._index) if len(self._index) > 1 else self._index[0]
+        values = np.concatenate(self._values) if len(self._values) > 1 else self._values[0]
         self._index.clear()
         self._values.clear()
         index_dev, values_dev = self._h2d.copy(index, values)
