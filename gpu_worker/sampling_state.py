@@ -10,6 +10,7 @@ tables; bad words are kept on the host and matched on the device each step (bad_
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -60,6 +61,10 @@ class SamplingStates:
         self.bad_words: dict[int, list[list[int]]] = {}  # slot -> token ids of each word
         self.output_counts: torch.Tensor | None = None  # [R, V] float32
         self.prompt_mask: torch.Tensor | None = None  # [R, V] bool
+        # Bumped by add(): the last metadata's parameter-only part is valid while it holds.
+        self._version = 0
+        self._static: tuple[int, np.ndarray, SamplingMetadata] | None = None
+        self._any_ban = False  # some request ever had a min-tokens ban (then checked per step)
 
     def add(self, slot: int, params: SamplingParams, num_output: int,
             generator: torch.Generator | None = None) -> None:
@@ -69,6 +74,7 @@ class SamplingStates:
         depend on the rest of the batch.
         """
         v = self.vocab_size
+        self._version += 1
         greedy = params.temperature < SAMPLING_EPS
         # Truncation only matters on random rows; greedy rows get the neutral value.
         floats = (1.0 if greedy else params.temperature, 1.0 if greedy else params.top_p,
@@ -97,6 +103,7 @@ class SamplingStates:
             banned = sorted(t for t in set(params.stop_token_ids or ()) | eos if 0 <= t < v)
         ints = (v if greedy or params.top_k == 0 else min(params.top_k, v), params.min_tokens,
                 len(banned))
+        self._any_ban = self._any_ban or bool(banned)
         self.ints_np[slot] = ints
         self._writes[1].put_row(slot, ints)
         self.num_bias_np[slot] = len(bias)
@@ -169,7 +176,36 @@ class SamplingStates:
                  history: TokenHistory | None = None) -> SamplingMetadata:
         """The sampling inputs of the rows in slots (row i = slot slots[i]), gathered on the
         device; the host mirrors decide which stages run. history (the request state) gives
-        bad words the tokens so far; without it bad words are not applied."""
+        bad words the tokens so far; without it bad words are not applied.
+
+        What depends only on the requests' parameters is gathered again only when the rows or
+        a parameter changed (a steady decode batch reuses it); what moves every step (output
+        counts, min-tokens bans, bad words) is gathered each step."""
+        cached = self._static
+        if (cached is None or cached[0] != self._version
+                or not np.array_equal(cached[1], slots_np)):
+            cached = self._static = (self._version, slots_np, self._static_metadata(slots_np,
+                                                                                   slots))
+        md = copy.copy(cached[2])
+        if md.presence_penalties is not None and self.output_counts is not None:
+            md.output_counts = self.output_counts.index_select(0, slots)
+        ints_np = self.ints_np[slots_np] if self._any_ban else None
+        if ints_np is not None:
+            below = self.num_output_np[slots_np] < ints_np[:, _MIN_TOKENS]
+            if (below & (ints_np[:, _NUM_BAN] > 0)).any():
+                ints = self.ints.index_select(0, slots)
+                below_dev = ((self.num_output.index_select(0, slots) < ints[:, _MIN_TOKENS])
+                             & (ints[:, _NUM_BAN] > 0))
+                md.min_tokens_mask = (below_dev, self.ban_ids.index_select(0, slots))
+        if self.bad_words and history is not None:
+            entries = bad_words_batch(self.bad_words, slots_np, history, self.h2d)
+            if entries is not None:
+                md.bad_words = (history.token_ids, entries)
+        return md
+
+    def _static_metadata(self, slots_np: np.ndarray, slots: torch.Tensor) -> SamplingMetadata:
+        """The fields that depend on the rows' parameters only (output counts, min-tokens bans
+        and bad words left None)."""
         v = self.vocab_size
         greedy = self.greedy_np[slots_np]
         all_greedy, all_random = bool(greedy.all()), not greedy.any()
@@ -178,8 +214,6 @@ class SamplingStates:
         floats_np, ints_np = self.floats_np[slots_np], self.ints_np[slots_np]
         top_k_np = ints_np[:, _TOP_K]
         penalized = bool(self.penalized_np[slots_np].any())
-        below = self.num_output_np[slots_np] < ints_np[:, _MIN_TOKENS]
-        banning = bool((below & (ints_np[:, _NUM_BAN] > 0)).any())
         ks = self.logprobs_np[slots_np]
         ks = np.where(ks == -1, v, np.minimum(ks, v))[ks != -2]
         generators = {}
@@ -188,11 +222,6 @@ class SamplingStates:
                 gen = self.generators.get(int(slots_np[row]))
                 if gen is not None:
                     generators[int(row)] = gen
-        min_tokens_mask = None
-        if banning:
-            below_dev = ((self.num_output.index_select(0, slots) < ints[:, _MIN_TOKENS])
-                         & (ints[:, _NUM_BAN] > 0))
-            min_tokens_mask = (below_dev, self.ban_ids.index_select(0, slots))
         bias = None
         if self.num_bias_np[slots_np].any():
             bias = (self.bias_ids.index_select(0, slots), self.bias_vals.index_select(0, slots))
@@ -200,11 +229,6 @@ class SamplingStates:
         if self.restricted_np[slots_np].any():
             allowed = (_to_device(self.restricted_np[slots_np], self.h2d),
                        self.allowed_ids.index_select(0, slots))
-        bad_words = None
-        if self.bad_words and history is not None:
-            entries = bad_words_batch(self.bad_words, slots_np, history, self.h2d)
-            if entries is not None:
-                bad_words = (history.token_ids, entries)
         return SamplingMetadata(
             temperature=None if all_greedy else floats[:, _TEMPERATURE],
             greedy_mask=None if all_greedy or all_random else _to_device(greedy, self.h2d),
@@ -218,16 +242,14 @@ class SamplingStates:
             presence_penalties=floats[:, _PRESENCE] if penalized else None,
             frequency_penalties=floats[:, _FREQUENCY] if penalized else None,
             repetition_penalties=floats[:, _REPETITION] if penalized else None,
-            output_counts=(self.output_counts.index_select(0, slots)
-                           if penalized and self.output_counts is not None else None),
+            output_counts=None,
             prompt_mask=(self.prompt_mask.index_select(0, slots)
                          if self.prompt_mask is not None
                          and self.uses_prompt_np[slots_np].any() else None),
-            min_tokens_mask=min_tokens_mask,
+            min_tokens_mask=None,
             logit_bias=bias,
             max_num_logprobs=int(ks.max()) if len(ks) else None,
             allowed_token_ids=allowed,
-            bad_words=bad_words,
         )
 
     def post_update(self, slots: torch.Tensor, slots_np: np.ndarray,
