@@ -62,7 +62,7 @@ class RequestState:
         return self.num_finished == len(self.sequences)
 
 
-@dataclass
+@dataclass(slots=True)
 class SequenceDelta:
     """What one engine output added to one sequence of a request."""
 

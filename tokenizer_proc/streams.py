@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from engine_core.protocol import EngineCoreOutput
 from engine_core.sampling_params import SamplingParams
-from tokenizer_proc.output_processor import OutputProcessor, SequenceDelta
+from tokenizer_proc.output_processor import OutputProcessor
 from tokenizer_proc.protocol import PositionLogprobs, RequestDelta, TokenLogprob
-from tokenizer_proc.request_output import SampleLogprobs
+from tokenizer_proc.request_output import Logprob
 
 if TYPE_CHECKING:
     from metrics.request_stats import RequestStatsRecorder
@@ -56,11 +56,21 @@ class DeltaStreams:
                 if self._outputs.request_of_child(out.request_id) is not None:
                     self.stats.on_tokens(out.request_id, len(out.new_token_ids), now)
         deltas, to_abort = self._outputs.process_outputs(outputs)
+        returned = self._prompt_token_ids
         sent = []
         for d in deltas:
-            sent.append((d.request.owner, self._request_delta(d)))
+            request = d.request
+            prompt_logprobs = None
+            if d.prompt_logprobs is not None:
+                prompt_logprobs = [None, *map(_token_logprobs, d.prompt_logprobs[1:])]
+            sent.append((request.owner, RequestDelta(
+                request.request_id, d.index, d.text, d.token_ids,
+                None if d.logprobs is None else list(map(_token_logprobs, d.logprobs)),
+                prompt_logprobs, d.finish_reason, d.stop_reason, request.num_prompt_tokens,
+                request.num_cached_tokens,
+                returned.pop(request.request_id, None) if returned else None, d.prefill_chunks)))
             if d.finish_reason is not None and self.stats is not None:
-                self.stats.on_finish(d.child_id, d.finish_reason, d.request.num_prompt_tokens, now)
+                self.stats.on_finish(d.child_id, d.finish_reason, request.num_prompt_tokens, now)
         return sent, to_abort
 
     def remove(self, request_id: str, owner: bytes | None = None) -> list[str]:
@@ -91,22 +101,7 @@ class DeltaStreams:
         """(request id, owner) of every live request."""
         return [(r.request_id, r.owner) for r in self._outputs.requests()]
 
-    def _request_delta(self, d: SequenceDelta) -> RequestDelta:
-        request = d.request
-        prompt_logprobs = None
-        if d.prompt_logprobs is not None:
-            prompt_logprobs = [None, *map(_token_logprobs, d.prompt_logprobs[1:])]
-        return RequestDelta(
-            request.request_id, d.index, d.text, d.token_ids,
-            _sample_logprobs(d.logprobs) if d.logprobs is not None else None, prompt_logprobs,
-            d.finish_reason, d.stop_reason, request.num_prompt_tokens, request.num_cached_tokens,
-            self._prompt_token_ids.pop(request.request_id, None), d.prefill_chunks)
 
-
-def _sample_logprobs(positions: SampleLogprobs) -> list[PositionLogprobs]:
-    return [_token_logprobs(position) for position in positions]
-
-
-def _token_logprobs(position) -> PositionLogprobs:
+def _token_logprobs(position: dict[int, Logprob]) -> PositionLogprobs:
     return [TokenLogprob(token_id, p.logprob, p.rank, p.decoded_token)
             for token_id, p in position.items()]
