@@ -125,6 +125,14 @@ class Request:
         if self._block_hasher is not None and len(self.all_token_ids) >= self._hash_at:
             self._hash_blocks(self._block_hasher)
 
+    def append_output_token(self, token: int) -> None:
+        """Append one generated token (the per-step case of append_output_token_ids)."""
+        self.output_token_ids.append(token)
+        all_token_ids = self.all_token_ids
+        all_token_ids.append(token)
+        if self._block_hasher is not None and len(all_token_ids) >= self._hash_at:
+            self._hash_blocks(self._block_hasher)
+
     def _hash_blocks(self, hasher: BlockHasher) -> None:
         self.block_hashes.extend(hasher(self))
         self._hash_at = (len(self.block_hashes) + 1) * hasher.block_size

@@ -274,19 +274,22 @@ class Scheduler:
             if req.num_output_placeholders:
                 req.num_output_placeholders -= len(sampled)
             new_tokens, status = sampled, None
-            for k, token in enumerate(sampled):
-                req.append_output_token_ids(token)
+            if len(sampled) == 1 and req.grammar is None:  # the common case, without the loop
+                token = sampled[0]
+                req.append_output_token(token)
                 status = check_stop(req, token)
-                if status is None and req.grammar is not None:
-                    status = self._advance_grammar(req, token)
-                if status is not None:
-                    new_tokens = sampled[:k + 1]
-                    break
+            else:
+                for k, token in enumerate(sampled):
+                    req.append_output_token(token)
+                    status = check_stop(req, token)
+                    if status is None and req.grammar is not None:
+                        status = self._advance_grammar(req, token)
+                    if status is not None:
+                        new_tokens = sampled[:k + 1]
+                        break
             num_generated += len(new_tokens)
-            out = EngineCoreOutput(req_id, new_tokens,
-                                   new_logprobs=logprobs[i] if logprobs else None,
-                                   new_prompt_logprobs=(prompt_logprobs.get(req_id)
-                                                        if prompt_logprobs else None))
+            out = EngineCoreOutput(req_id, new_tokens, logprobs[i] if logprobs else None,
+                                   prompt_logprobs.get(req_id) if prompt_logprobs else None)
             if len(req.output_token_ids) == len(new_tokens):
                 out.num_cached_tokens = max(req.num_cached_tokens, 0)
                 out.prefill_chunks, req.prefill_chunks = req.prefill_chunks, []
