@@ -5,13 +5,17 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import jinja2
 
 if TYPE_CHECKING:  # transformers is imported where a tokenizer is loaded: it takes seconds
     from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 # tokenizer_config.json classes that name the generic fast tokenizer itself (transformers 5
 # calls it TokenizersBackend). Loaded directly, they skip AutoTokenizer's model-config lookup
@@ -21,13 +25,18 @@ _GENERIC_FAST = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """Load the (fast) tokenizer of a local model directory without touching the hub."""
+    began = time.perf_counter()
     if _tokenizer_class(path) in _GENERIC_FAST:
         from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    from transformers import AutoTokenizer  # imports torch, through the model configs
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    else:
+        from transformers import AutoTokenizer  # imports torch, through the model configs
 
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    logger.info("tokenizer loaded in %.2f s (with importing transformers)",
+                time.perf_counter() - began)
+    return tokenizer
 
 
 def _tokenizer_class(path: str | os.PathLike[str]) -> str | None:
