@@ -154,7 +154,7 @@ class ModelRunner:
         # After the copy is queued: the copy need not wait for the bookkeeping.
         self.states.post_update(batch.slots, batch.slots_np, batch.device_batch.seq_lens,
                                 batch.seq_lens_np, batch.sample_slots, batch.sample_slots_np,
-                                sampled)
+                                sampled, self.sampling.num_output)
         self.sampling.post_update(batch.sample_slots, batch.sample_slots_np, sampled)
         return output
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from gpu_worker.staging import HostToDevice, StagedWrites
+from kernels.post_update import post_update_for
 
 
 class RequestStates:
@@ -39,6 +40,7 @@ class RequestStates:
         self._token_writes = StagedWrites(self.token_ids, h2d)
         self._count_writes = [StagedWrites(t, h2d) for t in (self.num_tokens, self.num_computed)]
         self._block_writes = StagedWrites(self.block_table, h2d)
+        self._post_update = post_update_for(device)
         self.slot_of: dict[str, int] = {}
         # Bumped whenever slot_of changes, so a step can reuse the last step's slot lookups.
         self.version = 0
@@ -92,15 +94,15 @@ class RequestStates:
 
     def post_update(self, slots: torch.Tensor, slots_np: np.ndarray, seq_lens: torch.Tensor,
                     seq_lens_np: np.ndarray, sample_slots: torch.Tensor,
-                    sample_slots_np: np.ndarray, sampled: torch.Tensor) -> None:
+                    sample_slots_np: np.ndarray, sampled: torch.Tensor | None,
+                    num_output: torch.Tensor) -> None:
         """After a step: its requests computed up to seq_lens, and sampled requests gained
-        their sampled token (all on the device; the mirrors advance alike)."""
-        self.num_computed.index_copy_(0, slots, seq_lens.to(torch.int64))
+        their sampled token and one more output in num_output (SamplingStates' column), all on
+        the device by one kernel (kernels.post_update); the mirrors advance alike."""
+        if sampled is None:
+            sampled = sample_slots  # no row sampled: both are empty
+        self._post_update(slots, seq_lens, sample_slots, sampled, self.num_computed,
+                          self.num_tokens, self.token_ids, num_output)
         self.num_computed_np[slots_np] = seq_lens_np
-        if not len(sample_slots_np):
-            return
-        width = self.token_ids.shape[1]
-        at = sample_slots * width + self.num_tokens.index_select(0, sample_slots)
-        self.token_ids.view(-1).index_copy_(0, at, sampled)
-        self.num_tokens.index_add_(0, sample_slots, torch.ones_like(sample_slots))
-        self.num_tokens_np[sample_slots_np] += 1
+        if len(sample_slots_np):
+            self.num_tokens_np[sample_slots_np] += 1

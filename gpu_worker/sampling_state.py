@@ -254,10 +254,10 @@ class SamplingStates:
 
     def post_update(self, slots: torch.Tensor, slots_np: np.ndarray,
                     sampled: torch.Tensor) -> None:
-        """The rows in slots sampled `sampled`: count it (on the device, mirrors alike)."""
+        """The rows in slots sampled `sampled`: count it in the host mirror and, for penalized
+        rows, in the output counts (RequestStates.post_update counts it in num_output)."""
         if not len(slots_np):
             return
-        self.num_output.index_add_(0, slots, torch.ones_like(slots))
         self.num_output_np[slots_np] += 1
         if self.output_counts is not None and self.penalized_np[slots_np].any():
             self.output_counts.index_put_((slots, sampled),

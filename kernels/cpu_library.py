@@ -50,6 +50,7 @@ _SIGNATURES = {
     "decode_stack_f32": (_I32, [_P, _P, _P, _I64, _P, _P, _P, _P, _I64, _P, _P, _I32]),
     "prepare_inputs_i64": (None, [_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _I64, _P, _I64,
                                   _P, _P, _P, _P, _P, _P, _P]),
+    "post_update_i64": (None, [_P, _P, _I64, _P, _P, _I64, _P, _P, _P, _I64, _P]),
 }
 
 

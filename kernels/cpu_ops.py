@@ -335,3 +335,26 @@ def prepare_inputs(slots: torch.Tensor, qsl: torch.Tensor, sample_rows: torch.Te
         block_table.stride(0), block_size, max_blocks, sample_rows.data_ptr(),
         sample_rows.shape[0], *(t.data_ptr() for t in out))
     return out
+
+
+def post_update(slots: torch.Tensor, seq_lens: torch.Tensor, sample_slots: torch.Tensor,
+                sampled: torch.Tensor, num_computed: torch.Tensor, num_tokens: torch.Tensor,
+                token_ids: torch.Tensor, num_output: torch.Tensor) -> None:
+    """kernels.post_update's contract in one C call (kernels/cpu/post_update.c)."""
+    tensors = ((slots, "slots", torch.int64), (seq_lens, "seq_lens", torch.int32),
+               (sample_slots, "sample_slots", torch.int64), (sampled, "sampled", torch.int64),
+               (num_computed, "num_computed", torch.int64),
+               (num_tokens, "num_tokens", torch.int64), (token_ids, "token_ids", torch.int64),
+               (num_output, "num_output", torch.int64))
+    for t, name, dtype in tensors:
+        _check(t, name, dtype)
+        if not t.is_contiguous():
+            raise ValueError(f"post_update needs a contiguous {name}")
+    if seq_lens.shape != slots.shape or sampled.shape != sample_slots.shape:
+        raise ValueError(f"seq_lens {tuple(seq_lens.shape)} / sampled {tuple(sampled.shape)} "
+                         f"do not match slots {tuple(slots.shape)} / sample_slots "
+                         f"{tuple(sample_slots.shape)}")
+    _lib().post_update_i64(slots.data_ptr(), seq_lens.data_ptr(), slots.shape[0],
+                           sample_slots.data_ptr(), sampled.data_ptr(), sample_slots.shape[0],
+                           num_computed.data_ptr(), num_tokens.data_ptr(), token_ids.data_ptr(),
+                           token_ids.stride(0), num_output.data_ptr())

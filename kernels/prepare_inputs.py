@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 import torch
 
+from kernels.dispatch import kernel_for
+
 
 class PreparedInputs(NamedTuple):
     """The gathered inputs of one step (T tokens, B requests, S sampling rows)."""
@@ -74,13 +76,9 @@ def prepare_inputs_for(device: torch.device) -> PrepareFn:
     """The implementation for a device: the Triton kernel on CUDA, the C one on a CPU where the
     kernels are built, torch ops otherwise. Each takes (slots, qsl, sample_rows, num_computed,
     token_ids, block_table, block_size, num_tokens, max_blocks)."""
-    if device.type == "cuda":
+    def triton_impl() -> PrepareFn:
         from kernels.prepare_inputs_triton import prepare_inputs_triton
 
         return prepare_inputs_triton
-    if device.type == "cpu":
-        from kernels import cpu_ops
 
-        if cpu_ops.available():
-            return cpu_ops.prepare_inputs
-    return prepare_inputs_torch
+    return kernel_for(device, triton_impl, "prepare_inputs", prepare_inputs_torch)

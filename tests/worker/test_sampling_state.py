@@ -58,6 +58,7 @@ def test_reused_metadata_equals_metadata_from_scratch() -> None:
             assert _same(getattr(got, f.name), getattr(want, f.name)), (sample_slots, f.name)
         sampled = torch.full((len(sample_slots),), 11)
         for states in (reused, fresh):
+            states.num_output.index_add_(0, slots, torch.ones_like(slots))  # the runner's kernel
             states.post_update(slots, slots_np, sampled)
     # The reuse happened (steps 2, 4, 5, 6 and the last ran on an unchanged batch) and the
     # min-tokens ban of slot 2 was gathered while it applied, then dropped.
