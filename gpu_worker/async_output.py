@@ -74,8 +74,11 @@ class AsyncOutput:
         logprob_lists: list[LogprobsLists | None] = [None] * len(self._req_ids)
         if self._sampled is not None:
             tokens = self._sampled.tolist()
-            for row, token in zip(self._sample_rows.tolist(), tokens):
-                sampled_lists[row] = [token]
+            if len(tokens) == len(sampled_lists):  # every row sampled (all decodes)
+                sampled_lists = [[token] for token in tokens]
+            else:
+                for row, token in zip(self._sample_rows.tolist(), tokens):
+                    sampled_lists[row] = [token]
             if self._logprobs is not None:
                 lp = _to_lists(self._logprobs)
                 for j, (row, k) in enumerate(zip(self._sample_rows.tolist(),

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 _NUM_PINNED = 4  # buffers in rotation, each free again once its own copy is done
+_SHORT_ROW = 16  # StagedWrites rows up to this long are gathered in Python lists
 
 
 class HostToDevice:
@@ -104,6 +105,10 @@ class StagedWrites:
     def put_row(self, row: int, values: np.ndarray | list | tuple, start: int = 0) -> None:
         """Stage target[row, start:start + len(values)] = values (a 2-D target)."""
         at = row * self.target.shape[1] + start
+        if len(values) <= _SHORT_ROW:  # a few new block ids, a parameter row: plain lists
+            self._one_index.extend(range(at, at + len(values)))
+            self._one_value.extend(values)
+            return
         self._index.append(np.arange(at, at + len(values), dtype=np.int64))
         self._values.append(np.asarray(values, dtype=self._np_dtype))
 
