@@ -18,6 +18,7 @@ from torch import nn
 from gpu_worker.layers.linear import Embedding, Linear
 from gpu_worker.loader.gguf_convert import dense_tensor, hf_row_order, hf_tensor_name
 from gpu_worker.loader.gguf_tensors import GGUFTensor, read_gguf_tensors
+from gpu_worker.loader.packed_cache import PackedCache
 from gpu_worker.models.weights import WeightLoadError
 from gpu_worker.parallel.group import tp_world_size
 from kernels.gguf_quant import QUANT_TYPES, QuantizedWeight, pack
@@ -40,11 +41,16 @@ def _checkpoint_rows(model: nn.Module, name: str) -> list[str]:
     return [f"{parent}.{s.original}.weight" for s in shards]
 
 
-def _packed(tensor: GGUFTensor, name: str, model: nn.Module) -> QuantizedWeight:
+def _packed(tensor: GGUFTensor, name: str, model: nn.Module, cache: PackedCache
+            ) -> QuantizedWeight:
     in_features, out_features = (int(d) for d in tensor.shape)
+    if (data := cache.get(name)) is not None:
+        return QuantizedWeight(tensor.tensor_type, data, out_features, in_features)
     cfg = model.cfg
     rows = hf_row_order(tensor.data, name, cfg.num_attention_heads, cfg.num_key_value_heads)
-    return pack(tensor.tensor_type, rows, out_features, in_features)
+    weight = pack(tensor.tensor_type, rows, out_features, in_features)
+    cache.put(name, weight.data)
+    return weight
 
 
 def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
@@ -59,10 +65,11 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
                               f"default model)")
     tensors = {hf_tensor_name(t.name): t for t in read_gguf_tensors(gguf_path)}
     packed: dict[str, QuantizedWeight] = {}  # one copy of a table the output projection shares
+    cache = PackedCache(gguf_path)
 
     def packed_tensor(name: str) -> QuantizedWeight:
         if name not in packed:
-            packed[name] = _packed(tensors[name], name, model)
+            packed[name] = _packed(tensors[name], name, model, cache)
         return packed[name]
 
     for name, module in model.named_modules():
@@ -81,6 +88,7 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
                 module.use_quantized(packed_tensor(sources[0]))
         except ValueError as e:
             raise WeightLoadError(f"{gguf_path}: {', '.join(sources)}: {e}") from None
+    cache.save()
     types = Counter(tensors[name].tensor_type.name for name in packed)
     dense = [name for name in tensors if name not in packed]
     logger.info("%s: kept quantized: %s; %d tensors dequantized to fp32", gguf_path.name,
