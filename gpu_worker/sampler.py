@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -48,6 +49,21 @@ def compute_logprobs_tensors(logprobs: torch.Tensor, token_ids: torch.Tensor, nu
 class Sampler:
     """vLLM V1's sampling pipeline; `logits` may be overwritten in place."""
 
+    def __init__(self) -> None:
+        from kernels import cpu_ops
+
+        # Greedy rows of fp32 CPU logits: torch's CPU argmax reads them at a fraction of the
+        # memory bandwidth (6.2 against 1.3 ms for 256 x 49152 on 2 AVX2 cores).
+        self._cpu_argmax: Callable[[torch.Tensor], torch.Tensor] | None = (
+            cpu_ops.argmax_rows if cpu_ops.available() else None)
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        """The first index of each row's largest logit [N]."""
+        if (self._cpu_argmax is not None and logits.is_cpu and logits.dtype == torch.float32
+                and logits.dim() == 2 and logits.shape[1] and logits.stride(1) == 1):
+            return self._cpu_argmax(logits)
+        return logits.argmax(dim=-1)
+
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of logits [N, V] (fp32 or bf16) as `metadata` prescribes."""
         raw_logprobs = None
@@ -56,7 +72,7 @@ class Sampler:
 
         if metadata.argmax_only:
             # Upcasting cannot change the argmax, so skip it.
-            sampled = logits.argmax(dim=-1)
+            sampled = self.greedy(logits)
         else:
             sampled = self._sample(self._adjust(logits.to(torch.float32), metadata), metadata)
 
@@ -87,11 +103,10 @@ class Sampler:
             )
         return logits
 
-    @staticmethod
-    def _sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         if md.all_greedy:
-            return logits.argmax(dim=-1)
-        greedy = None if md.all_random else logits.argmax(dim=-1)
+            return self.greedy(logits)
+        greedy_ids = None if md.all_random else self.greedy(logits)
 
         logits.div_(md.temperature.unsqueeze(1))
         if md.min_p is not None:
@@ -102,7 +117,7 @@ class Sampler:
             apply_top_k(logits, md.top_k, md.max_top_k)
 
         sampled = _exponential_race(logits.softmax(dim=-1), md.generators)
-        return sampled if greedy is None else torch.where(md.greedy_mask, greedy, sampled)
+        return sampled if greedy_ids is None else torch.where(md.greedy_mask, greedy_ids, sampled)
 
 
 def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

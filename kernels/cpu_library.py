@@ -51,6 +51,7 @@ _SIGNATURES = {
     "prepare_inputs_i64": (None, [_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _I64, _P, _I64,
                                   _P, _P, _P, _P, _P, _P, _P]),
     "post_update_i64": (None, [_P, _P, _I64, _P, _P, _I64, _P, _P, _P, _I64, _P]),
+    "argmax_rows_f32": (None, [_P, _I64, _I64, _I64, _P, _I32]),
 }
 
 
@@ -82,15 +83,20 @@ def _run(command: list[str]) -> None:
 
 
 @functools.cache
-def _target(cc: str) -> Path:
-    """Where this machine's build lives: keyed by sources, flags, compiler and CPU."""
+def _build_key(cc: str) -> str:
+    """This machine's build: a hash of the sources, flags, compiler and CPU."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
     flags = " ".join(_FLAGS + _LINK_FLAGS).encode()
     for part in [*(p.read_bytes() for p in _SOURCES + _HEADERS), flags, version.encode(),
                  _cpu_id().encode()]:
         key.update(part)
-    return _cache_dir() / f"libenginecpu-{key.hexdigest()[:16]}.so"
+    return key.hexdigest()[:16]
+
+
+def _target(cc: str) -> Path:
+    """Where this machine's build lives, under the cache directory of the moment."""
+    return _cache_dir() / f"libenginecpu-{_build_key(cc)}.so"
 
 
 def _build(cc: str) -> Path:

@@ -358,3 +358,18 @@ def post_update(slots: torch.Tensor, seq_lens: torch.Tensor, sample_slots: torch
                            sample_slots.data_ptr(), sampled.data_ptr(), sample_slots.shape[0],
                            num_computed.data_ptr(), num_tokens.data_ptr(), token_ids.data_ptr(),
                            token_ids.stride(0), num_output.data_ptr())
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [N, V] fp32 (rows any stride, columns packed) -> [N] int64, the first index of each
+    row's maximum: torch.argmax(x, -1) for rows without NaN (a NaN row gives some index)."""
+    _check(x, "x")
+    if x.dim() != 2 or (x.shape[1] > 1 and x.stride(1) != 1):
+        raise ValueError(f"x {tuple(x.shape)} must be 2-D with packed columns")
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    if x.shape[0] and x.shape[1]:
+        _lib().argmax_rows_f32(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr(),
+                               torch.get_num_threads())
+    elif x.shape[0]:
+        raise ValueError("argmax of an empty row")
+    return out

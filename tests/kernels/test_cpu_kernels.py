@@ -198,6 +198,22 @@ def test_linear_writes_into_out() -> None:
         cpu_ops.linear(x, blocked, out=torch.empty(6, 64))
 
 
+@pytest.mark.parametrize("cols", [1, 7, 512, 513, 49152])
+def test_argmax_rows_matches_torch(cols: int) -> None:
+    gen = torch.Generator().manual_seed(cols)
+    wide = torch.randn(9, cols + 3, generator=gen)
+    x = wide[:, 2:cols + 2]  # rows cols + 3 apart
+    x[1] = float("-inf")  # every logit masked: index 0, as torch
+    x[2] = 1.5  # all equal: the first
+    if cols > 600:
+        x[3, 600] = x[3, 10] = x[3].max() + 1  # a tie across chunks: the earlier one
+    x[4, cols - 1] = 1e30  # the last column
+    torch.testing.assert_close(cpu_ops.argmax_rows(x), x.argmax(-1), rtol=0, atol=0)
+    assert cpu_ops.argmax_rows(x[:0]).shape == (0,)
+    with pytest.raises(ValueError, match="packed columns"):
+        cpu_ops.argmax_rows(wide.t())
+
+
 def test_linear_refuses_what_it_would_misread() -> None:
     with pytest.raises(ValueError, match="multiple of 32"):
         cpu_ops.block_weight(torch.randn(48, 16))

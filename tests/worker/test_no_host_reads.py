@@ -84,6 +84,8 @@ def _guarded(runner, monkeypatch, rewrap_model: bool):
         gather = runner.inputs._gather
         monkeypatch.setattr(runner.inputs, "_gather",
                             lambda *a: PreparedInputs(*(_guard(t) for t in gather(*a))))
+        greedy = runner.sampler.greedy
+        monkeypatch.setattr(runner.sampler, "greedy", lambda logits: _guard(greedy(logits)))
         for name in ("forward", "compute_logits"):
             real = getattr(runner.model, name)
             monkeypatch.setattr(runner.model, name,
