@@ -36,7 +36,6 @@ from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutpu
                                   SchedulerStats, UtilityOutput, UtilityRequest,
                                   request_decoders)
 from engine_core.utilities import engine_utilities
-from gpu_worker.protocol import LogprobsLists
 
 logger = logging.getLogger("engine_core.proc")
 
@@ -297,7 +296,7 @@ def _large_logprobs_as_arrays(outputs: EngineCoreOutputs) -> None:
             out.new_prompt_logprobs = _logprob_arrays(out.new_prompt_logprobs)
 
 
-def _logprob_arrays(lp: LogprobsLists) -> LogprobsLists | Logprobs:
+def _logprob_arrays(lp: Logprobs) -> Logprobs:
     # Every position of a request has the same number of candidates (the rows are rectangular).
     if not lp.token_ids or len(lp.token_ids) * len(lp.token_ids[0]) * 4 < INLINE_MAX_BYTES:
         return lp

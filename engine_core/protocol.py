@@ -51,7 +51,6 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
 
     request_id: str
     new_token_ids: list[int]
-    # The scheduler fills these with gpu_worker's LogprobsLists; clients decode Logprobs.
     new_logprobs: Logprobs | None = None
     new_prompt_logprobs: Logprobs | None = None
     finish_reason: FinishReason | None = None

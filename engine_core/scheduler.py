@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 from engine_core.block_hash import make_block_hasher
 from engine_core.config import EngineConfig
 from engine_core.kv_cache_manager import KVCacheManager
-from engine_core.protocol import EngineCoreOutput, EngineCoreRequest, SchedulerStats
+from engine_core.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
 from engine_core.request import Request, RequestStatus
 from engine_core.request_queue import FcfsQueue, PriorityQueue
-from gpu_worker.protocol import (CachedRequestData, ModelRunnerOutput, NewRequestData,
-                                 SchedulerOutput)
+from gpu_worker.protocol import (CachedRequestData, LogprobsLists, ModelRunnerOutput,
+                                 NewRequestData, SchedulerOutput)
 
 if TYPE_CHECKING:
     from engine_core.structured_output.manager import StructuredOutputManager
@@ -288,8 +288,9 @@ class Scheduler:
                         new_tokens = sampled[:k + 1]
                         break
             num_generated += len(new_tokens)
-            out = EngineCoreOutput(req_id, new_tokens, logprobs[i] if logprobs else None,
-                                   prompt_logprobs.get(req_id) if prompt_logprobs else None)
+            out = EngineCoreOutput(req_id, new_tokens,
+                                   _wire(logprobs[i]) if logprobs else None,
+                                   _wire(prompt_logprobs.get(req_id)) if prompt_logprobs else None)
             if len(req.output_token_ids) == len(new_tokens):
                 out.num_cached_tokens = max(req.num_cached_tokens, 0)
                 out.prefill_chunks, req.prefill_chunks = req.prefill_chunks, []
@@ -402,3 +403,8 @@ class Scheduler:
     def reset_prefix_cache(self) -> bool:
         """Forget all cached blocks; False (nothing changed) while requests hold blocks."""
         return self.kv.reset_prefix_cache()
+
+
+def _wire(lp: LogprobsLists | None) -> Logprobs | None:
+    """The runner's logprobs as the engine core's protocol types them (same fields)."""
+    return None if lp is None else Logprobs(lp.token_ids, lp.logprobs, lp.ranks)

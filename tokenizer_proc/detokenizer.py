@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 from engine_core.frames import tolist
 from engine_core.protocol import Logprobs
 from engine_core.sampling_params import SamplingParams
-from gpu_worker.protocol import LogprobsLists
 from tokenizer_proc.incremental import make_incremental_decoder
 from tokenizer_proc.request_output import Logprob
 
@@ -100,7 +99,7 @@ class IncrementalDetokenizer:
 
 
 def convert_logprobs(
-    tokenizer: PreTrainedTokenizerBase, lp: LogprobsLists | Logprobs
+    tokenizer: PreTrainedTokenizerBase, lp: Logprobs
 ) -> list[dict[int, Logprob]]:
     """Map each position's sampled and top-k token ids to Logprob(logprob, rank, decoded_token).
 

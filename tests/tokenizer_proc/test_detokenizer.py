@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from engine_core.sampling_params import SamplingParams
-from gpu_worker.protocol import LogprobsLists
+from engine_core.protocol import Logprobs
 from tokenizer_proc import incremental
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
 from tokenizer_proc.request_output import Logprob
@@ -180,7 +180,7 @@ def test_random_stop_strings_match_reference(tokenizer, prompt):
 
 def test_convert_logprobs(tokenizer):
     hello, world, im_end = encode(tokenizer, "Hello world<|im_end|>")
-    lp = LogprobsLists(
+    lp = Logprobs(
         token_ids=[[hello, hello, world], [im_end, world, hello]],
         logprobs=[[-0.1, -0.1, -2.5], [-3.0, -0.5, -1.0]],
         ranks=[1, 7],

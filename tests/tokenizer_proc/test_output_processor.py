@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_core.protocol import EngineCoreOutput, FinishReason
+from engine_core.protocol import EngineCoreOutput, FinishReason, Logprobs
 from engine_core.sampling_params import SamplingParams
-from gpu_worker.protocol import LogprobsLists
 from tokenizer_proc.output_processor import OutputProcessor
 from tokenizer_proc.request_output import Logprob, RequestOutput
 from tokenizer_proc.streams import DeltaStreams
@@ -157,12 +156,12 @@ def test_n_sequences_finish_separately_and_the_request_after_the_last(tokenizer)
 def test_logprobs_prompt_logprobs_and_cached_tokens(tokenizer):
     hello, world = encode(tokenizer, "Hello world")
     both = BothEntryPoints(tokenizer, SamplingParams(logprobs=1, prompt_logprobs=1, max_tokens=2))
-    prompt_lp = LogprobsLists([[2, 2], [3, 3]], [[-1.0, -1.0], [-2.0, -2.0]], [1, 1])
-    both.step([out("r", [hello], new_logprobs=LogprobsLists([[hello, world]], [[-0.5, -0.25]],
+    prompt_lp = Logprobs([[2, 2], [3, 3]], [[-1.0, -1.0], [-2.0, -2.0]], [1, 1])
+    both.step([out("r", [hello], new_logprobs=Logprobs([[hello, world]], [[-0.5, -0.25]],
                                                             [2]),
                    new_prompt_logprobs=prompt_lp, num_cached_tokens=16)])
     both.step([out("r", [world], FinishReason.LENGTH,
-                   new_logprobs=LogprobsLists([[world, world]], [[-0.75, -0.75]], [1]),
+                   new_logprobs=Logprobs([[world, world]], [[-0.75, -0.75]], [1]),
                    new_prompt_logprobs=prompt_lp)])
     completion = both.output.outputs[0]
     assert completion.cumulative_logprob == pytest.approx(-1.25)
