@@ -148,10 +148,13 @@ def test_sigterm_drains_both_engines(server):
     async def run() -> list[tuple[int, str, str | None]]:
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            tasks = await _streaming(session, server.api_url, 6, 40)
-            running = _samples(server)
-            assert all(running.get(("vllm:num_requests_running", e), 0) > 0 for e in "01"), \
-                running
+            tasks = await _streaming(session, server.api_url, 6, 150)
+            # The gauges follow the engines' step reports: poll until both show their share.
+            deadline = time.monotonic() + 15
+            while not all((running := _samples(server)).get(("vllm:num_requests_running", e), 0)
+                          > 0 for e in "01"):
+                assert time.monotonic() < deadline, running
+                await asyncio.sleep(0.2)
             server.proc.send_signal(signal.SIGTERM)
             return await asyncio.gather(*tasks)
 
