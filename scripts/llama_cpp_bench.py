@@ -29,17 +29,25 @@ from bench.single_stream import decode_weight_bytes, load_runner, runner_decode 
 from gpu_worker.loader.default_model import cache_root, find_default_gguf  # noqa: E402
 
 
-def build_llama_cpp(root: Path, version: str | None) -> Path:
-    """llama.cpp's build/bin built from the llama-cpp-python sdist (once per version)."""
+def build_llama_cpp(root: Path, version: str | None,
+                    targets: tuple[str, ...] = ("llama-bench", "llama-quantize")) -> Path:
+    """llama.cpp's build/bin with `targets` built from the llama-cpp-python sdist (once per version).
+
+    The server is configured on (no curl, no web UI: nothing is downloaded at build time) so that
+    scripts/llama_server_bench.py can build llama-server in the same build directory.
+    """
     spec = f"llama-cpp-python=={version}" if version else "llama-cpp-python"
-    bins = sorted(root.glob("*/build/bin/llama-bench"))
-    if bins and not version:
-        return bins[-1].parent
+    dirs = sorted(root.glob("*/build/bin"))
+    if dirs and not version and all((dirs[-1] / t).is_file() for t in targets):
+        return dirs[-1]
     root.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                    "llama-cpp-python", spec, "-d", str(root)], check=True)
-    sdist = max(root.glob("llama_cpp_python-*.tar.gz"), key=lambda p: p.stat().st_mtime)
-    source = root / sdist.name.removesuffix(".tar.gz")
+    if not version and dirs:  # build the missing targets in the sdist already here
+        source = dirs[-1].parent.parent
+    else:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                        "llama-cpp-python", spec, "-d", str(root)], check=True)
+        sdist = max(root.glob("llama_cpp_python-*.tar.gz"), key=lambda p: p.stat().st_mtime)
+        source = root / sdist.name.removesuffix(".tar.gz")
     if not source.is_dir():
         with tarfile.open(sdist) as tar:
             tar.extractall(root, filter="data")
@@ -47,9 +55,9 @@ def build_llama_cpp(root: Path, version: str | None) -> Path:
     subprocess.run(["cmake", "-S", str(source / "vendor" / "llama.cpp"), "-B", str(build),
                     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
                     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(build), "-j2", "--target", "llama-bench",
-                    "llama-quantize"], check=True)
+                    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
+                    "-DLLAMA_USE_PREBUILT_UI=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(build), "-j2", "--target", *targets], check=True)
     return build / "bin"
 
 
