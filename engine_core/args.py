@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine_core.config import (BLOCK_SIZES, DEVICES, DTYPES, EXECUTOR_BACKENDS, HASH_ALGOS, LOAD_FORMATS,
-                                LOG_LEVELS, QUANTIZATIONS)
+from engine_core.config import (BLOCK_SIZES, DATA_PARALLEL_BACKENDS, DEVICES, DTYPES,
+                                EXECUTOR_BACKENDS, HASH_ALGOS, LOAD_FORMATS, LOG_LEVELS,
+                                QUANTIZATIONS)
 from engine_core.vllm_only_args import ENGINE_ONLY, add_vllm_only_args, refuse_vllm_only
 
 
@@ -108,6 +109,10 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
                    "(default 127.0.0.1)")),
         ("--data-parallel-rpc-port", "data_parallel_rpc_port",
          dict(type=int, help="port of that registration socket on the first host (default 29550)")),
+        ("--data-parallel-backend", "data_parallel_backend",
+         dict(choices=DATA_PARALLEL_BACKENDS,
+              help="mp: engine serve starts the engine cores (on other hosts: --headless); "
+                   "ray: each engine core in a Ray actor on a Ray cluster's nodes (default mp)")),
     ],
     "observability": [
         ("--disable-log-stats", "disable_log_stats",

@@ -21,6 +21,7 @@ _GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 HASH_ALGOS = ("sha256", "xxhash", "builtin")
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+DATA_PARALLEL_BACKENDS = ("mp", "ray")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
                "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "t": 10**12, "tb": 10**12,
                "tib": 2**40}
@@ -271,6 +272,9 @@ class ParallelConfig:
     data_parallel_start_rank: int = 0
     data_parallel_address: str = "127.0.0.1"
     data_parallel_rpc_port: int = 29550
+    # 'mp': engine serve starts the engine cores as its child processes (other hosts' with
+    # --headless); 'ray': each engine core runs in a Ray actor placed on a Ray cluster's nodes.
+    data_parallel_backend: str = "mp"
     # Set by engine serve for each engine core it starts; None outside a DP group.
     data_parallel_rank: int | None = None
 
@@ -291,6 +295,18 @@ class ParallelConfig:
         if backend == "ray" and importlib.util.find_spec("ray") is None:
             raise ConfigError("distributed_executor_backend 'ray' needs Ray, which is not "
                               "installed: pip install ray (the engine's [ray] extra)")
+        if self.data_parallel_backend not in DATA_PARALLEL_BACKENDS:
+            raise ConfigError(f"data_parallel_backend must be one of "
+                              f"{', '.join(DATA_PARALLEL_BACKENDS)}, got "
+                              f"{self.data_parallel_backend!r}")
+        if self.data_parallel_backend == "ray":
+            if importlib.util.find_spec("ray") is None:
+                raise ConfigError("data_parallel_backend 'ray' needs Ray, which is not "
+                                  "installed: pip install ray (the engine's [ray] extra)")
+            if backend == "ray":
+                raise ConfigError("data_parallel_backend 'ray' runs each engine core's "
+                                  "tensor-parallel ranks on its actor's node (mp); "
+                                  "distributed_executor_backend 'ray' inside it is not supported")
         if backend == "uni" and self.tensor_parallel_size > 1:
             raise ConfigError(
                 f"distributed_executor_backend 'uni' runs a single worker; tensor_parallel_size "

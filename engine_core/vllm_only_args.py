@@ -89,10 +89,6 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
                               "(--distributed-executor-backend ray)"),
     "master_port": (True, (), "tensor-parallel ranks span hosts only as Ray actors "
                               "(--distributed-executor-backend ray)"),
-    "data_parallel_backend": (True, ("mp",), "data-parallel engine cores are processes that "
-                                             "engine serve starts, on other hosts with "
-                                             "--headless; placing them as Ray actors is not "
-                                             "built"),
     "enable_eplb": (False, (), "the engine runs dense models (no MoE)"),
     "decode_context_parallel_size": (True, ("1",), "there is no context parallelism"),
     "enable_mfu_metrics": (False, (), "there are no MFU metrics"),

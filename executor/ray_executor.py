@@ -18,7 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from engine_core.config import EngineConfig
 from executor.base import Executor, StepFuture, WorkerError
-from executor.ray_cluster import PLACEMENT_TIMEOUT_S, connect, reserve
+from executor.ray_cluster import PLACEMENT_TIMEOUT_S, connect, death_reason, reserve
 from executor.ray_worker import EngineWorker
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
@@ -104,7 +104,7 @@ class RayExecutor(Executor):
                 ray.get(ref, timeout=0)
             except RayActorError as e:
                 dead.append(f"engine worker rank {rank} ({self._where(rank)}) died: "
-                            f"{_death_reason(e)}")
+                            f"{death_reason(e)}")
             except GetTimeoutError:
                 pass
             except RayError as e:  # RayTaskError: the actor's method raised; its traceback
@@ -146,12 +146,3 @@ class _RayStep:
 
     def result(self) -> ModelRunnerOutput:
         return self._executor._decoder.decode(self._executor._gather(self._refs)[0])
-
-
-def _death_reason(error: RayError) -> str:
-    """Ray's reason for an actor's death: the first sentence of its "The actor is dead
-    because ..." line (killed by ray.kill, its process died, its node died)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    why = next((line for line in lines if line.startswith("The actor is dead")),
-               lines[-1] if lines else type(error).__name__)
-    return why.split(". ")[0].rstrip(".")

@@ -12,6 +12,7 @@ import msgspec
 import ray
 
 from engine_core.config import EngineConfig
+from executor.ray_cluster import free_tcp_address
 from gpu_worker.protocol import SchedulerOutput
 from gpu_worker.worker import Worker
 
@@ -33,10 +34,7 @@ class EngineWorker:
     def free_tcp_address(self) -> str:
         """tcp://<this node's IP>:<a free port>, where the tensor-parallel group meets (rank 0's
         node: rank 0 hosts the rendezvous)."""
-        ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((ip, 0))
-            return f"tcp://{ip}:{s.getsockname()[1]}"
+        return free_tcp_address()
 
     def load_model(self, encoded_config: bytes, init_method: str) -> int:
         """Join the tensor-parallel group, load this rank's shard; the KV blocks it can hold."""

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
@@ -48,6 +48,9 @@ from metrics.exposition import setup_multiprocess_dir
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, TokenizerHello,
                                      api_output_decoders)
 from tokenizer_proc.tokenizer_proc import process_name
+
+if TYPE_CHECKING:  # Ray is optional: imported only with --data-parallel-backend ray
+    from frontend.ray_dp_launch import RayEngineCores
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _POLL_S = 0.2
@@ -72,6 +75,7 @@ class DataParallelPlan:
     headless: bool
     address: str
     rpc_port: int
+    ray: bool = False  # every rank's engine core in a Ray actor (frontend/ray_dp_launch.py)
 
     @classmethod
     def from_args(cls, engine_args: dict[str, Any], headless: bool) -> DataParallelPlan:
@@ -82,6 +86,12 @@ class DataParallelPlan:
         count = size - start if count is None else count
         if size < 1:
             raise ValueError(f"--data-parallel-size must be at least 1, got {size}")
+        if engine_args.get("data_parallel_backend") == "ray":
+            if headless or "data_parallel_size_local" in engine_args or start:
+                raise ValueError("--data-parallel-backend ray places every rank on the Ray "
+                                 "cluster: --headless, --data-parallel-size-local and "
+                                 "--data-parallel-start-rank are for the mp backend")
+            return cls(size, range(0), False, "", 0, ray=True)
         if not headless and start != 0:
             raise ValueError("--data-parallel-start-rank is for --headless hosts: the first host "
                              "runs ranks 0 to --data-parallel-size-local - 1")
@@ -162,7 +172,7 @@ class Launcher:
         self.engine_addresses: list[str] = []  # every rank's, in rank order
         self.tiers: list[list[Child]] = []
         self._ctx = zmq.Context()
-        self._first_host: FirstHost | None = None
+        self._first_host: FirstHost | RayEngineCores | None = None
         self._headless_host: HeadlessHost | None = None
         # Written before the children get SIGTERM (StopOrder), and once every child is ready.
         self._stop_file = os.path.join(self._dir, "stop.json")
@@ -183,8 +193,12 @@ class Launcher:
         deadline = time.monotonic() + timeout
         if self.dp.remote:  # first, so that a port in use fails before the model loads
             try:
-                self._first_host = FirstHost(self._ctx, self.dp.address, self.dp.rpc_port,
-                                             self.dp.size, self.dp.remote.start)
+                if self.dp.ray:  # Ray actors register as headless hosts' ranks do
+                    from frontend.ray_dp_launch import RayEngineCores
+                    self._first_host = RayEngineCores(self.engine_args, self.dp.size, timeout)
+                else:
+                    self._first_host = FirstHost(self._ctx, self.dp.address, self.dp.rpc_port,
+                                                 self.dp.size, self.dp.remote.start)
             except RendezvousError as e:
                 raise LaunchError(str(e)) from None
         self.tiers.append(self._start_cores())
@@ -201,7 +215,7 @@ class Launcher:
         self.tiers.append([self._start_tokenizer(i, a, engine_pids)
                            for i, a in enumerate(self.tokenizer_addresses)])
         if self.api_server_count:
-            self.tiers.append([self._start_api_server(i, engine_pids[0])
+            self.tiers.append([self._start_api_server(i, engine_pids[0] if engine_pids else None)
                                for i in range(self.api_server_count)])
             if self._port_socket is not None:  # theirs now: the port closes when they stop
                 self._port_socket.close()
@@ -219,7 +233,7 @@ class Launcher:
         host = local_address_towards(self.dp.address) if self.dp.headless else ""
         # Engine cores of one host share its cores: each gets its part of the threads (as the
         # mp executor splits them among TP ranks), unless the user chose a number.
-        env = {} if len(self.dp.local) == 1 or "OMP_NUM_THREADS" in os.environ else \
+        env = {} if len(self.dp.local) <= 1 or "OMP_NUM_THREADS" in os.environ else \
             {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // len(self.dp.local)))}
         for rank in self.dp.local:
             args = self.engine_args if self.dp.size == 1 else \
@@ -263,11 +277,12 @@ class Launcher:
         except RendezvousError as e:
             raise LaunchError(str(e)) from None
 
-    def _start_api_server(self, index: int, engine_pid: int) -> Child:
+    def _start_api_server(self, index: int, engine_pid: int | None) -> Child:
         ready_file = f"{self._dir}/api-{index}.ready"
         args = ["frontend.api_server", "--index", str(index), "--host", self.host,
                 "--port", str(self.port), "--engine-args", json.dumps(self.engine_args),
-                "--engine-pid", str(engine_pid), "--parent-pid", str(os.getpid()),
+                *(["--engine-pid", str(engine_pid)] if engine_pid else []),
+                "--parent-pid", str(os.getpid()),
                 "--shutdown-timeout", str(self.shutdown_timeout), "--stop-file", self._stop_file,
                 "--max-request-body", str(self.max_request_body), "--ready-file", ready_file,
                 "--serving-file", self._serving_file, *self.chat.argv(self.chat_template_file)]
@@ -478,8 +493,8 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
                   f"max_model_len {core.max_model_len}, {core.num_blocks} KV blocks of "
                   f"{core.block_size} tokens", flush=True)
         for rank in launcher.dp.remote:
-            print(f"engine core rank {rank} (headless) at {launcher.engine_addresses[rank]}",
-                  flush=True)
+            print(f"engine core rank {rank} ({'Ray actor' if launcher.dp.ray else 'headless'}) at "
+                  f"{launcher.engine_addresses[rank]}", flush=True)
         for i, address in enumerate(launcher.tokenizer_addresses if not headless else ()):
             print(f"tokenizer {i} listening on {address}", flush=True)
         if launcher.api_server_count:

@@ -127,8 +127,10 @@ def _one_engine_greedy(tiny_model) -> list[str]:  # noqa: F811
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def test_128_streams_share_both_engines_and_match_one_engine(server, tiny_model):  # noqa: F811
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(128)]
+def assert_streams_share_both_engines(server: Server, tiny_model,  # noqa: F811
+                                      prompts: list[str]) -> dict[tuple[str, str], float]:
+    """Stream prompts (of PROMPTS) at once: each completes with one engine's greedy text, and
+    both engines (the `engine` label) served some. Returns _samples(server)."""
     results = asyncio.run(_stream_all(server.api_url, prompts))
     assert all(status == 200 for status, _, _ in results), results
 
@@ -137,8 +139,14 @@ def test_128_streams_share_both_engines_and_match_one_engine(server, tiny_model)
 
     s = _samples(server)
     served = [s.get(("vllm:request_success_total", e), 0) for e in ("0", "1")]
+    assert sum(served) == len(prompts) and min(served) > 0, served
+    return s
+
+
+def test_128_streams_share_both_engines_and_match_one_engine(server, tiny_model):  # noqa: F811
+    s = assert_streams_share_both_engines(server, tiny_model,
+                                          [PROMPTS[i % len(PROMPTS)] for i in range(128)])
     tokens = [s.get(("vllm:generation_tokens_total", e), 0) for e in ("0", "1")]
-    assert sum(served) == 128 and min(served) > 0, served
     assert sum(tokens) == 128 * MAX_TOKENS and min(tokens) > 0, tokens
     # Each engine's requests produced that engine's tokens: the totals agree per engine.
     assert [s.get(("vllm:request_generation_tokens_sum", e), 0) for e in ("0", "1")] == tokens

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,27 +21,15 @@ from tests.tiny_models import make_tiny_model_with_tokenizer
 
 ray = pytest.importorskip("ray")
 
-from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 
 from executor.ray_cluster import RayResourcesError  # noqa: E402
 from executor.ray_executor import RayExecutor  # noqa: E402
+from tests.ray_cluster import actor_pids, cluster  # noqa: E402,F401
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
 PROMPTS = [[1, 400, 401, 402], [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
            [1, 30000]]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    cluster = Cluster(initialize_head=True, connect=True, head_node_args={"num_cpus": 1})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -133,29 +120,16 @@ def test_a_worker_failing_at_start_up_is_reported_and_its_bundles_freed(cluster,
     assert wait_until(lambda: ray.available_resources().get("CPU") == 2, timeout=10)
 
 
-def _worker_actor_pids() -> set[int]:
-    """The processes of this machine's live RayExecutor worker actors."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(
-                    b"ray::EngineWorker") and not pid_gone(int(entry.name)):
-                found.add(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def test_serve_with_ray_workers_fails_requests_and_exits_1_when_one_is_killed(
         cluster, model_dir, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # the engine core joins this cluster
-    before = _worker_actor_pids()
+    before = set(actor_pids("EngineWorker"))
     server = Server(["--model", str(model_dir), "--device", "cpu", "--kv-cache-memory", "16MiB",
                      "--max-model-len", "256", "--tensor-parallel-size", "2",
                      "--distributed-executor-backend", "ray"])
     try:
         assert server.ready, server.stderr
-        workers = _worker_actor_pids() - before
+        workers = set(actor_pids("EngineWorker")) - before
         assert len(workers) == 2
         error = kill_mid_generation(server, max(workers))
         assert error.status == 503
