@@ -9,6 +9,8 @@ import re
 
 import pytest
 
+from engine_core.config import ConfigError, engine_config_from_kwargs
+from frontend.launcher import DataParallelPlan
 from tests.dp.test_dp_serve import (PROMPTS, _args, _kill_mid_stream,
                                     assert_streams_share_both_engines)
 from tests.serve.conftest import Server, pid_gone, tiny_model, wait_until  # noqa: F401
@@ -65,3 +67,22 @@ def test_a_killed_actor_fails_its_requests_and_the_launcher_exits_1_naming_it(se
     assert wait_until(lambda: not actor_pids("EngineCoreActor").keys() & server.actors.keys(),
                       timeout=15)
     assert wait_until(lambda: all(pid_gone(pid) for pid in cores), timeout=10)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"data_parallel_backend": "ray", "distributed_executor_backend": "ray"},
+     "distributed_executor_backend 'ray' inside it is not supported"),
+    ({"data_parallel_backend": "k8s"}, "data_parallel_backend must be one of mp, ray"),
+])
+def test_what_ray_placement_cannot_do_is_refused_in_the_config(kwargs, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        engine_config_from_kwargs(model="m", **kwargs)
+
+
+@pytest.mark.parametrize("extra, headless", [({"data_parallel_size_local": 1}, False),
+                                             ({"data_parallel_start_rank": 1}, True),
+                                             ({}, True)])
+def test_ray_placement_refuses_the_flags_of_hand_placed_ranks(extra, headless):
+    args = {"data_parallel_size": 2, "data_parallel_backend": "ray", **extra}
+    with pytest.raises(ValueError, match="--data-parallel-backend ray places every rank"):
+        DataParallelPlan.from_args(args, headless)
