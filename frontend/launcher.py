@@ -87,10 +87,11 @@ class DataParallelPlan:
         if size < 1:
             raise ValueError(f"--data-parallel-size must be at least 1, got {size}")
         if engine_args.get("data_parallel_backend") == "ray":
-            if headless or "data_parallel_size_local" in engine_args or start:
+            if headless or any(f"data_parallel_{name}" in engine_args for name in
+                               ("size_local", "start_rank", "address", "rpc_port")):
                 raise ValueError("--data-parallel-backend ray places every rank on the Ray "
-                                 "cluster: --headless, --data-parallel-size-local and "
-                                 "--data-parallel-start-rank are for the mp backend")
+                                 "cluster: --headless and --data-parallel-size-local, "
+                                 "-start-rank, -address and -rpc-port are for the mp backend")
             return cls(size, range(0), False, "", 0, ray=True)
         if not headless and start != 0:
             raise ValueError("--data-parallel-start-rank is for --headless hosts: the first host "

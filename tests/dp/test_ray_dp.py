@@ -81,6 +81,7 @@ def test_what_ray_placement_cannot_do_is_refused_in_the_config(kwargs, message):
 
 @pytest.mark.parametrize("extra, headless", [({"data_parallel_size_local": 1}, False),
                                              ({"data_parallel_start_rank": 1}, True),
+                                             ({"data_parallel_rpc_port": 29551}, False),
                                              ({}, True)])
 def test_ray_placement_refuses_the_flags_of_hand_placed_ranks(extra, headless):
     args = {"data_parallel_size": 2, "data_parallel_backend": "ray", **extra}
