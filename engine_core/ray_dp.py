@@ -11,6 +11,7 @@ tensor-parallel workers inherit them.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -45,7 +46,8 @@ class EngineCoreActor:
             code = self.core.exit_code()
             if code is not None:
                 raise RuntimeError(f"the engine core exited during start-up with code {code} "
-                                   "(its log is above)")
+                                   f"(its log: the lines prefixed (EngineCoreActor "
+                                   f"pid={os.getpid()}))")
             try:
                 EngineCoreClient(address, startup_timeout=_READY_POLL_S, auth_key=auth_key,
                                  client_name=f"ray-actor-{self.rank}").shutdown()
