@@ -10,7 +10,8 @@ temperature 0, ignore_eos), sent by the engine's own HTTP benchmark client (benc
 Per request: time to first token (from the send) and decode tokens/s = (tokens - 1) / (time from
 the first to the last streamed text chunk), tokens being the server's usage.completion_tokens,
 not the chunk count: llama-server streams one chunk per token except where a token ends inside a
-UTF-8 character (its bytes wait for the next token's chunk). Prints JSON: every run, the
+UTF-8 character (its bytes wait for the next token's chunk), and engine serve may put several
+tokens in one chunk when the client falls behind. Prints JSON: every run, the
 medians, the engine's ratio to llama-server, the machine and the threads. Stops both servers at
 the end, also on error.
 """
@@ -109,7 +110,10 @@ async def rounds(bases: dict[str, str], args: argparse.Namespace) -> dict[str, l
 
     rng = np.random.default_rng(args.seed)
     runs: dict[str, list[dict]] = {name: [] for name in SERVERS}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+    # A fresh connection per request: a kept-alive one that llama-server's HTTP library has
+    # closed in the meantime ends the next stream with ServerDisconnectedError.
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+                                     connector=aiohttp.TCPConnector(force_close=True)) as session:
         models = {}
         for name, base in bases.items():
             async with session.get(f"{base}/v1/models") as resp:
@@ -179,10 +183,12 @@ def main() -> None:
         "model": str(gguf), "llama_server": cmds["llama-server"][0],
         "engine_serve": " ".join(cmds["engine serve"]), "threads": args.threads,
         "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "token_counting": "tokens = usage.completion_tokens; decode_tok_s = (tokens - 1) / "
-                          "(first to last streamed text chunk); llama-server streams one chunk "
-                          "per token, merging a token that ends inside a UTF-8 character into "
-                          "the next chunk, so text_chunks may be below tokens",
+        "token_counting": "tokens = usage.completion_tokens, not chunks; decode_tok_s = "
+                          "(tokens - 1) / (first to last streamed text chunk). llama-server "
+                          "streams one chunk per token, except that a token ending inside a "
+                          "UTF-8 character waits for the next one's chunk; engine serve may put "
+                          "several tokens in a chunk when the client falls behind. So "
+                          "text_chunks may be below tokens",
         "ignore_eos_took_effect": all(r["tokens"] == args.new_tokens
                                       for name in SERVERS for r in runs[name]),
         "runs": runs, "median": medians,
