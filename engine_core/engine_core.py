@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import deque
@@ -61,6 +62,10 @@ class EngineCore:
         # Async scheduling: steps handed to the executor whose outputs are not applied yet.
         self._in_flight: deque[tuple[SchedulerOutput, StepFuture]] = deque()
         self._structured_lock = threading.Lock()
+        # As vLLM: what start-up built (model, tables, modules) stays for the engine's life;
+        # frozen, the collector's full passes no longer walk it during the busy loop.
+        gc.collect()
+        gc.freeze()
 
     def _structured_output(self):
         """The structured-output manager, made with the first constrained request (so that an

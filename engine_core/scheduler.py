@@ -264,6 +264,7 @@ class Scheduler:
         num_generated = 0
         running = RequestStatus.RUNNING
         check_stop = self._check_stop
+        max_model_len = self.max_model_len
         for i, (req_id, sampled) in enumerate(zip(model_runner_output.req_ids,
                                                   model_runner_output.sampled_token_ids)):
             req = requests.get(req_id)
@@ -277,7 +278,13 @@ class Scheduler:
             if len(sampled) == 1 and req.grammar is None:  # the common case, without the loop
                 token = sampled[0]
                 req.append_output_token(token)
-                status = check_stop(req, token)
+                # _check_stop only when a stop could apply: a stop id, a length cap reached.
+                params = req.sampling_params
+                if (token == req.eos_token_id or token in req.stop_token_ids
+                        or len(req.all_token_ids) >= max_model_len
+                        or (params.max_tokens is not None
+                            and len(req.output_token_ids) >= params.max_tokens)):
+                    status = check_stop(req, token)
             else:
                 for k, token in enumerate(sampled):
                     req.append_output_token(token)

@@ -70,22 +70,21 @@ class AsyncOutput:
         """Wait for the copy, then the output in the order of the step's requests."""
         if self._event is not None:
             self._event.synchronize()
-        sampled_lists: list[list[int]] = [[] for _ in self._req_ids]
         logprob_lists: list[LogprobsLists | None] = [None] * len(self._req_ids)
-        if self._sampled is not None:
-            tokens = self._sampled.tolist()
-            if len(tokens) == len(sampled_lists):  # every row sampled (all decodes)
-                sampled_lists = [[token] for token in tokens]
-            else:
-                for row, token in zip(self._sample_rows.tolist(), tokens):
-                    sampled_lists[row] = [token]
-            if self._logprobs is not None:
-                lp = _to_lists(self._logprobs)
-                for j, (row, k) in enumerate(zip(self._sample_rows.tolist(),
-                                                 self._num_logprobs.tolist())):
-                    if k != -2:
-                        ids, lps, rank = _one_position(lp, j, k)
-                        logprob_lists[row] = LogprobsLists([ids], [lps], [rank])
+        tokens = self._sampled.tolist() if self._sampled is not None else []
+        if len(tokens) == len(self._req_ids):  # every row sampled (all decodes)
+            sampled_lists = [[token] for token in tokens]
+        else:
+            sampled_lists = [[] for _ in self._req_ids]
+            for row, token in zip(self._sample_rows.tolist(), tokens):
+                sampled_lists[row] = [token]
+        if self._logprobs is not None:  # only with sampled tokens
+            lp = _to_lists(self._logprobs)
+            for j, (row, k) in enumerate(zip(self._sample_rows.tolist(),
+                                             self._num_logprobs.tolist())):
+                if k != -2:
+                    ids, lps, rank = _one_position(lp, j, k)
+                    logprob_lists[row] = LogprobsLists([ids], [lps], [rank])
         prompt = {}
         for req_id, (chunks, k) in self.prompt_logprobs.items():
             ids: list[list[int]] = []
