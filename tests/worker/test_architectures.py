@@ -142,8 +142,8 @@ def _capture_logits(runner, monkeypatch) -> list[torch.Tensor]:
     captured: list[torch.Tensor] = []
     compute_logits = runner.model.compute_logits
 
-    def capture(hidden):
-        logits = compute_logits(hidden)
+    def capture(hidden, out=None):
+        logits = compute_logits(hidden, out)
         captured.append(logits.clone())
         return logits
 
