@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from engine_core.block_hash import make_block_hasher
@@ -160,6 +161,7 @@ class Scheduler:
         preempted = False
 
         running = self.running
+        allocate = kv.allocate_slots
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -174,7 +176,7 @@ class Scheduler:
                 continue
             if n > budget:
                 n = budget
-            while (blocks := kv.allocate_slots(req, n)) is None:
+            while (blocks := allocate(req, n)) is None:
                 victim, vi = self._pick_victim()
                 del running[vi]
                 if vi < i:  # already scheduled this step (priority policy): take it back
@@ -190,8 +192,9 @@ class Scheduler:
             if blocks is None:
                 break
             scheduled_running.append(req)
-            num_scheduled[req.request_id] = n
-            new_block_ids[req.request_id] = [b.block_id for b in blocks] if blocks else []
+            req_id = req.request_id
+            num_scheduled[req_id] = n
+            new_block_ids[req_id] = [b.block_id for b in blocks] if blocks else []
             budget -= n
             i += 1
 
@@ -221,9 +224,9 @@ class Scheduler:
                                kv.get_block_ids(r.request_id), r.num_computed_tokens,
                                list(r.output_token_ids))
                 for r in new_reqs],
+            # new_block_ids holds the scheduled running requests, in order.
             scheduled_cached_reqs=CachedRequestData(
-                [r.request_id for r in scheduled_running],
-                [new_block_ids[r.request_id] for r in scheduled_running],
+                list(new_block_ids), list(new_block_ids.values()),
                 [r.num_computed_tokens for r in scheduled_running]),
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=self.max_num_batched_tokens - budget,
@@ -233,18 +236,17 @@ class Scheduler:
         placeholders = self.async_scheduling
         constrained: list[Request] = []
         now = time.time()
-        for reqs in (scheduled_running, new_reqs):
-            for r in reqs:
-                n = num_scheduled[r.request_id]
-                computed = r.num_computed_tokens
-                if computed < len(r.prompt_token_ids) and not r.output_token_ids:
-                    r.prefill_chunks.append((now, n))
-                r.num_computed_tokens = computed = computed + n
-                if computed >= len(r.all_token_ids) + r.num_output_placeholders:  # it samples
-                    if r.grammar is not None:
-                        constrained.append(r)
-                    if placeholders:
-                        r.num_output_placeholders += 1  # this step samples its next token
+        # num_scheduled lists the running requests, then the admitted ones, in order.
+        for r, n in zip(chain(scheduled_running, new_reqs), num_scheduled.values(), strict=True):
+            computed = r.num_computed_tokens
+            if computed < len(r.prompt_token_ids) and not r.output_token_ids:
+                r.prefill_chunks.append((now, n))
+            r.num_computed_tokens = computed = computed + n
+            if computed >= len(r.all_token_ids) + r.num_output_placeholders:  # it samples
+                if r.grammar is not None:
+                    constrained.append(r)
+                if placeholders:
+                    r.num_output_placeholders += 1  # this step samples its next token
         if constrained:
             assert self.structured_output is not None
             output.structured_output_request_ids = [r.request_id for r in constrained]
