@@ -9,17 +9,21 @@ failure. The tensor-parallel group meets at rank 0's node (gloo on CPU, NCCL on 
 from __future__ import annotations
 
 import re
+import signal
+from collections.abc import Callable
 
 import msgspec
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
-from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from engine_core.config import EngineConfig
 from executor.base import Executor, StepFuture, WorkerError
 from executor.ray_cluster import PLACEMENT_TIMEOUT_S, connect, death_reason, reserve
-from executor.ray_worker import EngineWorker
+from executor.ray_worker import RING_GROUP, EngineWorker
+from executor.shm_broadcast import ShmRingWriter
+from executor.worker_messages import RunStep, Shutdown
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
 SHUTDOWN_TIMEOUT_S = 5.0
@@ -37,6 +41,10 @@ class RayExecutor(Executor):
         self.placement_timeout_s = placement_timeout_s
         self.actors: list[ray.actor.ActorHandle] = []
         self.locations: list[tuple[str, str, int]] = []  # (node id, node IP, pid) per rank
+        self.ring_ranks: list[int] = []  # the ranks on this node, which read the ring
+        self._ring: ShmRingWriter | None = None
+        self._readers: dict[int, ray.ObjectRef] = {}  # ring rank -> its serve_ring() call
+        self._steps = 0
         self._group: PlacementGroup | None = None
         self._connected = False
         self._failed = False
@@ -51,26 +59,51 @@ class RayExecutor(Executor):
             resource = "GPU" if self.config.device_type == "cuda" else "CPU"
             self._group = reserve(self.world_size, resource, self.placement_timeout_s)
             self._start_actors(resource)
-            self.locations = self._gather([actor.where.remote() for actor in self.actors])
-            init_method = (self._gather([self.actors[0].free_tcp_address.remote()])[0]
+            self.locations = self._gather_all(lambda actor: actor.where.remote())
+            init_method = (self._gather({0: self.actors[0].free_tcp_address.remote()})[0]
                            if self.world_size > 1 else "")
             config = msgspec.msgpack.encode(self.config)
-            num_blocks = min(self._gather([actor.load_model.remote(config, init_method)
-                                           for actor in self.actors]))
-            self._gather([actor.initialize_kv_cache.remote(num_blocks) for actor in self.actors])
+            num_blocks = min(self._gather_all(
+                lambda actor: actor.load_model.remote(config, init_method)))
+            self._gather_all(lambda actor: actor.initialize_kv_cache.remote(num_blocks))
+            self._start_ring()
         except BaseException:
             self.shutdown()
             raise
         return num_blocks
 
     def _start_actors(self, resource: str) -> None:
-        cls = ray.remote(EngineWorker)
+        """One actor per bundle; those placed on this node get a thread for the ring (a
+        concurrency group), the others stay single-threaded, running their calls in order."""
+        assert self._group is not None
+        here = ray.get_runtime_context().get_node_id()
+        nodes = placement_group_table(self._group)["bundles_to_node_id"]
+        self.ring_ranks = [rank for rank in range(self.world_size) if nodes[rank] == here]
+        remote_cls = ray.remote(EngineWorker)
+        ring_cls = ray.remote(concurrency_groups={RING_GROUP: 1})(EngineWorker)
         for rank in range(self.world_size):
             strategy = PlacementGroupSchedulingStrategy(placement_group=self._group,
                                                         placement_group_bundle_index=rank)
+            cls = ring_cls if rank in self.ring_ranks else remote_cls
             self.actors.append(cls.options(
                 num_cpus=1 if resource == "CPU" else 0, num_gpus=1 if resource == "GPU" else 0,
                 scheduling_strategy=strategy).remote(rank))
+
+    def _start_ring(self) -> None:
+        """The ring, and one serve_ring() call per ring rank, which returns only at Shutdown."""
+        if not self.ring_ranks:
+            return
+        # Python's resource tracker, started with the first shared-memory block, unblocks
+        # SIGINT and SIGTERM in this thread; the engine core process keeps them blocked.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        try:
+            self._ring = ShmRingWriter(num_readers=len(self.ring_ranks), host_doorbells=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for index, rank in enumerate(self.ring_ranks):
+            self._readers[rank] = self.actors[rank].serve_ring.options(
+                concurrency_group=RING_GROUP).remote(self._ring.handle, index,
+                                                     self._ring.doorbell_handles[index])
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step on every rank and return rank 0's output; WorkerError if any fails."""
@@ -78,28 +111,53 @@ class RayExecutor(Executor):
 
     def submit(self, scheduler_output: SchedulerOutput) -> StepFuture:
         """Send the step to every rank and return; its output is rank 0's answer."""
-        step = self._encoder.encode(scheduler_output)
-        return _RayStep(self, [actor.execute_model.remote(step) for actor in self.actors])
+        step = self._encoder.encode(RunStep(scheduler_output))
+        self._steps += 1
+        if self._ring is not None:
+            self._ring.write(step, on_wait=self._check_readers)
+        refs = {rank: actor.execute_model.remote(step) for rank, actor in enumerate(self.actors)
+                if rank not in self._readers}
+        if 0 in self._readers:
+            refs[0] = self.actors[0].output.remote(self._steps)
+        return _RayStep(self, refs)
 
-    def _gather(self, refs: list[ray.ObjectRef]) -> list:
-        """Each rank's answer, in rank order. The first failure, awaited or not, raises
-        WorkerError at once (a rank left waiting in a collective for a dead peer never would)."""
-        pending = list(refs)
+    def _gather_all(self, call: Callable[[ray.actor.ActorHandle], ray.ObjectRef]) -> list:
+        """call(actor)'s answer from every rank, in rank order."""
+        answers = self._gather({rank: call(actor) for rank, actor in enumerate(self.actors)})
+        return [answers[rank] for rank in range(self.world_size)]
+
+    def _gather(self, refs: dict[int, ray.ObjectRef]) -> dict[int, object]:
+        """Each rank's answer. The first failure, awaited or not, and the end of any ring
+        rank's serve_ring() call (it ends early only by failing) raise WorkerError at once (a
+        rank left waiting in a collective for a dead peer never would)."""
+        pending = list(refs.values())
+        watched = list(self._readers.values())
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            ready, _ = ray.wait(pending + watched, num_returns=1)
+            if ready[0] not in pending:
+                raise self._failure(refs)
             try:
                 ray.get(ready)
             except RayError:
                 raise self._failure(refs) from None
-        return ray.get(refs)
+            pending.remove(ready[0])
+        return dict(zip(refs, ray.get(list(refs.values())), strict=True))
 
-    def _failure(self, refs: list[ray.ObjectRef]) -> WorkerError:
+    def _check_readers(self) -> None:
+        """WorkerError if a ring rank's thread has ended (while the ring is full)."""
+        ended, _ = ray.wait(list(self._readers.values()), timeout=0)
+        if ended:
+            raise self._failure({})
+
+    def _failure(self, refs: dict[int, ray.ObjectRef]) -> WorkerError:
         """What is known of the failed ranks: the dead ones first, as the likely cause (their
-        peers fail in a collective once they are gone), then the errors that ranks raised."""
+        peers fail in a collective once they are gone), then the errors that ranks raised. A
+        ring rank is known by its serve_ring() call."""
         self._failed = True
-        ray.wait(refs, num_returns=len(refs), timeout=FAILURE_GRACE_S)
+        refs = dict(sorted({**refs, **self._readers}.items()))
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=FAILURE_GRACE_S)
         dead, raised = [], []
-        for rank, ref in enumerate(refs):
+        for rank, ref in refs.items():
             try:
                 ray.get(ref, timeout=0)
             except RayActorError as e:
@@ -119,16 +177,24 @@ class RayExecutor(Executor):
         return f"Ray actor, pid {pid} on node {node_id[:12]} at {ip}"
 
     def shutdown(self) -> None:
-        """Ask the actors to leave their group, kill them, free the bundles, disconnect."""
+        """Stop the ring ranks' threads, ask the actors to leave their group, kill them, free
+        the ring and the bundles, disconnect."""
         if self.actors and not self._failed:
             try:
+                if self._ring is not None:
+                    self._ring.write(self._encoder.encode(Shutdown()), SHUTDOWN_TIMEOUT_S)
+                    ray.get(list(self._readers.values()), timeout=SHUTDOWN_TIMEOUT_S)
                 ray.get([actor.shutdown.remote() for actor in self.actors],
                         timeout=SHUTDOWN_TIMEOUT_S)
-            except RayError:
+            except (RayError, TimeoutError):
                 pass
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
+        self._readers = {}
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         if self._group is not None:
             remove_placement_group(self._group)
             self._group = None
@@ -140,7 +206,7 @@ class RayExecutor(Executor):
 class _RayStep:
     """A step sent to every rank; result() waits for all of them, returns rank 0's output."""
 
-    def __init__(self, executor: RayExecutor, refs: list[ray.ObjectRef]) -> None:
+    def __init__(self, executor: RayExecutor, refs: dict[int, ray.ObjectRef]) -> None:
         self._executor = executor
         self._refs = refs
 

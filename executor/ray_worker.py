@@ -1,5 +1,11 @@
 """The Ray actor behind RayExecutor: one rank's Worker (gpu_worker/worker.py) in a Ray worker
-process, driven by actor method calls. Steps and outputs cross as msgspec bytes, never pickles."""
+process, driven by actor method calls. Steps and outputs cross as msgspec bytes, never pickles.
+
+A rank on the engine core's host takes its steps from the engine core's shared-memory ring
+instead (executor/shm_broadcast.py): serve_ring() reads them on a thread of its own (the actor's
+"ring" concurrency group) until the ring says Shutdown; rank 0 keeps each step's output for
+output() to return.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +13,35 @@ import fcntl
 import os
 import socket
 import struct
+import threading
 
 import msgspec
 import ray
+import torch
 
 from engine_core.config import EngineConfig
 from executor.ray_cluster import free_tcp_address
-from gpu_worker.protocol import SchedulerOutput
+from executor.shm_broadcast import DoorbellHandle, HostDoorbell, RingHandle, ShmRingReader
+from executor.worker_messages import Command, RunStep
 from gpu_worker.worker import Worker
+
+RING_GROUP = "ring"  # the concurrency group whose one thread runs serve_ring()
 
 
 class EngineWorker:
     """One tensor-parallel rank. Ray runs one actor's calls one at a time, in the order the
-    executor made them, so the steps run in order on every rank."""
+    executor made them, so the steps run in order on every rank; or the steps come in order
+    through the ring."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.worker: Worker | None = None
-        self._decoder = msgspec.msgpack.Decoder(SchedulerOutput)
+        self._decoder = msgspec.msgpack.Decoder(RunStep)
         self._encoder = msgspec.msgpack.Encoder()
+        self._ring_steps = 0  # steps run from the ring
+        self._outputs: dict[int, bytes] = {}  # rank 0's encoded output of ring step n
+        self._ring_stopped = False
+        self._ring_progress = threading.Condition()
 
     def where(self) -> tuple[str, str, int]:
         """(node id, node IP address, pid) of this actor."""
@@ -54,10 +70,47 @@ class EngineWorker:
         self.worker.initialize_kv_cache(num_blocks)
 
     def execute_model(self, encoded_step: bytes) -> bytes | None:
-        """Run one step; rank 0 returns its ModelRunnerOutput (encoded), the others None."""
+        """Run one step (an encoded RunStep); rank 0 returns its ModelRunnerOutput (encoded),
+        the others None."""
         assert self.worker is not None, "load_model() first"
-        output = self.worker.execute_model(self._decoder.decode(encoded_step))
+        output = self.worker.execute_model(self._decoder.decode(encoded_step).scheduler_output)
         return self._encoder.encode(output) if self.rank == 0 else None
+
+    def serve_ring(self, ring: RingHandle, index: int, doorbell: DoorbellHandle) -> None:
+        """Run the steps the engine core writes into its ring, as reader index, until it writes
+        Shutdown. Called once, in the RING_GROUP concurrency group: it holds that thread."""
+        assert self.worker is not None, "load_model() first"
+        if self.worker.device.type == "cuda":
+            torch.cuda.set_device(self.worker.device)  # the current device is per thread
+        bell = HostDoorbell(doorbell)
+        reader = ShmRingReader(ring, index, bell)
+        decoder = msgspec.msgpack.Decoder(Command)
+        try:
+            while isinstance(command := reader.read(decoder.decode), RunStep):
+                output = self.worker.execute_model(command.scheduler_output)
+                with self._ring_progress:
+                    self._ring_steps += 1
+                    if self.rank == 0:
+                        self._outputs[self._ring_steps] = self._encoder.encode(output)
+                    self._ring_progress.notify_all()
+        finally:
+            with self._ring_progress:
+                self._ring_stopped = True
+                self._ring_progress.notify_all()
+            reader.close()
+            bell.close()
+
+    def output(self, step: int) -> bytes:
+        """Rank 0's encoded ModelRunnerOutput of the step-th step from the ring, once run."""
+        with self._ring_progress:
+            self._ring_progress.wait_for(lambda: step in self._outputs or self._ring_stopped)
+            if step not in self._outputs:
+                raise RuntimeError(f"the ring reader stopped before step {step}")
+            return self._outputs.pop(step)
+
+    def ring_steps(self) -> int:
+        """How many steps this rank has run from the ring."""
+        return self._ring_steps
 
     def shutdown(self) -> None:
         """Leave the tensor-parallel group."""

@@ -26,14 +26,21 @@ flag is up (a store then a load on each side, with a fence between: one of the t
 other). An idle reader then costs nothing but a wake-up every IDLE_WAKE_S (a safety net), and the
 first step after idleness starts as soon as the semaphore is posted.
 
-Readers must run in the writer's process or in multiprocessing children of it: they then share
-its resource tracker, so a reader's exit never unlinks the writer's blocks.
+A reader in a process the writer did not start (a Ray actor on the writer's host) cannot be
+handed a multiprocessing semaphore: its HostDoorbell is attached by name instead, the flag a
+byte of a shared-memory block and the semaphore a named pipe. Readers map blocks without
+registering them with their resource tracker, so a reader's exit never unlinks them: only the
+writer does.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
+import select
+import shutil
 import struct
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -107,13 +114,21 @@ def wait_until(ready: Callable[[], bool], timeout: float | None = None,
             time.sleep(min(elapsed / 8, MAX_SLEEP_S))
 
 
+class DoorbellHandle(msgspec.Struct, frozen=True):
+    """What a reader in any process on the writer's host needs to attach to its HostDoorbell."""
+
+    flags: str  # a SharedMemory block: reader i's "asleep" byte at offset 64 * i
+    index: int
+    pipe: str  # the named pipe (FIFO) the writer wakes reader i through
+
+
 class Doorbell:
     """Wakes one reader sleeping on a ring: a shared "asleep" flag and a semaphore. Made from a
     multiprocessing context and handed to the reader's process when it is started."""
 
     def __init__(self, ctx: Any) -> None:
-        self._asleep = ctx.RawValue("b", 0)
-        self._wake = ctx.Semaphore(0)
+        self._asleep: Any = ctx.RawValue("b", 0)
+        self._wake: Any = ctx.Semaphore(0)
 
     def sleep(self, ready: Callable[[], bool], timeout: float) -> None:
         """Block until rung or timeout, unless ready() already holds once the flag is up."""
@@ -130,17 +145,103 @@ class Doorbell:
         if self._asleep.value:
             self._wake.release()
 
+    def close(self) -> None:
+        """Release what this end holds (nothing: multiprocessing frees the semaphore)."""
+
+
+class HostDoorbell(Doorbell):
+    """A Doorbell attached by its handle, from any process on the writer's host."""
+
+    def __init__(self, handle: DoorbellHandle) -> None:  # no multiprocessing context to pass up
+        self._block = _Mapping(handle.flags)
+        self._asleep = _SharedByte(self._block.buf, handle.index * _ALIGN)
+        self._wake = _PipeSemaphore(handle.pipe)
+
+    def close(self) -> None:
+        """Unmap the flag and close the pipe (the writer removes both)."""
+        self._wake.close()
+        self._block.close()
+
+
+class _SharedByte:
+    """A byte of shared memory, read and written as .value (as a RawValue("b") is)."""
+
+    def __init__(self, buf: memoryview, offset: int) -> None:
+        self._buf, self._offset = buf, offset
+
+    @property
+    def value(self) -> int:
+        return self._buf[self._offset]
+
+    @value.setter
+    def value(self, value: int) -> None:
+        self._buf[self._offset] = value
+
+
+class _PipeSemaphore:
+    """A semaphore for one waiter made of a named pipe: release() writes a byte, acquire() waits
+    for one and drains the pipe (a byte left over costs one spurious wake-up, which the
+    doorbell's caller tolerates: it checks its condition again)."""
+
+    def __init__(self, path: str) -> None:
+        # Read-write: the open never blocks and no read ever sees EOF, whoever opens first.
+        self._fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+
+    def acquire(self, timeout: float) -> None:
+        readable, _, _ = select.select([self._fd], [], [], timeout)
+        if readable:
+            try:
+                os.read(self._fd, 4096)
+            except BlockingIOError:
+                pass
+
+    def release(self) -> None:
+        try:
+            os.write(self._fd, b"\0")
+        except BlockingIOError:  # the pipe is full: the reader has wake-ups enough
+            pass
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class _HostDoorbells:
+    """The writer's side of HostDoorbells: the flags block and a directory of named pipes."""
+
+    def __init__(self, num_readers: int) -> None:
+        self._flags = SharedMemory(create=True, size=num_readers * _ALIGN)
+        self._dir = tempfile.mkdtemp(prefix="shm-ring-")
+        self.handles = []
+        for index in range(num_readers):
+            pipe = os.path.join(self._dir, f"reader-{index}")
+            os.mkfifo(pipe, 0o600)
+            self.handles.append(DoorbellHandle(self._flags.name, index, pipe))
+        self.doorbells = [HostDoorbell(handle) for handle in self.handles]
+
+    def close(self) -> None:
+        for doorbell in self.doorbells:
+            doorbell.close()
+        self._flags.close()
+        self._flags.unlink()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
 
 class ShmRingWriter:
     """The writing end; creates and finally unlinks the block."""
 
     def __init__(self, num_readers: int, num_slots: int = 8, slot_bytes: int = 1 << 20,
-                 ctx: Any = None) -> None:
+                 ctx: Any = None, host_doorbells: bool = False) -> None:
         """ctx (a multiprocessing context): make a Doorbell per reader (self.doorbells), so
-        readers given theirs sleep until a message comes instead of polling."""
+        readers given theirs sleep until a message comes instead of polling. host_doorbells:
+        make HostDoorbells instead, for readers in processes this one did not start; reader i
+        attaches to its own by self.doorbell_handles[i]."""
         if num_readers < 1 or num_slots < 1 or slot_bytes < 64:
             raise ValueError("a ring needs a reader, a slot, and slots of at least 64 bytes")
-        self.doorbells = [Doorbell(ctx) for _ in range(num_readers)] if ctx is not None else []
+        self._host_doorbells = _HostDoorbells(num_readers) if host_doorbells else None
+        self.doorbell_handles = self._host_doorbells.handles if self._host_doorbells else []
+        self.doorbells: list[Doorbell] = (
+            self._host_doorbells.doorbells if self._host_doorbells
+            else [Doorbell(ctx) for _ in range(num_readers)] if ctx is not None else [])
         stride = RingHandle("", num_slots, slot_bytes, num_readers).stride
         self._shm = SharedMemory(create=True, size=num_slots * stride)  # zero-filled
         self.handle = RingHandle(self._shm.name, num_slots, slot_bytes, num_readers)
@@ -193,6 +294,8 @@ class ShmRingWriter:
         self._overflow.clear()
         self._shm.close()
         self._shm.unlink()
+        if self._host_doorbells is not None:
+            self._host_doorbells.close()
 
 
 class ShmRingReader:
@@ -203,7 +306,7 @@ class ShmRingReader:
             raise ValueError(f"reader index {index} out of range for {handle.num_readers} readers")
         self.handle, self.index = handle, index
         self._doorbell = doorbell
-        self._shm = SharedMemory(handle.name)
+        self._shm = _Mapping(handle.name)
         self._count = 0
 
     def poll(self) -> bool:
@@ -221,7 +324,7 @@ class ShmRingReader:
         length, name_length = _SLOT_FIELDS.unpack_from(buf, base + 8)
         data_at = base + h.header_bytes
         if name_length:
-            block = SharedMemory(bytes(buf[data_at : data_at + name_length]).decode())
+            block = _Mapping(bytes(buf[data_at : data_at + name_length]).decode())
             try:
                 result = _decode_view(block.buf, 0, length, decode)
             finally:
@@ -236,6 +339,23 @@ class ShmRingReader:
     def close(self) -> None:
         """Detach from the ring."""
         self._shm.close()
+
+
+class _Mapping:
+    """A block another process created, mapped by name. Unlike SharedMemory(name), it is kept
+    out of this process's resource tracker, which would unlink it when this process exits."""
+
+    def __init__(self, name: str) -> None:
+        fd = os.open(os.path.join("/dev/shm", name.lstrip("/")), os.O_RDWR)
+        try:
+            self._mmap = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._mmap)
+
+    def close(self) -> None:
+        self.buf.release()
+        self._mmap.close()
 
 
 def _decode_view(buf: memoryview, start: int, length: int, decode: Callable[[memoryview], T]) -> T:

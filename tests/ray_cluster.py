@@ -1,5 +1,6 @@
-"""Ray test fixtures: a local two-node Ray cluster (one CPU each) and the processes of a Ray
-actor class on this machine. Ray's tests and start-up are slow: a module shares one cluster."""
+"""Ray test fixtures: a local two-node Ray cluster (one CPU each, or two on the head node) and
+the processes of a Ray actor class on this machine. Ray's tests and start-up are slow: a module
+shares one cluster."""
 
 from __future__ import annotations
 
@@ -13,10 +14,20 @@ from tests.serve.conftest import pid_gone
 @pytest.fixture(scope="module")
 def cluster():
     """Two Ray nodes of one CPU each on this machine; this process is connected to them."""
+    yield from _two_nodes(head_cpus=1)
+
+
+@pytest.fixture(scope="module")
+def cluster_with_two_head_cpus():
+    """A head node of two CPUs, where this process is connected, and a node of one CPU."""
+    yield from _two_nodes(head_cpus=2)
+
+
+def _two_nodes(head_cpus: int):
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, connect=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, connect=True, head_node_args={"num_cpus": head_cpus})
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()

@@ -1,7 +1,9 @@
-"""RayExecutor on a two-node local Ray cluster (one CPU each): tensor parallelism across the
-nodes gives one device's greedy tokens, a killed worker actor fails the engine naming it (and,
-under `engine serve`, its requests with 503 and the launcher with exit 1), and a cluster too
-small is refused at start-up saying what is missing."""
+"""RayExecutor on a two-node local Ray cluster (two CPUs on the head node, where the engine core
+runs, one on the other): tensor parallelism on the head node (both ranks read the engine core's
+shared-memory ring) and across the nodes (one rank reads the ring, the other gets actor calls)
+gives one device's greedy tokens, a killed worker actor fails the engine naming it (and, under
+`engine serve`, its requests with 503 and the launcher with exit 1), and a cluster too small is
+refused at start-up saying what is missing."""
 
 from __future__ import annotations
 
@@ -22,10 +24,13 @@ from tests.tiny_models import make_tiny_model_with_tokenizer
 ray = pytest.importorskip("ray")
 
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from executor.ray_cluster import RayResourcesError  # noqa: E402
 from executor.ray_executor import RayExecutor  # noqa: E402
-from tests.ray_cluster import actor_pids, cluster  # noqa: E402,F401
+from tests.ray_cluster import actor_pids, cluster_with_two_head_cpus  # noqa: E402,F401
+
+CPUS = 3  # two on the head node, one on the other
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
 PROMPTS = [[1, 400, 401, 402], [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
@@ -33,8 +38,23 @@ PROMPTS = [[1, 400, 401, 402], [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 
 
 
 @pytest.fixture(scope="module")
+def cluster(cluster_with_two_head_cpus):  # noqa: F811 (the fixture above, renamed)
+    return cluster_with_two_head_cpus
+
+
+@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_tiny_model_with_tokenizer(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir) -> list[list[int]]:
+    """One device's greedy tokens."""
+    one = _llm(model_dir)
+    try:
+        return _generate(one)
+    finally:
+        one.shutdown()
 
 
 def _llm(model_dir, **kwargs) -> LLM:
@@ -47,12 +67,49 @@ def _generate(llm: LLM) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in outputs]
 
 
-def test_tp2_across_two_nodes_equals_tp1_and_a_killed_worker_is_named(cluster, model_dir):
-    one = _llm(model_dir)
+def _dead(rank: int) -> str:
+    return (rf"^engine worker rank {rank} \(Ray actor, pid \d+ on node \w+ at [\d.]+\) died: "
+            r"The actor is dead because its worker process has died;")
+
+
+def _head_node() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def test_tp2_on_the_engine_core_node_reads_the_ring_and_a_killed_reader_is_named(
+        cluster, model_dir, expected):
+    llm = _llm(model_dir, tensor_parallel_size=2, distributed_executor_backend="ray")
     try:
-        expected = _generate(one)
+        executor = llm.engine_core.executor
+        assert {node_id for node_id, _, _ in executor.locations} == {_head_node()}
+        assert executor.ring_ranks == [0, 1]
+        assert _generate(llm) == expected
+        # Every step reached both ranks through the ring, none by an actor call to run it.
+        steps = ray.get([actor.ring_steps.remote() for actor in executor.actors])
+        assert steps[0] == steps[1] == executor._steps >= GREEDY.max_tokens
+        os.kill(executor.locations[1][2], signal.SIGKILL)
+        with pytest.raises(WorkerError, match=_dead(1)):
+            _generate(llm)
     finally:
-        one.shutdown()
+        llm.shutdown()
+    assert wait_until(lambda: ray.available_resources().get("CPU") == CPUS, timeout=10), \
+        "the bundles should be given back"
+
+
+@ray.remote(num_cpus=1)
+class _Holder:
+    """Holds one CPU of a node."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_tp2_across_two_nodes_equals_tp1_and_a_killed_worker_is_named(cluster, model_dir,
+                                                                      expected):
+    # One of the head node's CPUs is taken, so that the ranks go to different nodes.
+    holder = _Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        _head_node(), soft=False)).remote()
+    ray.get(holder.ready.remote())
     llm = _llm(model_dir, tensor_parallel_size=2, distributed_executor_backend="ray")
     try:
         executor = llm.engine_core.executor
@@ -61,16 +118,18 @@ def test_tp2_across_two_nodes_equals_tp1_and_a_killed_worker_is_named(cluster, m
         assert len(nodes) == 2
         assert {node_id for node_id, _, _ in executor.locations} == nodes, \
             "the two ranks should run on different nodes"
+        assert executor.ring_ranks == [rank for rank, (node_id, _, _)
+                                       in enumerate(executor.locations) if node_id == _head_node()]
+        assert len(executor.ring_ranks) == 1
         assert _generate(llm) == expected
         os.kill(executor.locations[1][2], signal.SIGKILL)
-        with pytest.raises(WorkerError, match=r"^engine worker rank 1 \(Ray actor, pid \d+ on "
-                                              r"node \w+ at [\d.]+\) died: The actor is dead "
-                                              r"because its worker process has died;"):
+        with pytest.raises(WorkerError, match=_dead(1)):
             _generate(llm)
     finally:
         llm.shutdown()
+        ray.kill(holder)
     # Ray frees a removed placement group's bundles a little later.
-    assert wait_until(lambda: ray.available_resources().get("CPU") == 2, timeout=10), \
+    assert wait_until(lambda: ray.available_resources().get("CPU") == CPUS, timeout=10), \
         "the bundles should be given back"
 
 
@@ -85,19 +144,19 @@ def test_too_small_a_cluster_is_refused_saying_what_is_missing(cluster, tmp_path
     start = time.monotonic()
     with pytest.raises(RayResourcesError,
                        match=r"^tensor_parallel_size 4 needs 4 CPU bundles \(one CPU per rank\); "
-                             r"the Ray cluster has \d CPU free of 2 on 2 node\(s\) \(node \w+ "
-                             r"at [\d.]+: 1 CPU, node \w+ at [\d.]+: 1 CPU\)$"):
+                             r"the Ray cluster has \d CPU free of 3 on 2 node\(s\) \(node \w+ "
+                             r"at [\d.]+: [12] CPU, node \w+ at [\d.]+: [12] CPU\)$"):
         _llm(four_kv_heads, tensor_parallel_size=4, distributed_executor_backend="ray")
     assert time.monotonic() - start < 10, "a cluster that can never hold it is refused at once"
 
 
 def test_bundles_held_elsewhere_are_awaited_then_refused(cluster, model_dir):
-    taken = placement_group([{"CPU": 1}])  # one of the two CPUs is busy elsewhere
+    taken = placement_group([{"CPU": 2}])  # the head node's two CPUs are busy elsewhere
     assert taken.wait(30)
     try:
         with pytest.raises(RayResourcesError, match=r"tensor_parallel_size 2 needs 2 CPU bundles "
                                                     r"\(one CPU per rank\); the Ray cluster has 1 "
-                                                    r"CPU free of 2 .*; the bundles could not be "
+                                                    r"CPU free of 3 .*; the bundles could not be "
                                                     r"placed in 2 s$"):
             RayExecutor(_config(model_dir, 2), placement_timeout_s=2).initialize()
     finally:
@@ -117,7 +176,7 @@ def test_a_worker_failing_at_start_up_is_reported_and_its_bundles_freed(cluster,
                                           r"cannot read safetensors file"):
         executor.initialize()
     assert not executor.actors
-    assert wait_until(lambda: ray.available_resources().get("CPU") == 2, timeout=10)
+    assert wait_until(lambda: ray.available_resources().get("CPU") == CPUS, timeout=10)
 
 
 def test_serve_with_ray_workers_fails_requests_and_exits_1_when_one_is_killed(
