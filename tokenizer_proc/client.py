@@ -3,13 +3,16 @@
 Each connects one DEALER socket per tokenizer process and pins every request to one of them by
 hashing its id (pin_worker), so the process keeping a request's detokenizer state also gets its
 aborts. The HELLO carries the client's pid, so a tokenizer process on the same host aborts the
-requests of a client that died; with the engine's shared secret (ENGINE_CORE_KEY) the sockets
-speak CurveZMQ (engine_core/curve_auth.py).
+requests of a client that died. The asyncio client watches each tokenizer process's pid when
+it is given it, else exchanges heartbeats with it (tokenizer_proc/heartbeat.py): a tokenizer
+process that falls silent fails its requests with 503, as one that exits does. With the
+engine's shared secret (ENGINE_CORE_KEY) the sockets speak CurveZMQ (engine_core/curve_auth.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import zlib
@@ -22,10 +25,13 @@ import zmq.asyncio
 
 from engine_core.curve_auth import HandshakeWatch, key_from_env, secure_client
 from engine_core.process_lifecycle import host_identity, wait_for_exit
+from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, Link, keep_alive, silence_timeout
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, AbortRequest, ApiOutputType,
-                                     ApiRequestType, GenerateRequest, RequestDelta, RequestError,
-                                     TokenizerHello, TokenizerReady, api_output_decoders)
+                                     ApiRequestType, GenerateRequest, Heartbeat, RequestDelta,
+                                     RequestError, TokenizerHello, TokenizerReady,
+                                     api_output_decoders)
 
+logger = logging.getLogger("tokenizer_proc.client")
 
 # How often a client waiting for READY checks for a refused handshake.
 _POLL_S = 0.1
@@ -85,10 +91,11 @@ def _frames(kind: ApiRequestType, msg: Any) -> list[bytes]:
     return [bytes([kind]), msgspec.msgpack.encode(msg)]
 
 
-def _hello_frames(client_name: str = "") -> list[bytes]:
-    """A HELLO naming this process, so that the tokenizer process can watch it."""
+def _hello_frames(client_name: str = "", heartbeat_s: float = 0.0) -> list[bytes]:
+    """A HELLO naming this process, so that the tokenizer process can watch it; heartbeat_s:
+    ask to exchange heartbeats, this client sending one every heartbeat_s on a quiet link."""
     return _frames(ApiRequestType.HELLO, TokenizerHello(
-        TOKENIZER_PROTOCOL_VERSION, client_name, os.getpid(), host_identity()))
+        TOKENIZER_PROTOCOL_VERSION, client_name, os.getpid(), host_identity(), heartbeat_s))
 
 
 class TokenizerClient:
@@ -106,9 +113,15 @@ class TokenizerClient:
         self._hello = [asyncio.get_running_loop().create_future() for _ in self._sockets]
         self._readers = [asyncio.create_task(self._read_loop(i)) for i in range(len(self._sockets))]
         self._client_name = client_name
-        # Why each tokenizer process cannot serve (it exited), or why none can (fail_all).
+        # Why each tokenizer process cannot serve (it exited or fell silent), or why none can
+        # (fail_all).
         self._dead: dict[int, str] = {}
         self._stopped: str | None = None
+        # Tokenizer processes whose pid this client does not watch: it asks them for
+        # heartbeats, and the links of those that agreed.
+        self._ask_heartbeats = [True] * len(self._sockets)
+        self._links: dict[int, Link] = {}
+        self._beats: dict[int, asyncio.Task[None]] = {}
 
     @classmethod
     async def create(cls, addresses: list[str], *, client_name: str = "",
@@ -116,12 +129,17 @@ class TokenizerClient:
                      auth_key: str | None = None) -> TokenizerClient:
         """Connect to every tokenizer process and wait for each one's READY (timeout None: as
         long as it takes). pids: the tokenizer processes' pids (same host, in address order);
-        when one exits, its requests fail with 503 at once (unavailable() says why). auth_key:
-        the shared secret, default $ENGINE_CORE_KEY."""
+        when one exits, its requests fail with 503 at once (unavailable() says why). With a
+        tokenizer process whose pid is not given (0, or no pids) it exchanges heartbeats, and
+        fails its requests with 503 once it falls silent for heartbeat.silence_timeout (5 s).
+        auth_key: the shared secret, default $ENGINE_CORE_KEY."""
         client = cls(addresses, client_name, auth_key)
+        pids = list(pids or ())
         try:
-            for sock in client._sockets:
-                await sock.send_multipart(_hello_frames(client_name))
+            for i, sock in enumerate(client._sockets):
+                client._ask_heartbeats[i] = i >= len(pids) or not pids[i]
+                await sock.send_multipart(_hello_frames(
+                    client_name, HEARTBEAT_INTERVAL_S if client._ask_heartbeats[i] else 0.0))
             hello = asyncio.gather(*client._hello)
             deadline = float("inf") if timeout is None else time.monotonic() + timeout
             while not (await asyncio.wait([hello], timeout=_POLL_S))[0]:
@@ -135,7 +153,7 @@ class TokenizerClient:
             client.shutdown()
             raise
         client._readers += [asyncio.create_task(client._watch(i, pid))
-                            for i, pid in enumerate(pids or ())]
+                            for i, pid in enumerate(pids) if pid]
         return client
 
     def unavailable(self) -> str | None:
@@ -156,7 +174,26 @@ class TokenizerClient:
 
     async def _watch(self, index: int, pid: int) -> None:
         await wait_for_exit(pid)
-        self._dead[index] = message = f"the tokenizer process {pid} exited"
+        self._fail_worker(index, f"the tokenizer process {pid} exited")
+
+    async def _keep_alive(self, index: int, interval: float) -> None:
+        sock = self._sockets[index]
+        silence = await keep_alive(
+            self._links[index], lambda: self._send(index, _frames(ApiRequestType.HEARTBEAT,
+                                                                  Heartbeat())),
+            lambda: bool(sock.get(zmq.EVENTS) & zmq.POLLIN), silence_timeout(interval))
+        self._fail_worker(index, f"the tokenizer process at {self.addresses[index]} fell silent "
+                                 f"({silence:.1f} s without a message or heartbeat)")
+
+    def _fail_worker(self, index: int, message: str) -> None:
+        """Fail the requests of tokenizer process index, and every later one, with 503."""
+        if index in self._dead:
+            return
+        logger.error("%s; failing its requests", message)
+        self._dead[index] = message
+        beats = self._beats.pop(index, None)
+        if beats is not None and beats is not asyncio.current_task():
+            beats.cancel()
         for request_id, queue in self._queues.items():
             if pin_worker(request_id, len(self._sockets)) == index:
                 queue.put_nowait(RequestError(request_id, message, 503))
@@ -176,8 +213,8 @@ class TokenizerClient:
         queue = self._queues[request_id] = asyncio.Queue()
         finished = 0
         try:
-            await self._socket(request_id).send_multipart(
-                _frames(ApiRequestType.GENERATE, request))
+            await self._send(pin_worker(request_id, len(self._sockets)),
+                             _frames(ApiRequestType.GENERATE, request))
             while finished < request.sampling_params.n:
                 item = await queue.get()
                 if isinstance(item, RequestError):
@@ -192,36 +229,53 @@ class TokenizerClient:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (idempotent)."""
-        await self._socket(request_id).send_multipart(
-            _frames(ApiRequestType.ABORT, AbortRequest([request_id])))
+        await self._send(pin_worker(request_id, len(self._sockets)),
+                         _frames(ApiRequestType.ABORT, AbortRequest([request_id])))
 
     def shutdown(self) -> None:
         """Stop reading and close the sockets."""
-        for task in self._readers:
+        for task in [*self._readers, *self._beats.values()]:
             task.cancel()
         self._dealers.close()
         self._ctx.term()
 
-    def _socket(self, request_id: str) -> zmq.asyncio.Socket:
-        return self._sockets[pin_worker(request_id, len(self._sockets))]
+    async def _send(self, index: int, frames: list[bytes]) -> None:
+        link = self._links.get(index)
+        if link is not None:
+            link.sent = True
+        await self._sockets[index].send_multipart(frames)
 
     async def _read_loop(self, index: int) -> None:
         sock = self._sockets[index]
         while True:
             kind, payload = await sock.recv_multipart()
+            link = self._links.get(index)
+            if link is not None:
+                link.heard = True
             msg = self._decoders[kind[0]].decode(payload)
             if kind[0] == ApiOutputType.READY:
                 self._hello[index].set_result(msg)
+                # From its READY on, the tokenizer process expects our heartbeats (an older
+                # one, heartbeat_s 0, neither sends nor expects any).
+                if self._ask_heartbeats[index] and msg.heartbeat_s > 0:
+                    self._links[index] = Link()
+                    self._beats[index] = asyncio.create_task(
+                        self._keep_alive(index, msg.heartbeat_s))
             elif kind[0] == ApiOutputType.DELTAS:
                 for delta in msg:
                     queue = self._queues.get(delta.request_id)
                     if queue is not None:
                         queue.put_nowait(delta)
+            elif kind[0] == ApiOutputType.HEARTBEAT:
+                pass  # heard: that is all it says
             elif msg.request_id in self._queues:
                 self._queues[msg.request_id].put_nowait(msg)
             elif not msg.request_id and not self._hello[index].done():
                 self._hello[index].set_exception(ConnectionError(
                     f"tokenizer process at {self.addresses[index]} refused: {msg.message}"))
+            elif not msg.request_id and msg.status == 503:
+                self._fail_worker(index, f"the tokenizer process at {self.addresses[index]} "
+                                         f"dropped this client: {msg.message}")
 
 
 class BlockingTokenizerClient:

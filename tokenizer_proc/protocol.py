@@ -24,6 +24,7 @@ class ApiRequestType(enum.IntEnum):
     HELLO = 0
     GENERATE = 1
     ABORT = 2
+    HEARTBEAT = 3  # only to a tokenizer process whose READY agreed to heartbeats
 
 
 class ApiOutputType(enum.IntEnum):
@@ -32,6 +33,7 @@ class ApiOutputType(enum.IntEnum):
     READY = 0
     DELTAS = 1
     ERROR = 2
+    HEARTBEAT = 3  # only to a client whose HELLO asked for heartbeats
 
 
 class TokenizerHello(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -44,6 +46,10 @@ class TokenizerHello(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # that died. Appended with defaults: an older peer ignores them, 0 watches nothing.
     pid: int = 0
     host: str = ""
+    # Seconds between the client's heartbeats on a quiet link, when it asks to exchange them
+    # (tokenizer_proc/heartbeat.py: it cannot watch the tokenizer process's pid). Appended
+    # with a default: 0, and every older client, exchanges none.
+    heartbeat_s: float = 0.0
 
 
 class TokenizerReady(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -57,6 +63,9 @@ class TokenizerReady(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # The engine core's KV cache (appended with defaults: a peer that lacks them reads 0).
     num_blocks: int = 0
     block_size: int = 0
+    # Seconds between the tokenizer process's heartbeats to this client: non-zero only when
+    # the HELLO asked (an older tokenizer process never sends it, nor expects heartbeats).
+    heartbeat_s: float = 0.0
 
 
 class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -130,8 +139,15 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
         return self.finish_reason is not None
 
 
+class Heartbeat(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """'Still here', on a link that carried nothing else for a heartbeat interval: an empty
+    array."""
+
+
 class RequestError(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """A request that failed; it gets no more deltas. status is HTTP-like (400 invalid, 503 down)."""
+    """A request that failed; it gets no more deltas. status is HTTP-like (400 invalid, 503 down).
+    No request_id and 503 after READY: the tokenizer process took this client for dead (it
+    fell silent) and aborted its requests."""
 
     request_id: str
     message: str
@@ -142,11 +158,13 @@ API_REQUEST_PAYLOADS: dict[ApiRequestType, Any] = {
     ApiRequestType.HELLO: TokenizerHello,
     ApiRequestType.GENERATE: GenerateRequest,
     ApiRequestType.ABORT: AbortRequest,
+    ApiRequestType.HEARTBEAT: Heartbeat,
 }
 API_OUTPUT_PAYLOADS: dict[ApiOutputType, Any] = {
     ApiOutputType.READY: TokenizerReady,
     ApiOutputType.DELTAS: list[RequestDelta],
     ApiOutputType.ERROR: RequestError,
+    ApiOutputType.HEARTBEAT: Heartbeat,
 }
 
 

@@ -3,8 +3,10 @@ engine core, text deltas back.
 
 One ROUTER socket serves every API server; the identity a request came from owns it, so its
 deltas go back there without a lookup service. A client whose HELLO gave a pid on this host is
-watched: when it exits, its requests are aborted at once. With the engine's shared secret
-(ENGINE_CORE_KEY) the socket speaks CurveZMQ (engine_core/curve_auth.py). A DPEngineCoreClient talks to the engine cores
+watched: when it exits, its requests are aborted at once. A client that asked for heartbeats
+(one on another host) exchanges them, and its requests are aborted once it falls silent
+(tokenizer_proc/heartbeat.py). With the engine's shared secret (ENGINE_CORE_KEY) the socket
+speaks CurveZMQ (engine_core/curve_auth.py). A DPEngineCoreClient talks to the engine cores
 (one, or a data-parallel group: each request to the least loaded). Protocol:
 tokenizer_proc/protocol.py and docs/protocol.md.
 """
@@ -36,11 +38,12 @@ from engine_core.process_lifecycle import (EXIT_REQUESTS_CUT, StopOrder, host_id
 from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import check_completion_fits, validate_request
 from metrics.request_stats import RequestStatsRecorder
+from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, Link, keep_alive, silence_timeout
 from tokenizer_proc.output_processor import child_sampling_params
 from tokenizer_proc.prompt_inputs import truncate_prompt, with_bad_words_tokenized
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, ApiOutputType, ApiRequestType,
-                                     GenerateRequest, RequestDelta, RequestError, TokenizerReady,
-                                     api_request_decoders)
+                                     GenerateRequest, Heartbeat, RequestDelta, RequestError,
+                                     TokenizerHello, TokenizerReady, api_request_decoders)
 from tokenizer_proc.streams import DeltaStreams
 from tokenizer_proc.tokenizer import apply_chat_template
 
@@ -93,7 +96,9 @@ class TokenizerProc:
         self._draining = False
         self._engine_dead: str | None = None
         self._host = host_identity()
-        self._watched: dict[bytes, asyncio.Task[None]] = {}  # client identity -> its pid watch
+        # Client identity -> the tasks watching it (its pid, its heartbeats).
+        self._watched: dict[bytes, list[asyncio.Task[None]]] = {}
+        self._links: dict[bytes, Link] = {}  # client identity -> its heartbeat link
 
     async def serve(self, stop: asyncio.Event, stop_order: Callable[[], StopOrder],
                     engine_pids: list[int] = ()) -> bool:
@@ -113,9 +118,10 @@ class TokenizerProc:
             logger.warning("%d requests still running at the drain deadline; failing them: %s",
                            cut, order.reason)
             await self._fail_all(order.reason, 503, abort=True)
-        for task in [*tasks, *self._watched.values()]:
+        tasks += [task for watches in self._watched.values() for task in watches]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, *self._watched.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._router.close(linger=1000)
         if self._auth is not None:
             self._auth.stop()
@@ -127,6 +133,9 @@ class TokenizerProc:
     async def _api_loop(self) -> None:
         while True:
             frames = await self._router.recv_multipart()
+            link = self._links.get(frames[0])
+            if link is not None:
+                link.heard = True
             try:
                 await self._on_message(frames[0], frames[1:])
             except EngineDeadError as e:
@@ -137,7 +146,7 @@ class TokenizerProc:
     async def _on_message(self, identity: bytes, body: list[bytes]) -> None:
         if len(body) != 2 or len(body[0]) != 1 or body[0][0] not in self._decoders:
             await self._error(identity, "", "malformed message: expected two frames "
-                              "[type byte 0-2, msgpack payload]")
+                              "[type byte 0-3, msgpack payload]")
             return
         kind = ApiRequestType(body[0][0])
         try:
@@ -152,14 +161,14 @@ class TokenizerProc:
                                   f"process speaks version {TOKENIZER_PROTOCOL_VERSION}, the "
                                   f"client {msg.protocol_version}")
             else:
-                if msg.pid and msg.host and msg.host == self._host and \
-                        identity not in self._watched:
-                    self._watched[identity] = asyncio.create_task(
-                        self._watch_client(identity, msg.pid, msg.client_name))
-                await self._send(identity, ApiOutputType.READY, self.ready)
+                if identity not in self._watched:
+                    self._watch_client(identity, msg)
+                await self._send(identity, ApiOutputType.READY, self.ready if not msg.heartbeat_s
+                                 else msgspec.structs.replace(self.ready,
+                                                              heartbeat_s=HEARTBEAT_INTERVAL_S))
         elif kind == ApiRequestType.GENERATE:
             await self._generate(identity, msg)
-        else:
+        elif kind == ApiRequestType.ABORT:
             child_ids = [c for r in msg.request_ids for c in self.streams.remove(r, identity)]
             if child_ids and self._engine_dead is None:
                 await self.engine.abort_requests(child_ids)
@@ -261,14 +270,42 @@ class TokenizerProc:
         engine_task.cancel()
         await self._on_engine_dead(f"the engine core process {pid} exited")
 
-    async def _watch_client(self, identity: bytes, pid: int, name: str) -> None:
-        """Abort the requests of a client (an API server) once its process exits."""
+    def _watch_client(self, identity: bytes, hello: TokenizerHello) -> None:
+        """Watch a client (an API server) that said HELLO: its pid when it runs on this host,
+        its heartbeats when it asked for them; the first to fail drops it."""
+        name = hello.client_name or "?"
+        watches = []
+        if hello.pid and hello.host and hello.host == self._host:
+            watches.append(self._watch_exit(identity, name, hello.pid))
+        if hello.heartbeat_s > 0:
+            self._links[identity] = link = Link()
+            watches.append(self._watch_silence(identity, name, link, hello.heartbeat_s))
+        if watches:
+            self._watched[identity] = [asyncio.create_task(w) for w in watches]
+
+    async def _watch_exit(self, identity: bytes, name: str, pid: int) -> None:
         await wait_for_exit(pid, _WATCH_INTERVAL_S)
-        del self._watched[identity]
+        await self._drop_client(identity, f"client {name} (pid {pid}) exited")
+
+    async def _watch_silence(self, identity: bytes, name: str, link: Link,
+                             interval: float) -> None:
+        silence = await keep_alive(
+            link, lambda: self._send(identity, ApiOutputType.HEARTBEAT, Heartbeat()),
+            lambda: bool(self._router.get(zmq.EVENTS) & zmq.POLLIN), silence_timeout(interval))
+        why = f"client {name} fell silent ({silence:.1f} s without a message or heartbeat)"
+        # Heard only by a client that still reads (it was frozen, or the network healed).
+        await self._error(identity, "", why, 503)
+        await self._drop_client(identity, why)
+
+    async def _drop_client(self, identity: bytes, why: str) -> None:
+        """Forget a dead client: stop its other watches, abort its requests."""
+        for task in self._watched.pop(identity, ()):
+            if task is not asyncio.current_task():
+                task.cancel()
+        self._links.pop(identity, None)
         request_ids = [r for r, owner in self.streams.live() if owner == identity]
         child_ids = [c for r in request_ids for c in self.streams.remove(r)]
-        logger.warning("client %s (pid %d) exited; aborting its %d requests", name or "?", pid,
-                       len(request_ids))
+        logger.warning("%s; aborting its %d requests", why, len(request_ids))
         if child_ids and self._engine_dead is None:
             await self.engine.abort_requests(child_ids)
 
@@ -291,6 +328,9 @@ class TokenizerProc:
         await self._send(identity, ApiOutputType.ERROR, RequestError(request_id, message, status))
 
     async def _send(self, identity: bytes, kind: ApiOutputType, msg: Any) -> None:
+        link = self._links.get(identity)
+        if link is not None:
+            link.sent = True
         await self._router.send_multipart([identity, bytes([kind]), self._encoder.encode(msg)])
 
 
