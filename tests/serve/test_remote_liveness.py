@@ -6,6 +6,7 @@ the requests of a silent tokenizer process with 503."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -20,7 +21,8 @@ import zmq.asyncio
 
 from engine_core.client import EngineCoreClient
 from engine_core.sampling_params import SamplingParams
-from tests.serve.conftest import Server, http_request, wait_until
+from tests.serve.conftest import Server, wait_until
+from tests.serve.test_liveness import _aborted
 from tests.serve.test_tokenizer_auth import SECRET, _free_port
 from tokenizer_proc import heartbeat
 from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
@@ -68,14 +70,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def _aborted(server: Server) -> float:
-    """vllm:request_success_total with finished_reason "abort", from /metrics."""
-    _, _, body = http_request(server, "GET", "/metrics")
-    return sum(float(m.group(1)) for m in re.finditer(
-        r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$',
-        body.decode(), re.MULTILINE))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
@@ -190,8 +184,24 @@ class _FakeTokenizer:
         self.sock.close(linger=0)
 
 
-def _fast_heartbeats(monkeypatch) -> None:
+@pytest.fixture
+def fast_heartbeats(monkeypatch) -> None:
+    """Heartbeats every _FAST_S in this process (the stand-in sets its own pace)."""
     monkeypatch.setattr(heartbeat, "HEARTBEAT_INTERVAL_S", _FAST_S)
+
+
+@contextlib.asynccontextmanager
+async def _connected(pids: list[int] | None = None, **fake_args):
+    """A _FakeTokenizer(**fake_args) and a TokenizerClient connected to it."""
+    fake = _FakeTokenizer(**fake_args)
+    try:
+        client = await TokenizerClient.create([fake.address], pids=pids)
+        try:
+            yield fake, client
+        finally:
+            client.shutdown()
+    finally:
+        fake.close()
 
 
 async def _pending_request(client: TokenizerClient, request_id: str = "a") -> asyncio.Future:
@@ -201,13 +211,9 @@ async def _pending_request(client: TokenizerClient, request_id: str = "a") -> as
     return pending
 
 
-def test_client_fails_requests_of_a_tokenizer_process_that_stops_its_heartbeats(monkeypatch):
-    _fast_heartbeats(monkeypatch)
-
+def test_client_fails_requests_of_a_tokenizer_process_that_stops_its_heartbeats(fast_heartbeats):
     async def run() -> None:
-        fake = _FakeTokenizer()
-        client = await TokenizerClient.create([fake.address])
-        try:
+        async with _connected() as (fake, client):
             assert fake.hellos[0].heartbeat_s > 0  # asked for heartbeats: no pid to watch
             pending = await _pending_request(client)
             start = time.monotonic()
@@ -223,72 +229,48 @@ def test_client_fails_requests_of_a_tokenizer_process_that_stops_its_heartbeats(
             sent = len(fake.kinds)
             await asyncio.sleep(5 * _FAST_S)
             assert len(fake.kinds) == sent
-        finally:
-            client.shutdown()
-            fake.close()
 
     asyncio.run(run())
 
 
-def test_client_keeps_a_tokenizer_process_that_heartbeats(monkeypatch):
-    _fast_heartbeats(monkeypatch)
-
+def test_client_keeps_a_tokenizer_process_that_heartbeats(fast_heartbeats):
     async def run() -> None:
-        fake = _FakeTokenizer(beat=_FAST_S)
-        client = await TokenizerClient.create([fake.address])
-        try:
+        async with _connected(beat=_FAST_S) as (_, client):
             pending = await _pending_request(client)
             await asyncio.sleep(4 * silence_timeout(_FAST_S))
             assert not pending.done() and client.unavailable() is None
             pending.cancel()
-        finally:
-            client.shutdown()
-            fake.close()
 
     asyncio.run(run())
 
 
 @pytest.mark.parametrize("pids", [False, True], ids=["older-tokenizer", "pid-watched"])
-def test_no_heartbeats_with_an_older_tokenizer_process_or_a_watched_pid(monkeypatch, pids):
+def test_no_heartbeats_with_an_older_tokenizer_process_or_a_watched_pid(fast_heartbeats, pids):
     """An older tokenizer process (no heartbeat_s in READY) gets no HEARTBEAT it could not
     read, and is never taken for silent; nor is one whose pid the client watches."""
-    _fast_heartbeats(monkeypatch)
-
     async def run() -> None:
-        fake = _FakeTokenizer(agree=0.0 if not pids else _FAST_S)
-        client = await TokenizerClient.create([fake.address],
-                                              pids=[os.getpid()] if pids else None)
-        try:
+        async with _connected([os.getpid()] if pids else None,
+                              agree=_FAST_S if pids else 0.0) as (fake, client):
             assert (fake.hellos[0].heartbeat_s == 0) == pids
             pending = await _pending_request(client)
             await asyncio.sleep(3 * silence_timeout(_FAST_S))
             assert not pending.done() and client.unavailable() is None
             assert ApiRequestType.HEARTBEAT not in fake.kinds
             pending.cancel()
-        finally:
-            client.shutdown()
-            fake.close()
 
     asyncio.run(run())
 
 
-def test_client_dropped_by_its_tokenizer_process_fails_its_requests(monkeypatch):
+def test_client_dropped_by_its_tokenizer_process_fails_its_requests(fast_heartbeats):
     """A tokenizer process that took this client for dead (it was frozen, or cut off) says so
     with a 503 ERROR without a request id: the client stops using it at once."""
-    _fast_heartbeats(monkeypatch)
-
     async def run() -> None:
-        fake = _FakeTokenizer(beat=_FAST_S)
-        client = await TokenizerClient.create([fake.address])
-        try:
+        async with _connected(beat=_FAST_S) as (fake, client):
             pending = await _pending_request(client)
             await fake.send(ApiOutputType.ERROR, RequestError("", "client ? fell silent", 503))
             with pytest.raises(TokenizerRequestError) as err:
                 await asyncio.wait_for(pending, 2)
             assert str(err.value) == (f"the tokenizer process at {fake.address} dropped this "
                                       "client: client ? fell silent") == client.unavailable()
-        finally:
-            client.shutdown()
-            fake.close()
 
     asyncio.run(run())
