@@ -1,13 +1,18 @@
 """The Ray executor: one Ray actor per tensor-parallel rank, placed by a placement group on the
 nodes of a Ray cluster (docs/scale-out.md, "Ray").
 
-Each step is one actor call per rank carrying the SchedulerOutput as msgspec bytes; rank 0's
-call returns the output, the others' return None and are awaited only to surface their
-failure. The tensor-parallel group meets at rank 0's node (gloo on CPU, NCCL on CUDA).
+Each step is encoded once (msgspec). The ranks on the engine core's own node ("ring ranks")
+read it from a shared-memory ring (executor/shm_broadcast.py, as the mp executor's workers do),
+each on a thread of its own started by one serve_ring() call at initialisation; the other
+ranks get it by one actor call each. Rank 0 answers with the output: by the return value of its
+call, or, as a ring rank, through a ring of its own that the engine core reads. Every rank's
+call is awaited, and every ring rank's serve_ring() call is watched, only to surface its
+failure or death. The tensor-parallel group meets at rank 0's node (gloo on CPU, NCCL on CUDA).
 """
 
 from __future__ import annotations
 
+import collections
 import re
 import signal
 from collections.abc import Callable
@@ -22,7 +27,7 @@ from engine_core.config import EngineConfig
 from executor.base import Executor, StepFuture, WorkerError
 from executor.ray_cluster import PLACEMENT_TIMEOUT_S, connect, death_reason, reserve
 from executor.ray_worker import RING_GROUP, EngineWorker
-from executor.shm_broadcast import ShmRingWriter
+from executor.shm_broadcast import HostDoorbell, ShmRingReader, ShmRingWriter
 from executor.worker_messages import RunStep, Shutdown
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
@@ -44,7 +49,9 @@ class RayExecutor(Executor):
         self.ring_ranks: list[int] = []  # the ranks on this node, which read the ring
         self._ring: ShmRingWriter | None = None
         self._readers: dict[int, ray.ObjectRef] = {}  # ring rank -> its serve_ring() call
-        self._steps = 0
+        self._replies: ShmRingReader | None = None  # rank 0's outputs, when it reads the ring
+        self._replies_bell: HostDoorbell | None = None
+        self._pending: collections.deque[_RayStep] = collections.deque()  # outputs unread
         self._group: PlacementGroup | None = None
         self._connected = False
         self._failed = False
@@ -100,6 +107,10 @@ class RayExecutor(Executor):
             self._ring = ShmRingWriter(num_readers=len(self.ring_ranks), host_doorbells=True)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if self.ring_ranks[0] == 0:
+            replies, bell = self._gather({0: self.actors[0].open_replies.remote()})[0]
+            self._replies_bell = HostDoorbell(bell)
+            self._replies = ShmRingReader(replies, 0, self._replies_bell)
         for index, rank in enumerate(self.ring_ranks):
             self._readers[rank] = self.actors[rank].serve_ring.options(
                 concurrency_group=RING_GROUP).remote(self._ring.handle, index,
@@ -112,14 +123,25 @@ class RayExecutor(Executor):
     def submit(self, scheduler_output: SchedulerOutput) -> StepFuture:
         """Send the step to every rank and return; its output is rank 0's answer."""
         step = self._encoder.encode(RunStep(scheduler_output))
-        self._steps += 1
         if self._ring is not None:
-            self._ring.write(step, on_wait=self._check_readers)
+            self._ring.write(step, on_wait=lambda: self._check({}))
         refs = {rank: actor.execute_model.remote(step) for rank, actor in enumerate(self.actors)
                 if rank not in self._readers}
-        if 0 in self._readers:
-            refs[0] = self.actors[0].output.remote(self._steps)
-        return _RayStep(self, refs)
+        future = _RayStep(self, refs)
+        if self._replies is not None:
+            self._pending.append(future)
+        return future
+
+    def _result(self, step: _RayStep) -> ModelRunnerOutput:
+        """step's output: rank 0's answer, from its call or read from its replies ring (with
+        the outputs of the steps before it), once every rank's call has answered."""
+        if self._replies is None:
+            return self._decoder.decode(self._gather(step.refs)[0])
+        while step.output is None:
+            self._pending.popleft().output = self._replies.read(
+                self._decoder.decode, on_sleep=lambda: self._check(step.refs))
+        self._gather(step.refs)
+        return step.output
 
     def _gather_all(self, call: Callable[[ray.actor.ActorHandle], ray.ObjectRef]) -> list:
         """call(actor)'s answer from every rank, in rank order."""
@@ -143,11 +165,18 @@ class RayExecutor(Executor):
             pending.remove(ready[0])
         return dict(zip(refs, ray.get(list(refs.values())), strict=True))
 
-    def _check_readers(self) -> None:
-        """WorkerError if a ring rank's thread has ended (while the ring is full)."""
-        ended, _ = ray.wait(list(self._readers.values()), timeout=0)
-        if ended:
-            raise self._failure({})
+    def _check(self, refs: dict[int, ray.ObjectRef]) -> None:
+        """WorkerError if a ring rank's thread has ended or a call in refs has failed (checked
+        while waiting on a ring: ray.wait cannot wake on shared memory)."""
+        watched = list(self._readers.values())
+        ready, _ = ray.wait(watched + list(refs.values()), num_returns=len(watched) + len(refs),
+                            timeout=0)
+        if any(ref in watched for ref in ready):
+            raise self._failure(refs)
+        try:
+            ray.get(ready)
+        except RayError:
+            raise self._failure(refs) from None
 
     def _failure(self, refs: dict[int, ray.ObjectRef]) -> WorkerError:
         """What is known of the failed ranks: the dead ones first, as the likely cause (their
@@ -195,6 +224,12 @@ class RayExecutor(Executor):
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        if self._replies is not None:
+            self._replies.close()
+            self._replies = None
+        if self._replies_bell is not None:
+            self._replies_bell.close()
+            self._replies_bell = None
         if self._group is not None:
             remove_placement_group(self._group)
             self._group = None
@@ -208,7 +243,8 @@ class _RayStep:
 
     def __init__(self, executor: RayExecutor, refs: dict[int, ray.ObjectRef]) -> None:
         self._executor = executor
-        self._refs = refs
+        self.refs = refs  # the calls of the ranks that got the step by an actor call
+        self.output: ModelRunnerOutput | None = None  # set once read from rank 0's replies ring
 
     def result(self) -> ModelRunnerOutput:
-        return self._executor._decoder.decode(self._executor._gather(self._refs)[0])
+        return self._executor._result(self)

@@ -3,8 +3,8 @@ process, driven by actor method calls. Steps and outputs cross as msgspec bytes,
 
 A rank on the engine core's host takes its steps from the engine core's shared-memory ring
 instead (executor/shm_broadcast.py): serve_ring() reads them on a thread of its own (the actor's
-"ring" concurrency group) until the ring says Shutdown; rank 0 keeps each step's output for
-output() to return.
+"ring" concurrency group) until the ring says Shutdown; rank 0 writes each step's output into
+a ring of its own, which the engine core reads.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import fcntl
 import os
 import socket
 import struct
-import threading
 
 import msgspec
 import ray
@@ -21,7 +20,13 @@ import torch
 
 from engine_core.config import EngineConfig
 from executor.ray_cluster import free_tcp_address
-from executor.shm_broadcast import DoorbellHandle, HostDoorbell, RingHandle, ShmRingReader
+from executor.shm_broadcast import (
+    DoorbellHandle,
+    HostDoorbell,
+    RingHandle,
+    ShmRingReader,
+    ShmRingWriter,
+)
 from executor.worker_messages import Command, RunStep
 from gpu_worker.worker import Worker
 
@@ -39,9 +44,7 @@ class EngineWorker:
         self._decoder = msgspec.msgpack.Decoder(RunStep)
         self._encoder = msgspec.msgpack.Encoder()
         self._ring_steps = 0  # steps run from the ring
-        self._outputs: dict[int, bytes] = {}  # rank 0's encoded output of ring step n
-        self._ring_stopped = False
-        self._ring_progress = threading.Condition()
+        self._replies: ShmRingWriter | None = None  # rank 0's outputs of the ring's steps
 
     def where(self) -> tuple[str, str, int]:
         """(node id, node IP address, pid) of this actor."""
@@ -76,9 +79,16 @@ class EngineWorker:
         output = self.worker.execute_model(self._decoder.decode(encoded_step).scheduler_output)
         return self._encoder.encode(output) if self.rank == 0 else None
 
+    def open_replies(self) -> tuple[RingHandle, DoorbellHandle]:
+        """Rank 0, before serve_ring(): make the ring its outputs go back through, with the
+        engine core as its one reader; the handles the engine core attaches by."""
+        self._replies = ShmRingWriter(num_readers=1, host_doorbells=True)
+        return self._replies.handle, self._replies.doorbell_handles[0]
+
     def serve_ring(self, ring: RingHandle, index: int, doorbell: DoorbellHandle) -> None:
         """Run the steps the engine core writes into its ring, as reader index, until it writes
-        Shutdown. Called once, in the RING_GROUP concurrency group: it holds that thread."""
+        Shutdown; rank 0 writes each output into its replies ring. Called once, in the
+        RING_GROUP concurrency group: it holds that thread."""
         assert self.worker is not None, "load_model() first"
         if self.worker.device.type == "cuda":
             torch.cuda.set_device(self.worker.device)  # the current device is per thread
@@ -88,25 +98,14 @@ class EngineWorker:
         try:
             while isinstance(command := reader.read(decoder.decode), RunStep):
                 output = self.worker.execute_model(command.scheduler_output)
-                with self._ring_progress:
-                    self._ring_steps += 1
-                    if self.rank == 0:
-                        self._outputs[self._ring_steps] = self._encoder.encode(output)
-                    self._ring_progress.notify_all()
+                self._ring_steps += 1
+                if self._replies is not None:
+                    self._replies.write(self._encoder.encode(output))
         finally:
-            with self._ring_progress:
-                self._ring_stopped = True
-                self._ring_progress.notify_all()
             reader.close()
             bell.close()
-
-    def output(self, step: int) -> bytes:
-        """Rank 0's encoded ModelRunnerOutput of the step-th step from the ring, once run."""
-        with self._ring_progress:
-            self._ring_progress.wait_for(lambda: step in self._outputs or self._ring_stopped)
-            if step not in self._outputs:
-                raise RuntimeError(f"the ring reader stopped before step {step}")
-            return self._outputs.pop(step)
+            if self._replies is not None:
+                self._replies.close()
 
     def ring_steps(self) -> int:
         """How many steps this rank has run from the ring."""

@@ -314,12 +314,14 @@ class ShmRingReader:
         base = (self._count % self.handle.num_slots) * self.handle.stride
         return _INT.unpack_from(self._shm.buf, base)[0] == self._count + 1
 
-    def read(self, decode: Callable[[memoryview], T] = bytes, timeout: float | None = None) -> T:
-        """The next message, passed through decode while it still lies in shared memory."""
+    def read(self, decode: Callable[[memoryview], T] = bytes, timeout: float | None = None,
+             on_sleep: Callable[[], None] | None = None) -> T:
+        """The next message, passed through decode while it still lies in shared memory.
+        on_sleep runs before each sleep while it waits (a liveness check that raises)."""
         h, buf = self.handle, self._shm.buf
         base = (self._count % h.num_slots) * h.stride
         expected = self._count + 1
-        wait_until(self.poll, timeout, doorbell=self._doorbell)
+        wait_until(self.poll, timeout, on_sleep, self._doorbell)
         _fence()
         length, name_length = _SLOT_FIELDS.unpack_from(buf, base + 8)
         data_at = base + h.header_bytes

@@ -83,10 +83,14 @@ def test_tp2_on_the_engine_core_node_reads_the_ring_and_a_killed_reader_is_named
         executor = llm.engine_core.executor
         assert {node_id for node_id, _, _ in executor.locations} == {_head_node()}
         assert executor.ring_ranks == [0, 1]
+        submitted = []
+        submit = executor.submit
+        executor.submit = lambda step: submitted.append(submit(step)) or submitted[-1]
         assert _generate(llm) == expected
-        # Every step reached both ranks through the ring, none by an actor call to run it.
+        # Every step reached both ranks through the ring, and none made an actor call.
         steps = ray.get([actor.ring_steps.remote() for actor in executor.actors])
-        assert steps[0] == steps[1] == executor._steps >= GREEDY.max_tokens
+        assert steps[0] == steps[1] == len(submitted) >= GREEDY.max_tokens
+        assert all(future.refs == {} for future in submitted)
         os.kill(executor.locations[1][2], signal.SIGKILL)
         with pytest.raises(WorkerError, match=_dead(1)):
             _generate(llm)
