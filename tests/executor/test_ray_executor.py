@@ -23,12 +23,12 @@ from tests.tiny_models import make_tiny_model_with_tokenizer
 
 ray = pytest.importorskip("ray")
 
-from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from executor.ray_cluster import RayResourcesError  # noqa: E402
-from executor.ray_executor import RayExecutor  # noqa: E402
-from tests.ray_cluster import actor_pids, cluster_with_two_head_cpus  # noqa: E402,F401
+from executor.ray_cluster import RayResourcesError
+from executor.ray_executor import RayExecutor
+from tests.ray_cluster import actor_pids, cluster_with_two_head_cpus  # noqa: F401
 
 CPUS = 3  # two on the head node, one on the other
 
@@ -38,7 +38,7 @@ PROMPTS = [[1, 400, 401, 402], [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 
 
 
 @pytest.fixture(scope="module")
-def cluster(cluster_with_two_head_cpus):  # noqa: F811 (the fixture above, renamed)
+def cluster(cluster_with_two_head_cpus):  # noqa: F811 (the imported fixture)
     return cluster_with_two_head_cpus
 
 
