@@ -46,12 +46,12 @@ async def keep_alive(link: Link, send_heartbeat: Callable[[], Awaitable[None]],
     while True:
         await asyncio.sleep(HEARTBEAT_INTERVAL_S)
         now = loop.time()
-        if not link.sent:
-            await send_heartbeat()
-        link.sent = False
         if link.heard or now - woke > 2 * HEARTBEAT_INTERVAL_S:
             heard_at = now
         elif now - heard_at > timeout and not input_pending():
             return now - heard_at
         link.heard = False
         woke = now
+        if not link.sent:
+            await send_heartbeat()
+        link.sent = False
