@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-_MODEL_PHASES = ("forward", "compute_logits", "sampler")
+# greedy_tokens: the output projection and the argmax in one kernel, for all-greedy steps.
+_MODEL_PHASES = ("forward", "compute_logits", "sampler", "greedy_tokens")
 
 
 def step_overhead(engine_kwargs: dict[str, Any], num_requests: int = 256, prompt_len: int = 16,
@@ -56,6 +57,7 @@ def step_overhead(engine_kwargs: dict[str, Any], num_requests: int = 256, prompt
              (runner.sampling, "post_update", "post_update"),
              (runner, "_forward", "forward"), (runner.model, "compute_logits", "compute_logits"),
              (runner, "sampler", "sampler"),
+             (runner.model, "greedy_tokens", "greedy_tokens"),
              (async_output.AsyncOutput, "get_output", "get_output")]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in timed]
     try:

@@ -59,6 +59,9 @@ class ModelRunner:
         self.prompt_logprobs = PromptLogprobs(self.arch.vocab_size)
         self.inputs = InputPreparer(self.states, self.h2d, device)
         self._logits_buffer: torch.Tensor | None = None
+        # Greedy steps take the argmax inside the output projection where a kernel can
+        # (model.greedy_tokens); off: through the logits, as any other step.
+        self.fused_greedy = True
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
 
@@ -213,11 +216,18 @@ class ModelRunner:
         if not len(batch.sample_rows_np):
             return None, None
         assert self.model is not None
-        logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices),
-                                           self._logits_out(len(batch.sample_rows_np)))
-        if sched.structured_output_request_ids:
-            apply_grammar_bitmask(logits, sched, batch, self.h2d)
+        rows = hidden.index_select(0, batch.logits_indices)
         metadata = self.sampling.metadata(batch.sample_slots_np, batch.sample_slots,
                                           self.states)
+        if (self.fused_greedy and metadata.argmax_only and metadata.max_num_logprobs is None
+                and not sched.structured_output_request_ids):
+            # Every row takes its argmax: where a kernel fuses it with the output projection,
+            # the logits (tens of MB at large batches) are never written.
+            sampled = self.model.greedy_tokens(rows)
+            if sampled is not None:
+                return sampled, None
+        logits = self.model.compute_logits(rows, self._logits_out(len(batch.sample_rows_np)))
+        if sched.structured_output_request_ids:
+            apply_grammar_bitmask(logits, sched, batch, self.h2d)
         result = self.sampler(logits, metadata)
         return result.sampled_token_ids, result.logprobs

@@ -373,3 +373,22 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     elif x.shape[0]:
         raise ValueError("argmax of an empty row")
     return out
+
+
+def linear_argmax(x: torch.Tensor, weight_blocked: torch.Tensor, vocab: int) -> torch.Tensor:
+    """argmax over the first `vocab` columns of x [M, K] @ W^T (W given by block_weight()) per
+    row, [M] int64, without materialising the logits; the index linear() + argmax_rows() give."""
+    _check(x, "x")
+    _check(weight_blocked, "weight_blocked")
+    blocks, in_features, width = weight_blocked.shape
+    if (width != LINEAR_BLOCK or not weight_blocked.is_contiguous() or x.dim() != 2
+            or x.shape[1] != in_features or not 0 < vocab <= blocks * LINEAR_BLOCK):
+        raise ValueError(f"x {tuple(x.shape)} / vocab {vocab} do not match the blocked weight "
+                         f"{tuple(weight_blocked.shape)}")
+    rows = _matrix(x, in_features)
+    out = torch.empty(rows.shape[0], dtype=torch.int64)
+    if rows.shape[0]:
+        _lib().linear_argmax_f32(rows.data_ptr(), rows.stride(0), weight_blocked.data_ptr(),
+                                 rows.shape[0], in_features, blocks * LINEAR_BLOCK, vocab,
+                                 out.data_ptr(), torch.get_num_threads())
+    return out

@@ -229,6 +229,11 @@ class LlamaForCausalLM(nn.Module):
         [N, vocab] fp32 buffer, receives them where the kernels can write into it (CPU)."""
         return self.lm_head(hidden, out).float()
 
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The argmax token of each row of hidden [N, hidden] without the logits, or None where
+        no kernel fuses the output projection with the argmax (then: compute_logits)."""
+        return self.lm_head.greedy_tokens(hidden)
+
     def attention_layers(self) -> list[Attention]:
         """Attention modules in layer order, for binding KV caches."""
         return [layer.self_attn.attn for layer in self.model.layers]

@@ -7,7 +7,9 @@
  * torch's matmul there.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "gemm_tile.h"
 
@@ -21,6 +23,67 @@ void linear_f32(const float *x, int64_t ldx, const float *w_blocked, const float
     for (int32_t nb = 0; nb < blocks; nb++)
         block_tiles(x, ldx, w_blocked + (int64_t)nb * K * 32, bias ? bias + nb * 32 : 0, 0,
                     y + nb * 32, ldy, M, K);
+}
+
+/* Greedy sampling fused with the output projection: out[m] = argmax_n (x @ W^T)[m, n] over the
+ * first `vocab` columns, without writing the [M, N] logits (tens of MB at large batches, which
+ * flush the caches the engine's bookkeeping runs from). Each thread computes its contiguous range
+ * of column blocks into a [M, 32] scratch with the same tiles as linear_f32 (so the values, and
+ * the index chosen, are linear_f32's bit for bit) and keeps each row's first maximum; ranges are
+ * merged in column order, so ties go to the lowest index, as torch.argmax. Rows without NaN. */
+void linear_argmax_f32(const float *x, int64_t ldx, const float *w_blocked, int64_t M, int32_t K,
+                       int32_t N, int32_t vocab, int64_t *out, int32_t num_threads)
+{
+    const int32_t blocks = N / 32;
+    if (num_threads < 1)
+        num_threads = 1;
+    if (num_threads > blocks)
+        num_threads = blocks > 0 ? blocks : 1;
+    float *best = malloc(sizeof(float) * (size_t)(M * num_threads));
+    int64_t *where = malloc(sizeof(int64_t) * (size_t)(M * num_threads));
+    float *scratch = malloc(sizeof(float) * (size_t)(M * 32 * num_threads));
+    #pragma omp parallel num_threads(num_threads)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int32_t lo = (int32_t)((int64_t)blocks * t / nt);
+        const int32_t hi = (int32_t)((int64_t)blocks * (t + 1) / nt);
+        float *bv = best + (int64_t)t * M, *y = scratch + (int64_t)t * M * 32;
+        int64_t *bi = where + (int64_t)t * M;
+        for (int64_t m = 0; m < M; m++) {
+            bv[m] = -INFINITY;
+            bi[m] = (int64_t)lo * 32;
+        }
+        for (int32_t nb = lo; nb < hi; nb++) {
+            block_tiles(x, ldx, w_blocked + (int64_t)nb * K * 32, 0, 0, y, 32, M, K);
+            const int32_t cols = vocab - nb * 32 < 32 ? vocab - nb * 32 : 32;
+            for (int64_t m = 0; m < M; m++) {
+                const float *row = y + m * 32;
+                float mx = -INFINITY;
+                for (int32_t c = 0; c < cols; c++)  /* vectorized: most blocks stop here */
+                    mx = row[c] > mx ? row[c] : mx;
+                if (mx > bv[m]) {
+                    int32_t c = 0;
+                    while (row[c] != mx)
+                        c++;
+                    bv[m] = mx;
+                    bi[m] = (int64_t)nb * 32 + c;
+                }
+            }
+        }
+    }
+    for (int64_t m = 0; m < M; m++) {
+        float b = best[m];
+        int64_t i = where[m];
+        for (int t = 1; t < num_threads; t++)
+            if (best[(int64_t)t * M + m] > b) {
+                b = best[(int64_t)t * M + m];
+                i = where[(int64_t)t * M + m];
+            }
+        out[m] = b == -INFINITY ? 0 : i;
+    }
+    free(best);
+    free(where);
+    free(scratch);
 }
 
 /* The SwiGLU feed-forward's first half fused: out = silu(x @ G^T) * (x @ U^T), with the gate and

@@ -41,7 +41,10 @@ def test_bench_device_on_cpu_prints_its_figures(tmp_path, capsys):
         assert set(r) == RUN_FIELDS
         # Five tokens: the first from the prefill, then four decode steps, three intervals.
         assert r["steps_timed"] == 3 and r["ms_per_step"] > 0
-        assert 0 < r["fraction_of_bandwidth_limit"] < 2
+        # Above 1 where the small CPU shape's weights (36 MB) stay in the last-level cache
+        # between steps (the fused greedy head writes no logits to push them out); the bound
+        # catches a unit error (a factor of 1000), not a speed.
+        assert 0 < r["fraction_of_bandwidth_limit"] < 20
         # Contexts of 17..20 positions; the timed steps are the last three (18, 19, 20).
         kv = r["batch_size"] * 19 * result["kv_bytes_per_token"]
         assert r["kv_bytes_per_step"] == kv
@@ -104,7 +107,11 @@ def test_step_overhead_reports_phases(tmp_path):
     assert res["steps"] == 6
     phases = res["phases_ms"]
     assert {"schedule", "update_from_output", "prepare", "post_update", "forward",
-            "compute_logits", "sampler", "get_output"} <= set(phases)
+            "get_output"} <= set(phases)
+    # Greedy steps: the output projection and argmax fused where the C kernels run, else
+    # logits then the sampler.
+    head = {"greedy_tokens"} if "greedy_tokens" in phases else {"compute_logits", "sampler"}
+    assert head <= set(phases)
     assert res["model_ms"] == pytest.approx(
-        phases["forward"] + phases["compute_logits"] + phases["sampler"], abs=0.02)
+        phases["forward"] + sum(phases[p] for p in head), abs=0.02)
     assert res["ms_per_step"] >= res["model_ms"] + res["overhead_ms"] - 0.05

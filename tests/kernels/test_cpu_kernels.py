@@ -214,6 +214,27 @@ def test_argmax_rows_matches_torch(cols: int) -> None:
         cpu_ops.argmax_rows(wide.t())
 
 
+@pytest.mark.parametrize("rows,threads", [(1, 1), (7, 2), (256, 2), (13, 3)])
+def test_linear_argmax_is_linear_then_argmax(rows: int, threads: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(32 * 37, 24, generator=gen)
+    x = torch.randn(rows, 24, generator=gen)
+    blocked = cpu_ops.block_weight(weight)
+    weight[100] = weight[900] = weight[5] * 0  # ties at 0 across thread ranges for some rows
+    blocked = cpu_ops.block_weight(weight)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        logits = cpu_ops.linear(x, blocked)
+        for vocab in (32 * 37, 1000, 33):
+            want = logits[:, :vocab].argmax(-1)
+            assert torch.equal(cpu_ops.linear_argmax(x, blocked, vocab), want), vocab
+    finally:
+        torch.set_num_threads(previous)
+    with pytest.raises(ValueError, match="vocab"):
+        cpu_ops.linear_argmax(x, blocked, 32 * 37 + 1)
+
+
 def test_linear_refuses_what_it_would_misread() -> None:
     with pytest.raises(ValueError, match="multiple of 32"):
         cpu_ops.block_weight(torch.randn(48, 16))

@@ -148,6 +148,8 @@ def _capture_logits(runner, monkeypatch) -> list[torch.Tensor]:
         return logits
 
     monkeypatch.setattr(runner.model, "compute_logits", capture)
+    # The logits are what is compared: greedy steps must not skip them (model.greedy_tokens).
+    monkeypatch.setattr(runner, "fused_greedy", False)
     return captured
 
 

@@ -47,6 +47,10 @@ def _guard(t: torch.Tensor) -> torch.Tensor:
     return t.as_subclass(DeviceTensor)
 
 
+def _guard_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else _guard(t)
+
+
 def test_the_guard_catches_host_reads():
     t = _guard(torch.arange(4))
     for read in (lambda: t[0].item(), t.tolist, t.numpy, lambda: bool(t[0]), lambda: int(t[1]),
@@ -86,10 +90,10 @@ def _guarded(runner, monkeypatch, rewrap_model: bool):
                             lambda *a: PreparedInputs(*(_guard(t) for t in gather(*a))))
         greedy = runner.sampler.greedy
         monkeypatch.setattr(runner.sampler, "greedy", lambda logits: _guard(greedy(logits)))
-        for name in ("forward", "compute_logits"):
+        for name in ("forward", "compute_logits", "greedy_tokens"):
             real = getattr(runner.model, name)
             monkeypatch.setattr(runner.model, name,
-                                lambda *a, _real=real: _guard(_real(*a)))
+                                lambda *a, _real=real: _guard_or_none(_real(*a)))
     real_copy = staging.HostToDevice.copy
     monkeypatch.setattr(staging.HostToDevice, "copy",
                         lambda self, *a: [_guard(t) for t in real_copy(self, *a)])
