@@ -32,12 +32,21 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def secured(engine_args):
     """`engine core --listen tcp://127.0.0.1:PORT` with ENGINE_CORE_KEY set."""
-    address = f"tcp://127.0.0.1:{_free_port()}"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in engine_args.items()]
-    proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "core", "--listen", address,
-                             *flags], env={**os.environ, "ENGINE_CORE_KEY": SECRET})
-    with EngineCoreClient(address, startup_timeout=120, auth_key=SECRET):
-        pass
+    for _attempt in range(3):
+        # A port free when probed can be taken before the engine core binds it (by a process
+        # of an earlier test still going away); then that process, not ours, would answer.
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "core", "--listen",
+                                 address, *flags], env={**os.environ, "ENGINE_CORE_KEY": SECRET})
+        try:
+            with EngineCoreClient(address, startup_timeout=120, auth_key=SECRET):
+                break
+        except EngineDeadError:
+            proc.kill()
+            proc.wait(timeout=30)
+    else:
+        pytest.fail("the secured engine core never answered on a free port")
     yield address
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
