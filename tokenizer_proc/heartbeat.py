@@ -3,8 +3,8 @@ cannot watch (another host, or a client not told the pid): each side sends HEART
 every interval in which it sent nothing else, and a side that hears nothing from its peer for
 HEARTBEAT_MISSES of the longer interval takes the peer for dead (docs/protocol.md).
 
-Timers of the asyncio loop only: an idle link costs one small message a second each way, and
-the engine core never hears of it.
+Timers of the asyncio loop only: an idle link costs five small messages a second each way (a
+few microseconds each), and the engine core never hears of it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 # Seconds between heartbeats on an otherwise quiet link.
-HEARTBEAT_INTERVAL_S = 1.0
-# Intervals without a message after which the peer is dead (5 s at 1 s).
+HEARTBEAT_INTERVAL_S = 0.2
+# Intervals without a message after which the peer is dead: 1 s, the issue's bound for a
+# peer's death to reach its clients. A late wake-up of our own (a stall) restarts the count,
+# and unread input postpones the verdict, so a busy peer is not taken for a dead one.
 HEARTBEAT_MISSES = 5
 
 
