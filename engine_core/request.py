@@ -114,23 +114,19 @@ class Request:
         """True once the request stopped, hit a length cap or was aborted."""
         return self.status > RequestStatus.PREEMPTED
 
-    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
-        """Append generated tokens and hash any blocks they complete."""
-        if isinstance(token_ids, int):
-            self.output_token_ids.append(token_ids)
-            self.all_token_ids.append(token_ids)
-        else:
-            self.output_token_ids.extend(token_ids)
-            self.all_token_ids.extend(token_ids)
-        if self._block_hasher is not None and len(self.all_token_ids) >= self._hash_at:
-            self._hash_blocks(self._block_hasher)
-
     def append_output_token(self, token: int) -> None:
-        """Append one generated token (the per-step case of append_output_token_ids)."""
+        """Append one generated token and hash the block it completes, if any."""
         self.output_token_ids.append(token)
         all_token_ids = self.all_token_ids
         all_token_ids.append(token)
         if self._block_hasher is not None and len(all_token_ids) >= self._hash_at:
+            self._hash_blocks(self._block_hasher)
+
+    def append_output_token_ids(self, token_ids: list[int]) -> None:
+        """Append several generated tokens and hash any blocks they complete."""
+        self.output_token_ids.extend(token_ids)
+        self.all_token_ids.extend(token_ids)
+        if self._block_hasher is not None and len(self.all_token_ids) >= self._hash_at:
             self._hash_blocks(self._block_hasher)
 
     def _hash_blocks(self, hasher: BlockHasher) -> None:

@@ -131,7 +131,7 @@ class TokenizerClient:
         long as it takes). pids: the tokenizer processes' pids (same host, in address order);
         when one exits, its requests fail with 503 at once (unavailable() says why). With a
         tokenizer process whose pid is not given (0, or no pids) it exchanges heartbeats, and
-        fails its requests with 503 once it falls silent for heartbeat.silence_timeout (5 s).
+        fails its requests with 503 once it falls silent for heartbeat.silence_timeout (1 s).
         auth_key: the shared secret, default $ENGINE_CORE_KEY."""
         client = cls(addresses, client_name, auth_key)
         pids = list(pids or ())

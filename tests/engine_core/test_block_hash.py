@@ -32,7 +32,7 @@ def test_incremental_hashing_on_append() -> None:
     hasher = make_block_hasher(4)
     req = _request([1, 2, 3], hasher)
     assert req.block_hashes == []
-    req.append_output_token_ids(4)
+    req.append_output_token(4)
     assert len(req.block_hashes) == 1
     req.append_output_token_ids([5, 6, 7])
     assert len(req.block_hashes) == 1

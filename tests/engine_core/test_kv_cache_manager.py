@@ -105,7 +105,7 @@ def test_decode_caches_blocks_as_they_fill() -> None:
     req = _request("a", [1, 2, 3])
     _admit(kv, req)
     for token in (4, 5):
-        req.append_output_token_ids(token)
+        req.append_output_token(token)
         assert kv.allocate_slots(req, 1) is not None
         req.num_computed_tokens += 1
     # Tokens 1..4 fill block 0 (token 4 computed in the second decode step): it is cached.
