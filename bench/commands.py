@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from bench import device, serve, startup
-from engine_core.args import add_engine_args
+from config.args import add_engine_args
 
 # Workload -> (module, function) computing its figures from the parsed arguments.
 _WORKLOADS = {"throughput": ("bench.offline", "bench_throughput"),

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine_core.args import context_length, engine_kwargs
+from config.args import context_length, engine_kwargs
 
 # Llama 3.1 8B (its rope scaling reaches the 32k contexts a later run asks for) and a 2-layer,
 # hidden-256 Llama with the C kernels' head size, small enough for CI on a CPU.
@@ -151,7 +151,7 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from bench.machine_limits import copy_bandwidth, machine_info
-    from engine_core.config import DeviceConfig, engine_config_from_kwargs
+    from config.engine import DeviceConfig, engine_config_from_kwargs
 
     kwargs = engine_kwargs(args)
     for name in ("model", "tokenizer", "load_format", "max_model_len", "max_num_seqs",

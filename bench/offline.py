@@ -13,7 +13,7 @@ import numpy as np
 
 from bench.machine_limits import machine_info, matmul_rates, timed
 from bench.overhead import step_overhead
-from engine_core.args import engine_kwargs
+from config.args import engine_kwargs
 from engine_core.sampling_params import SamplingParams
 
 
@@ -125,7 +125,7 @@ def _null_model_dir() -> str:
     """A 2-layer, hidden-64 random model with the default tokenizer (written once to the cache)."""
     import shutil
 
-    from gpu_worker.loader.default_model import cache_root, resolve_model_path
+    from config.default_model import cache_root, resolve_model_path
 
     target = cache_root() / "models" / "null-model"
     if not (target / "config.json").is_file():

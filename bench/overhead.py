@@ -24,14 +24,14 @@ _MODEL_PHASES = ("forward", "compute_logits", "sampler", "greedy_tokens")
 def step_overhead(engine_kwargs: dict[str, Any], num_requests: int = 256, prompt_len: int = 16,
                   output_len: int = 128) -> dict[str, Any]:
     """Milliseconds per step of each phase, the model's, and the overhead (the rest)."""
-    from engine_core.config import engine_config_from_kwargs
+    from engine_core.resolve import resolved_config
     from engine_core.engine_core import EngineCore
     from engine_core.protocol import EngineCoreRequest
     from engine_core.sampling_params import SamplingParams
     from gpu_worker import async_output
 
-    config = engine_config_from_kwargs(**{**engine_kwargs,
-                                          "distributed_executor_backend": "uni"}).resolve()
+    config = resolved_config(**{**engine_kwargs,
+                                          "distributed_executor_backend": "uni"})
     core = EngineCore(config)
     runner = core.executor.worker.runner
     rng = np.random.default_rng(0)

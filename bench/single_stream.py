@@ -22,8 +22,8 @@ import torch
 
 from bench.machine_limits import machine_info, memory_read_gbps, timed
 from bench.offline import random_prompts
-from engine_core.args import engine_kwargs
-from engine_core.config import engine_config_from_kwargs
+from config.args import engine_kwargs
+from engine_core.resolve import resolved_config
 from engine_core.sampling_params import SamplingParams
 from gpu_worker.layers.linear import Linear
 from gpu_worker.model_runner import ModelRunner
@@ -114,8 +114,8 @@ def hf_decode(model, prompt: list[int], new_tokens: int) -> float:
 
 def load_runner(model: str | None, dtype: str) -> ModelRunner:
     """A model runner of the model in dtype, its KV cache allocated (128 MiB)."""
-    config = engine_config_from_kwargs(model=model, dtype=dtype, max_model_len=1024,
-                                       kv_cache_memory="128MiB").resolve()
+    config = resolved_config(model=model, dtype=dtype, max_model_len=1024,
+                                       kv_cache_memory="128MiB")
     runner = ModelRunner(config, torch.device(config.device_type))
     runner.load_model()
     runner.initialize_kv_cache(runner.determine_num_blocks())

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from engine_core.args import engine_kwargs
+from config.args import engine_kwargs
 from engine_core.sampling_params import SamplingParams, StructuredOutputsParams
 
 SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "minItems": 200,

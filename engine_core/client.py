@@ -18,9 +18,11 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from config.engine import EngineConfig
 from engine_core.core_launcher import CoreProcess
 from engine_core.curve_auth import HandshakeWatch, key_from_env, secure_client
 from engine_core.frames import INLINE_MAX_BYTES, FrameEncoder
+from engine_core.resolve import resolved_config
 from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutputs,
                                   EngineCoreReady, EngineCoreRequest, OutputType, RequestError,
                                   RequestType, UtilityOutput, UtilityRequest, output_decoders)
@@ -50,10 +52,14 @@ class _ClientBase:
     """What both clients share: the child process, the codec and the liveness check."""
 
     def __init__(self, ctx: zmq.Context, address: str | None,
-                 engine_args: dict[str, Any] | None, auth_key: str | None = None,
+                 engine_args: EngineConfig | dict[str, Any] | None, auth_key: str | None = None,
                  fail_on_disconnect: bool = False) -> None:
         auth_key = auth_key or key_from_env()
-        self.process = CoreProcess(engine_args or {}) if address is None else None
+        self.process = None
+        if address is None:  # the child gets the configuration resolved here
+            config = engine_args if isinstance(engine_args, EngineConfig) else \
+                resolved_config(**(engine_args or {}))
+            self.process = CoreProcess(config)
         self.address = self.process.address if self.process is not None else address
         self.ready: EngineCoreReady | None = None
         self._ctx = ctx
@@ -137,9 +143,11 @@ def _handshake_error(msg: RequestError) -> ConnectionError:
 
 
 class EngineCoreClient(_ClientBase):
-    """Blocking client: connects to address, or starts a child engine core given engine_args."""
+    """Blocking client: connects to address, or starts a child engine core given engine_args
+    (a resolved EngineConfig, or keyword arguments to resolve)."""
 
-    def __init__(self, address: str | None = None, engine_args: dict[str, Any] | None = None, *,
+    def __init__(self, address: str | None = None,
+                 engine_args: EngineConfig | dict[str, Any] | None = None, *,
                  startup_timeout: float = 300.0, client_name: str = "",
                  auth_key: str | None = None) -> None:
         super().__init__(zmq.Context(), address, engine_args, auth_key)
@@ -223,8 +231,8 @@ class AsyncEngineCoreClient(_ClientBase):
     """asyncio client; build it with `await AsyncEngineCoreClient.create(...)`."""
 
     def __init__(self, address: str | None = None,
-                 engine_args: dict[str, Any] | None = None, auth_key: str | None = None,
-                 fail_on_disconnect: bool = False) -> None:
+                 engine_args: EngineConfig | dict[str, Any] | None = None,
+                 auth_key: str | None = None, fail_on_disconnect: bool = False) -> None:
         super().__init__(zmq.asyncio.Context(), address, engine_args, auth_key,
                          fail_on_disconnect)
         self._outputs: asyncio.Queue[EngineCoreOutputs | RequestError | BaseException] = \
@@ -235,7 +243,8 @@ class AsyncEngineCoreClient(_ClientBase):
         self._reader = asyncio.create_task(self._read_loop())
 
     @classmethod
-    async def create(cls, address: str | None = None, engine_args: dict[str, Any] | None = None,
+    async def create(cls, address: str | None = None,
+                     engine_args: EngineConfig | dict[str, Any] | None = None,
                      *, startup_timeout: float = 300.0, client_name: str = "",
                      auth_key: str | None = None,
                      fail_on_disconnect: bool = False) -> AsyncEngineCoreClient:

@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+
+from config.engine import EngineConfig
 
 # The directory holding the engine_core package, so the child imports this very copy.
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 class CoreProcess:
-    """A child `python -m engine_core.core_proc` that exits when this process dies, serving on
-    address (default: a private ipc:// socket) with extra_env added to our environment.
+    """A child `python -m engine_core.core_proc` that exits when this process dies, serving
+    config (resolved: the child does not resolve it again) on address (default: a private
+    ipc:// socket) with extra_env added to our environment.
 
     own_process_group keeps terminal signals (Ctrl-C) away from it, for a supervisor that
     stops its children in its own order.
     """
 
-    def __init__(self, engine_args: dict[str, Any], *, own_process_group: bool = False,
+    def __init__(self, config: EngineConfig, *, own_process_group: bool = False,
                  address: str | None = None, extra_env: dict[str, str] | None = None) -> None:
         self._dir = tempfile.mkdtemp(prefix="engine-core-")
         self.address = address or f"ipc://{self._dir}/core.sock"
@@ -31,7 +32,7 @@ class CoreProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "engine_core.core_proc", "--listen", self.address,
-             "--parent-pid", str(os.getpid()), "--engine-args", json.dumps(engine_args)],
+             "--parent-pid", str(os.getpid()), "--config", config.encode()],
             env=env, start_new_session=own_process_group)
 
     @property

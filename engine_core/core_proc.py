@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 import zmq
 
+from config.engine import EngineConfig, decode_config
 from engine_core.curve_auth import ENV_KEY, is_exposed, key_from_env, secure_server
 from engine_core.engine_core import EngineCore
 from engine_core.frames import INLINE_MAX_BYTES, FrameDecoder, FrameEncoder, tolist
@@ -313,9 +314,11 @@ def _drain(q: queue.SimpleQueue[Any]) -> list[Any]:
             return items
 
 
-def run_engine_core(address: str, engine_args: dict[str, Any],
+def run_engine_core(address: str, config: EngineConfig | dict[str, Any],
                     parent_pid: int | None = None) -> int:
-    """Load the model, serve on address until SIGTERM/SIGINT or parent death; the exit code."""
+    """Load the model, serve on address until SIGTERM/SIGINT or parent death; the exit code.
+    config: resolved by whoever started us, or vLLM-style keyword arguments to resolve here
+    (an engine core started on its own)."""
     # First, so that no stop signal can take its default action (death by the signal) from
     # here on: the handler's C part writes the signal's number to the wakeup pipe, whichever
     # thread the kernel picked, even one a library started at import time, before the mask
@@ -331,7 +334,7 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
     # on its queue; so every thread but the signal thread (all start after this line and
     # inherit the mask) blocks the stop signals, and they land on the signal thread.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    from engine_core.config import engine_config_from_kwargs
+    from engine_core.resolve import resolved_config
     from metrics.engine_stats import EngineStatsRecorder
 
     proc: EngineCoreProc | None = None
@@ -361,7 +364,8 @@ def run_engine_core(address: str, engine_args: dict[str, Any],
     # Each start-up phase's time at INFO, as vLLM logs them (bench/startup.py collects them).
     logger.info("engine core: interpreter and imports in %.2f s", process_age())
     began = time.perf_counter()
-    config = engine_config_from_kwargs(**engine_args).resolve()
+    if isinstance(config, dict):
+        config = resolved_config(**config)
     rank = config.parallel.data_parallel_rank
     if rank is not None:
         set_process_name(f"engine-core-{rank}")
@@ -398,12 +402,15 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m engine_core.core_proc`: how a client starts its child engine core."""
     parser = argparse.ArgumentParser(prog="python -m engine_core.core_proc")
     parser.add_argument("--listen", required=True, help="ZeroMQ address to bind, e.g. ipc:///tmp/x")
-    parser.add_argument("--engine-args", default="{}",
-                        help="EngineConfig keyword arguments as JSON")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--config", help="the resolved configuration (EngineConfig.encode())")
+    given.add_argument("--engine-args", help="EngineConfig keyword arguments as JSON, resolved "
+                       "here")
     parser.add_argument("--parent-pid", type=int,
                         help="exit when this process is no longer our parent")
     args = parser.parse_args(argv)
-    return run_engine_core(args.listen, json.loads(args.engine_args), args.parent_pid)
+    config = decode_config(args.config) if args.config else json.loads(args.engine_args)
+    return run_engine_core(args.listen, config, args.parent_pid)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,16 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from engine_core.config import ConfigError, EngineConfig
+from config.engine import ConfigError, EngineConfig
 from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine_core.log_options import apply_log_options
 from engine_core.remote_code import log_remote_code_notice
+from engine_core.resolve import resolve_config
 from engine_core.request import Request, RequestStatus
 from engine_core.scheduler import Scheduler
 from engine_core.validation import InvalidRequestError, validate_request
-from executor.base import Executor, StepFuture
+from executor.base import StepFuture
+from executor.factory import create_executor
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
 
@@ -49,12 +51,12 @@ class EngineCore:
             raise ConfigError(f"--data-parallel-size {parallel.data_parallel_size} runs several "
                               "engine cores, which only `engine serve` starts; this runs one")
         if config.arch is None:
-            config.resolve()
+            resolve_config(config)
         assert config.arch is not None
         self.config = config
         apply_log_options(config.observability)
         log_remote_code_notice(config.model_path, config.model.trust_remote_code)
-        self.executor = Executor.create(config)
+        self.executor = create_executor(config)
         self.num_blocks = self.executor.initialize()
         eos = config.arch.eos_token_ids[0] if config.arch.eos_token_ids else None
         self.scheduler = Scheduler(config, self.num_blocks, eos)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_core.config import EngineConfig
+from config.engine import EngineConfig
 from engine_core.engine_core import EngineCore
 from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest
 from engine_core.utilities import engine_utilities

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from engine_core.config import ObservabilityConfig
+from config.engine import ObservabilityConfig
 
 # The project's top-level loggers: levels are set on these, never on the root logger, so an
 # application that runs LLM in its own process keeps its logging as it was.

@@ -20,6 +20,7 @@ import ray
 from engine_core.client import EngineCoreClient
 from engine_core.core_launcher import CoreProcess
 from engine_core.curve_auth import ENV_KEY
+from engine_core.resolve import resolved_config
 from executor.ray_cluster import free_tcp_address
 
 # How long one HELLO waits for READY before the actor checks that the engine core still runs.
@@ -40,7 +41,9 @@ class EngineCoreActor:
         answers READY (the shared secret auth_key guards its socket); (address, node id, node
         IP, engine core pid). RuntimeError when it exits first, TimeoutError after timeout_s."""
         address = free_tcp_address()
-        self.core = CoreProcess(engine_args, address=address, extra_env={ENV_KEY: auth_key})
+        # Resolved on this node: the model directory and the kernels are this node's.
+        self.core = CoreProcess(resolved_config(**engine_args), address=address,
+                                extra_env={ENV_KEY: auth_key})
         deadline = time.monotonic() + timeout_s
         while True:
             code = self.core.exit_code()

@@ -29,7 +29,7 @@ from itertools import chain
 from typing import TYPE_CHECKING
 
 from engine_core.block_hash import make_block_hasher
-from engine_core.config import EngineConfig
+from config.engine import EngineConfig
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
 from engine_core.request import Request, RequestStatus

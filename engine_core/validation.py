@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_core.config import EngineConfig
+from config.engine import EngineConfig
 from engine_core.protocol import EngineCoreRequest
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Protocol
 
-from engine_core.config import EngineConfig
+from config.engine import EngineConfig
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
 
@@ -34,22 +34,6 @@ class Executor(ABC):
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-
-    @staticmethod
-    def create(config: EngineConfig) -> Executor:
-        """One worker process per rank (backend 'mp'), one Ray actor per rank ('ray'), or the
-        worker in this process ('uni')."""
-        if config.parallel.executor_backend == "mp":
-            from executor.multiproc import MultiprocExecutor
-
-            return MultiprocExecutor(config)
-        if config.parallel.executor_backend == "ray":
-            from executor.ray_executor import RayExecutor
-
-            return RayExecutor(config)
-        from executor.uniproc import UniProcExecutor
-
-        return UniProcExecutor(config)
 
     @abstractmethod
     def initialize(self) -> int:

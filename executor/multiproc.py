@@ -14,7 +14,7 @@ from multiprocessing.process import BaseProcess
 import msgspec
 import torch
 
-from engine_core.config import EngineConfig
+from config.engine import EngineConfig
 from executor.base import Executor, StepFuture, WorkerError
 from executor.shm_broadcast import ShmRingWriter
 from executor.worker_messages import (AllocateKVCache, Command, Failed, KVCacheReady, Loaded,

@@ -23,7 +23,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from engine_core.config import EngineConfig
+from config.engine import EngineConfig
 from executor.base import Executor, StepFuture, WorkerError
 from executor.ray_cluster import PLACEMENT_TIMEOUT_S, connect, death_reason, reserve
 from executor.ray_worker import RING_GROUP, EngineWorker

@@ -18,7 +18,7 @@ import msgspec
 import ray
 import torch
 
-from engine_core.config import EngineConfig
+from config.engine import EngineConfig
 from executor.ray_cluster import free_tcp_address
 from executor.shm_broadcast import (
     DoorbellHandle,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from engine_core.config import EngineConfig
+from config.engine import EngineConfig
 from executor.shm_broadcast import RingHandle
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 

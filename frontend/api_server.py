@@ -30,8 +30,8 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_urldispatcher import _default_expect_handler
 
-from engine_core.config import ObservabilityConfig
-from engine_core.generation_config import default_sampling_params, log_defaults
+from config.engine import ObservabilityConfig, decode_config
+from config.generation_config import log_defaults
 from engine_core.log_options import apply_log_options
 from engine_core.process_lifecycle import (EXIT_REQUESTS_CUT, StopOrder, pid_alive,
                                            start_child_process)
@@ -414,7 +414,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 async def run_api_server(args: argparse.Namespace) -> int:
-    from engine_core.config import engine_config_from_kwargs
     from tokenizer_proc.client import TokenizerClient
     from tokenizer_proc.tokenizer import load_tokenizer
 
@@ -422,9 +421,9 @@ async def run_api_server(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    config = engine_config_from_kwargs(**json.loads(args.engine_args)).resolve()
+    config = decode_config(args.config)
     apply_log_options(config.observability)
-    defaults = default_sampling_params(config.model, config.model_path)
+    defaults = config.sampling_defaults
     if args.index == 0:
         log_defaults(defaults)
     http = HttpOptions.from_args(args)
@@ -522,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen-fd", type=int,
                         help="an inherited listening socket to serve on (the launcher's)")
     parser.add_argument("--tokenizer-address", action="append", required=True)
-    parser.add_argument("--engine-args", default="{}")
+    parser.add_argument("--config", required=True,
+                        help="the resolved configuration (EngineConfig.encode())")
     parser.add_argument("--engine-pid", type=int)
     parser.add_argument("--parent-pid", type=int)
     parser.add_argument("--api-key")

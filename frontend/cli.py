@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine_core.args import add_engine_args, engine_kwargs
+from config.args import add_engine_args, engine_kwargs
 from frontend.chat_args import ChatOptions, add_chat_args
 from frontend.http_options import (HttpOptions, add_http_args, add_vllm_frontend_args,
                                    refuse_vllm_serve_flags)
@@ -34,7 +34,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _core(args: argparse.Namespace) -> int:
     from engine_core.core_proc import run_engine_core
 
-    return run_engine_core(args.listen, engine_kwargs(args))
+    return run_engine_core(args.listen, engine_kwargs(args))  # resolved there, after its signals
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -9,9 +9,9 @@ import json
 import ssl
 from dataclasses import dataclass, fields
 
-from engine_core.vllm_only_args import ANY, ENGINE_ONLY, add_vllm_only_args, refuse_vllm_only
+from config.vllm_only_args import ANY, ENGINE_ONLY, add_vllm_only_args, refuse_vllm_only
 
-# vLLM's frontend flags this server has no setting for (see engine_core.vllm_only_args).
+# vLLM's frontend flags this server has no setting for (see config.vllm_only_args).
 FRONTEND_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "disable_uvicorn_access_log": (False, (ANY,), "the API servers write no access log"),
     "enable_server_load_tracking": (False, (ANY,), "GET /load always counts requests in "

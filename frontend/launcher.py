@@ -17,7 +17,6 @@ exits EXIT_REQUESTS_CUT, and the launcher then exits 1.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -34,11 +33,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
+from config.engine import ConfigError, EngineConfig
 from engine_core.core_launcher import CoreProcess
 from engine_core.curve_auth import key_from_env, secure_client
 from engine_core.frames import FrameDecoder
 from engine_core.process_lifecycle import EXIT_REQUESTS_CUT, StopOrder
 from engine_core.protocol import PROTOCOL_VERSION, ClientHello, output_decoders
+from engine_core.resolve import resolved_config
 from frontend import api_server
 from frontend.dp_rendezvous import (FirstHost, HeadlessHost, RendezvousError,
                                     local_address_towards, tcp_address)
@@ -147,6 +148,8 @@ class Launcher:
         if any(a.endswith(":*") for a in tokenizer_listen or ()):
             raise ValueError("--tokenizer-listen needs explicit ports (API servers must know them)")
         self.engine_args = engine_args
+        # Resolved once, in start(); every child on this host receives it encoded.
+        self.config: EngineConfig | None = None
         self.shutdown_timeout = shutdown_timeout
         self._dir = tempfile.mkdtemp(prefix="engine-serve-")
         # Every child inherits the directory, so /metrics shows one view across processes;
@@ -192,6 +195,10 @@ class Launcher:
                                   "(is another server using this port?)") from None
             self.port = self._port_socket.getsockname()[1]
         deadline = time.monotonic() + timeout
+        try:
+            self.config = resolved_config(**self.engine_args)
+        except (ConfigError, OSError, RuntimeError) as e:  # a model that is not there
+            raise LaunchError(str(e)) from None
         if self.dp.remote:  # first, so that a port in use fails before the model loads
             try:
                 if self.dp.ray:  # Ray actors register as headless hosts' ranks do
@@ -236,10 +243,10 @@ class Launcher:
         # mp executor splits them among TP ranks), unless the user chose a number.
         env = {} if len(self.dp.local) <= 1 or "OMP_NUM_THREADS" in os.environ else \
             {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // len(self.dp.local)))}
+        assert self.config is not None
         for rank in self.dp.local:
-            args = self.engine_args if self.dp.size == 1 else \
-                {**self.engine_args, "data_parallel_rank": rank}
-            core = CoreProcess(args, own_process_group=True, extra_env=env,
+            config = self.config if self.dp.size == 1 else self.config.for_rank(rank)
+            core = CoreProcess(config, own_process_group=True, extra_env=env,
                                address=tcp_address(host, _free_port(host)) if host else None)
             self._cores.append(core)
             self.engine_addresses.append(core.address)
@@ -281,7 +288,7 @@ class Launcher:
     def _start_api_server(self, index: int, engine_pid: int | None) -> Child:
         ready_file = f"{self._dir}/api-{index}.ready"
         args = ["frontend.api_server", "--index", str(index), "--host", self.host,
-                "--port", str(self.port), "--engine-args", json.dumps(self.engine_args),
+                "--port", str(self.port), "--config", self._encoded_config(),
                 *(["--engine-pid", str(engine_pid)] if engine_pid else []),
                 "--parent-pid", str(os.getpid()),
                 "--shutdown-timeout", str(self.shutdown_timeout), "--stop-file", self._stop_file,
@@ -317,12 +324,16 @@ class Launcher:
         engines = [a for address in self.engine_addresses for a in ("--engine-address", address)]
         pids = [a for pid in engine_pids for a in ("--engine-pid", str(pid))]
         popen = _spawn(["tokenizer_proc.tokenizer_proc", "--index", str(index), "--listen", address,
-                        *engines, "--engine-args", json.dumps(self.engine_args), *pids,
+                        *engines, "--config", self._encoded_config(), *pids,
                         "--parent-pid", str(os.getpid()), "--stop-file", self._stop_file,
                         "--shutdown-timeout", str(self.shutdown_timeout), *template])
         return Child(process_name(index), popen, address,
                      _hello_frames(TokenizerHello(TOKENIZER_PROTOCOL_VERSION, "launcher")),
                      api_output_decoders())
+
+    def _encoded_config(self) -> str:
+        assert self.config is not None, "start() resolves the configuration first"
+        return self.config.encode()
 
     def _await_ready(self, children: list[Child], timeout: float,
                      stop_requested: Callable[[], bool]) -> None:

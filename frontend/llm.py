@@ -7,9 +7,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
 from engine_core.client import EngineCoreClient, EngineDeadError
-from engine_core.config import engine_config_from_kwargs
+from engine_core.resolve import resolved_config
 from engine_core.engine_core import EngineCore
-from engine_core.generation_config import default_sampling_params
 from engine_core.inproc_client import InprocClient
 from engine_core.protocol import EngineCoreRequest
 from engine_core.sampling_params import SamplingParams
@@ -50,11 +49,11 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, engine_process: bool = True,
                  **engine_args: Any) -> None:
-        config = engine_config_from_kwargs(model=model, **engine_args).resolve()
+        config = resolved_config(model=model, **engine_args)
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
         self.engine: EngineCoreClient | InprocClient = (
-            EngineCoreClient(engine_args={"model": model, **engine_args}) if engine_process
+            EngineCoreClient(engine_args=config) if engine_process
             else InprocClient(config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self._stats = OfflineStatsRecorder(config.model.served_model_name or "",
@@ -76,8 +75,7 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams used when generate() is given none: vLLM's defaults, with those of
         the model's generation config (--generation-config, --override-generation-config)."""
-        return SamplingParams(**default_sampling_params(self.config.model,
-                                                        self.config.model_path))
+        return SamplingParams(**self.config.sampling_defaults)
 
     def generate(self, prompts: PromptInput | Sequence[PromptInput] | None = None,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import torch
 
-from engine_core.config import EngineConfig
-from engine_core.model_arch import ModelArchConfig
+from config.engine import EngineConfig
+from config.model_arch import ModelArchConfig
 
 # KV cache on CPU when kv_cache_memory is not given.
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * 2**30

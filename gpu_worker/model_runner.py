@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from engine_core.config import EngineConfig
+from config.engine import EngineConfig
 from gpu_worker.async_output import AsyncOutput, DeviceToHost, ReadyOutput
 from gpu_worker.attention.select import attention_backend
 from gpu_worker.forward_context import forward_context

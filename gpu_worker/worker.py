@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_core.config import EngineConfig
+from config.engine import EngineConfig
 from gpu_worker.async_output import AsyncOutput, ReadyOutput
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.parallel.group import destroy_tensor_parallel, init_tensor_parallel

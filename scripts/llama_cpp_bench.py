@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.machine_limits import machine_info, memory_read_gbps  # noqa: E402
 from bench.single_stream import decode_weight_bytes, load_runner, runner_decode  # noqa: E402
-from gpu_worker.loader.default_model import cache_root, find_default_gguf  # noqa: E402
+from config.default_model import cache_root, find_default_gguf  # noqa: E402
 
 
 def build_llama_cpp(root: Path, version: str | None,

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.machine_limits import machine_info
 from bench.serve import _one  # the engine's streamed-request client
-from gpu_worker.loader.default_model import cache_root, find_default_gguf
+from config.default_model import cache_root, find_default_gguf
 from scripts.llama_cpp_bench import build_llama_cpp
 
 SERVERS = ("llama-server", "engine serve")

@@ -31,7 +31,7 @@ PROMPT_TEXTS = [
 
 @functools.cache
 def default_model_path() -> str:
-    from gpu_worker.loader.default_model import resolve_model_path
+    from config.default_model import resolve_model_path
 
     return str(resolve_model_path(None))
 

@@ -19,7 +19,7 @@ EOS = 2
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    from gpu_worker.loader.default_model import resolve_model_path
+    from config.default_model import resolve_model_path
 
     path = make_tiny_model(tmp_path_factory.mktemp("beam") / "tiny", vocab_size=512)
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_core.config import (
+from config.engine import (
     BLOCK_SIZES,
     ConfigError,
     EngineConfig,
@@ -18,6 +18,7 @@ from engine_core.config import (
     engine_config_from_kwargs,
     parse_size,
 )
+from engine_core.resolve import resolved_config
 from gpu_worker.model_runner import ModelRunner
 from tests.tiny_models import make_tiny_model
 
@@ -32,7 +33,7 @@ def tiny(tmp_path_factory) -> Path:
 
 def _resolved(model_dir: Path, **kwargs) -> EngineConfig:
     kwargs.setdefault("device", "cpu")
-    return engine_config_from_kwargs(model=str(model_dir), **kwargs).resolve()
+    return resolved_config(model=str(model_dir), **kwargs)
 
 
 # --- per-field validation ----------------------------------------------------------------
@@ -232,7 +233,7 @@ def test_lower_max_model_len_fits_a_small_cache(tiny):
 def test_async_scheduling_flag():
     import argparse
 
-    from engine_core.args import add_engine_args, engine_kwargs
+    from config.args import add_engine_args, engine_kwargs
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
@@ -246,7 +247,7 @@ def test_async_scheduling_flag():
 
 def test_async_scheduling_defaults_on_with_a_gpu_off_on_the_cpu(tiny):
     def resolved(**kwargs):
-        return engine_config_from_kwargs(model=str(tiny), **kwargs).resolve().scheduler
+        return resolved_config(model=str(tiny), **kwargs).scheduler
 
     assert resolved(device="cpu").async_scheduling is False
     assert resolved(device="cuda").async_scheduling is True

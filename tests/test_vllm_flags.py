@@ -10,10 +10,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from engine_core.args import engine_kwargs
-from engine_core.config import ConfigError, ModelConfig, engine_config_from_kwargs
-from engine_core.generation_config import (cap_unset_max_tokens, check_generation_config,
-                                           default_sampling_params)
+from config.args import engine_kwargs
+from config.engine import ConfigError, ModelConfig, engine_config_from_kwargs
+from config.generation_config import check_generation_config, default_sampling_params
+from engine_core.generation_config import cap_unset_max_tokens, check_sampling_defaults
 from engine_core.protocol import EngineCoreRequest
 from engine_core.remote_code import remote_code_notice
 from engine_core.sampling_params import SamplingParams
@@ -110,9 +110,14 @@ def test_generation_config_defaults(tmp_path):
     with pytest.raises(ConfigError, match="do_sample cannot be a request default"):
         check_generation_config(ModelConfig(override_generation_config={"do_sample": True}),
                                 path)
+    negative = ModelConfig(override_generation_config={"temperature": -1})
+    check_generation_config(negative, path)  # the keys are right; the value is checked next
+
+    class Config:  # what check_sampling_defaults reads of an EngineConfig
+        sampling_defaults = default_sampling_params(negative, path)
+
     with pytest.raises(ConfigError, match="temperature"):
-        check_generation_config(ModelConfig(override_generation_config={"temperature": -1}),
-                                path)
+        check_sampling_defaults(Config)
 
 
 def test_generation_defaults_fill_only_unset_fields():
@@ -132,8 +137,7 @@ def test_unset_max_tokens_capped_by_max_new_tokens(tmp_path):
     path = _model_dir(tmp_path, {"max_new_tokens": 8})
 
     class Config:  # what cap_unset_max_tokens reads of an EngineConfig
-        model = ModelConfig()
-        model_path = path
+        sampling_defaults = default_sampling_params(ModelConfig(), path)
         max_model_len = 20
 
     def capped(prompt_len: int, max_tokens: int | None) -> int | None:
@@ -206,7 +210,7 @@ def test_cors_preflight_and_simple_answers():
 
 
 def test_log_level_applies_to_the_project_loggers():
-    from engine_core.config import ObservabilityConfig
+    from config.engine import ObservabilityConfig
     from engine_core.log_options import _LOGGERS, apply_log_options
 
     stats, proc = logging.getLogger("metrics.engine_stats"), logging.getLogger("engine_core")
@@ -241,12 +245,13 @@ def test_openapi_describes_every_route():
 
 
 def test_llm_default_sampling_params_from_the_generation_config(tmp_path):
-    from engine_core.config import EngineConfig
+    from config.engine import EngineConfig
     from frontend.llm import LLM
 
     llm = object.__new__(LLM)  # its config only: no engine started
     llm.config = EngineConfig(model=ModelConfig(override_generation_config={"top_k": 5}))
     llm.config.model_path = _model_dir(tmp_path, {"temperature": 0.3, "max_new_tokens": 7})
+    llm.config._check_generation_config()  # the part of resolve() that reads the defaults
     params = llm.get_default_sampling_params()
     assert (params.temperature, params.top_k, params.max_tokens) == (0.3, 5, 7)
 
@@ -263,7 +268,7 @@ def test_max_model_len_as_vllm_reads_it():
 def test_docs_name_every_refused_or_ignored_vllm_flag():
     from pathlib import Path
 
-    from engine_core.vllm_only_args import ENGINE_ONLY, flag_name
+    from config.vllm_only_args import ENGINE_ONLY, flag_name
     from frontend.http_options import FRONTEND_ONLY
 
     docs = (Path(__file__).parent.parent / "docs" / "serve.md").read_text()
@@ -318,7 +323,7 @@ def test_enable_log_requests_logs_each_request_cut_at_max_log_len(caplog):
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from engine_core.config import ObservabilityConfig
+    from config.engine import ObservabilityConfig
     from frontend.api_server import build_app
     from frontend.serving import ServingContext
     from tokenizer_proc.protocol import RequestDelta

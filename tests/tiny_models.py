@@ -35,7 +35,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.ji
 
 def make_tiny_model_with_tokenizer(path: Path, **overrides) -> Path:
     """A tiny random llama with the default model's tokenizer (so vocab_size is 49152)."""
-    from gpu_worker.loader.default_model import resolve_model_path
+    from config.default_model import resolve_model_path
 
     make_tiny_model(path, vocab_size=49152, **overrides)
     source = resolve_model_path(None)

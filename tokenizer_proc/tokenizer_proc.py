@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import signal
 import sys
@@ -28,7 +27,7 @@ import zmq
 import zmq.asyncio
 
 from engine_core.client import EngineDeadError, EngineRequestError
-from engine_core.config import EngineConfig
+from config.engine import ConfigError, EngineConfig, decode_config
 from engine_core.curve_auth import ENV_KEY, is_exposed, key_from_env, secure_server
 from engine_core.dp_client import DPEngineCoreClient
 from engine_core.generation_config import cap_unset_max_tokens
@@ -344,21 +343,19 @@ def _first_str(payload: bytes) -> str:
 
 
 async def run_tokenizer_proc(index: int, listen: str, engine_addresses: list[str],
-                             engine_args: dict[str, Any], engine_pids: list[int] = (),
+                             config: EngineConfig, engine_pids: list[int] = (),
                              drain_timeout: float = 10.0, chat_template: str | None = None,
                              stop_file: str | None = None) -> int:
     """Load the tokenizer, connect to the engine cores (DP rank i at engine_addresses[i]),
     serve until SIGTERM/SIGINT; the exit code (EXIT_REQUESTS_CUT when requests were cut).
     stop_file: where the launcher writes its StopOrder before the signal (else drain for
     drain_timeout seconds)."""
-    from engine_core.config import engine_config_from_kwargs
     from tokenizer_proc.tokenizer import load_chat_template, load_tokenizer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    config = engine_config_from_kwargs(**engine_args).resolve()
     apply_log_options(config.observability)
     tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
     connect = asyncio.create_task(DPEngineCoreClient.create(
@@ -370,8 +367,9 @@ async def run_tokenizer_proc(index: int, listen: str, engine_addresses: list[str
         return 0
     stopping.cancel()
     engine = connect.result()
-    # The engine core's own limit wins over what our copy of the arguments resolved to.
-    config.model.max_model_len = engine.ready.max_model_len
+    if engine.ready.max_model_len != config.max_model_len:  # not the configuration we were given
+        raise ConfigError(f"the engine core serves max_model_len {engine.ready.max_model_len}, "
+                          f"the launcher's configuration says {config.max_model_len}")
     proc = TokenizerProc(index, config, tokenizer, engine, listen,
                          load_chat_template(chat_template), key_from_env())
     cut = await proc.serve(stop, lambda: StopOrder.read(stop_file, drain_timeout), engine_pids)
@@ -385,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", required=True, help="ZeroMQ address to bind for API servers")
     parser.add_argument("--engine-address", required=True, action="append",
                         help="an engine core's address; once per DP rank, in rank order")
-    parser.add_argument("--engine-args", default="{}", help="EngineConfig keyword arguments as JSON")
+    parser.add_argument("--config", required=True,
+                        help="the resolved configuration (EngineConfig.encode())")
     parser.add_argument("--engine-pid", type=int, action="append", default=[],
                         help="fail requests when this (engine core) process exits; repeatable")
     parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
@@ -398,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start_child_process(process_name(args.index), args.parent_pid)
     return asyncio.run(run_tokenizer_proc(args.index, args.listen, args.engine_address,
-                                          json.loads(args.engine_args), args.engine_pid,
+                                          decode_config(args.config), args.engine_pid,
                                           args.shutdown_timeout, args.chat_template,
                                           args.stop_file))
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from torch import nn
 
 from gpu_worker.layers.linear import Embedding, Linear
-from gpu_worker.loader.gguf_convert import dense_tensor, hf_row_order, hf_tensor_name
-from gpu_worker.loader.gguf_tensors import GGUFTensor, read_gguf_tensors
+from config.gguf_convert import dense_tensor, hf_row_order, hf_tensor_name
+from config.gguf_tensors import GGUFTensor, read_gguf_tensors
 from gpu_worker.loader.packed_cache import PackedCache
 from gpu_worker.models.weights import WeightLoadError
 from gpu_worker.parallel.group import tp_world_size

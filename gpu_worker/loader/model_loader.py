@@ -13,9 +13,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from engine_core.model_arch import ModelArchConfig
+from config.model_arch import ModelArchConfig
 from gpu_worker.layers.linear import use_cpu_layout
-from gpu_worker.loader.gguf_convert import GGUF_LINK
+from config.gguf_convert import GGUF_LINK
 from gpu_worker.loader.gguf_weights import load_gguf_weights
 from gpu_worker.models.registry import model_class
 from gpu_worker.models.weights import WeightLoadError

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
-from gpu_worker.loader.default_model import cache_root
+from config import gguf_convert
+from config.default_model import cache_root
+from kernels import gguf_quant
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +26,7 @@ logger = logging.getLogger(__name__)
 MIN_CACHED_BYTES = 16 * 2**20
 
 # What decides the packed bytes besides the GGUF file: the packers and the row order.
-_PACKING_SOURCES = (Path(__file__).parent.parent.parent / "kernels" / "gguf_quant.py",
-                    Path(__file__).parent / "gguf_convert.py",
+_PACKING_SOURCES = (Path(gguf_quant.__file__), Path(gguf_convert.__file__),
                     Path(__file__).parent / "gguf_weights.py")
 
 

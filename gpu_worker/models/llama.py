@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine_core.model_arch import ModelArchConfig
+from config.model_arch import ModelArchConfig
 from kernels import cpu_ops
 from gpu_worker.layers.attention import Attention
 from gpu_worker.layers.norm import RMSNorm

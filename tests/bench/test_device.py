@@ -8,7 +8,7 @@ import time
 import pytest
 
 from bench.device import SHAPES, nominal_bandwidth, weight_bytes_per_step
-from engine_core.model_arch import ModelArchConfig
+from config.model_arch import ModelArchConfig
 from frontend.cli import main
 
 RUN_FIELDS = {"batch_size", "async_scheduling", "ms_per_step", "output_tok_s", "steps_timed",
@@ -85,11 +85,11 @@ def test_batch_sizes_flag(capsys):
 
 
 def test_llama3_8b_shape_resolves_for_cuda_in_bf16(tmp_path):
-    from engine_core.config import engine_config_from_kwargs
+    from engine_core.resolve import resolved_config
     from bench.device import write_model_dir
 
-    cfg = engine_config_from_kwargs(model=str(write_model_dir(tmp_path, "llama3-8b")),
-                                    device="cuda", load_format="dummy").resolve()
+    cfg = resolved_config(model=str(write_model_dir(tmp_path, "llama3-8b")),
+                                    device="cuda", load_format="dummy")
     assert cfg.torch_dtype_name == "bfloat16" and cfg.max_model_len == 131072
     arch = cfg.arch
     assert (arch.num_hidden_layers, arch.num_key_value_heads, arch.head_dim) == (32, 8, 128)

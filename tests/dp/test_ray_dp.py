@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from engine_core.config import ConfigError, engine_config_from_kwargs
+from config.engine import ConfigError, engine_config_from_kwargs
 from frontend.launcher import DataParallelPlan
 from tests.dp.test_dp_serve import (PROMPTS, _args, _kill_mid_stream,
                                     assert_streams_share_both_engines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from engine_core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from config.engine import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine_core.protocol import EngineCoreRequest
 from engine_core.sampling_params import SamplingParams
 from engine_core.scheduler import Scheduler

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine_core.client import EngineCoreClient
-from engine_core.config import engine_config_from_kwargs
+from engine_core.resolve import resolved_config
 from engine_core.inproc_client import InprocClient
 from engine_core.protocol import EngineCoreRequest
 from engine_core.sampling_params import SamplingParams
@@ -39,7 +39,7 @@ def _run(client, reqs: list[EngineCoreRequest]) -> dict:
 @pytest.fixture(scope="module")
 def expected(engine_args):
     """The synchronous engine's results, with stop ids chosen from its own outputs."""
-    sync = InprocClient(engine_config_from_kwargs(**engine_args).resolve())
+    sync = InprocClient(resolved_config(**engine_args))
     plain = _run(sync, _requests({}))
     stop_ids = {i: plain[f"q{i}"][0][len(plain[f"q{i}"][0]) // 2]
                 for i in (1, 3, 6) if len(plain[f"q{i}"][0]) > 4}
@@ -62,8 +62,8 @@ def _with_id(req: EngineCoreRequest, prefix: str) -> EngineCoreRequest:
 ], ids=["uni", "chunked", "preempting", "mp"])
 def test_in_process_engine_matches_synchronous(engine_args, expected, extra):
     stop_ids, want = expected
-    client = InprocClient(engine_config_from_kwargs(**engine_args, **extra,
-                                                    async_scheduling=True).resolve())
+    client = InprocClient(resolved_config(**engine_args, **extra,
+                                                    async_scheduling=True))
     engine = client.engine_core
     depths = []
     submit = engine.executor.submit

@@ -10,7 +10,7 @@ import pytest
 
 from engine_core.client import (AsyncEngineCoreClient, EngineCoreClient, EngineRequestError,
                                 UtilityCallError)
-from engine_core.config import engine_config_from_kwargs
+from engine_core.resolve import resolved_config
 from engine_core.inproc_client import InprocClient
 from engine_core.frames import tolist
 from engine_core.protocol import PROTOCOL_VERSION, EngineCoreRequest, FinishReason
@@ -26,7 +26,7 @@ def _run_all(client, prefix: str) -> dict[str, list[int]]:
 
 
 def test_child_process_matches_in_process_engine(engine_args):
-    local = InprocClient(engine_config_from_kwargs(**engine_args).resolve())
+    local = InprocClient(resolved_config(**engine_args))
     expected = _run_all(local, "r")
     with EngineCoreClient(engine_args=engine_args) as client:
         assert client.ready.protocol_version == PROTOCOL_VERSION
@@ -152,7 +152,7 @@ def test_long_prompt_and_whole_vocabulary_logprobs_over_frames(engine_args, monk
     prompt = [(7 * i) % 500 + 3 for i in range(200)]  # 800 bytes as int32: an array frame
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4, logprobs=-1,
                             prompt_logprobs=-1)
-    local = _outputs(InprocClient(engine_config_from_kwargs(**args).resolve()),
+    local = _outputs(InprocClient(resolved_config(**args)),
                      EngineCoreRequest("lp", prompt, params))
     with EngineCoreClient(engine_args=args) as client:
         sent = []

@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from engine_core.client import EngineCoreClient, EngineDeadError
-from engine_core.config import engine_config_from_kwargs
+from engine_core.resolve import resolved_config
 from engine_core.core_proc import EngineCoreProc
 from engine_core.engine_core import EngineCore
 from engine_core.frames import ARRAY_EXT_CODE
@@ -146,7 +146,7 @@ def test_idle_engine_core_uses_no_cpu(headless):
 
 
 def test_fatal_error_tells_clients_the_engine_is_dead(engine_args, socket_dir):
-    engine = EngineCore(engine_config_from_kwargs(**engine_args).resolve())
+    engine = EngineCore(resolved_config(**engine_args))
 
     def broken_step():
         raise RuntimeError("device lost")

@@ -18,9 +18,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine_core.config import EngineConfig, engine_config_from_kwargs
+from config.engine import EngineConfig
+from engine_core.resolve import resolved_config
 from engine_core.sampling_params import SamplingParams
 from executor.base import Executor
+from executor.factory import create_executor
 from executor.multiproc import MultiprocExecutor, WorkerError
 from executor.uniproc import UniProcExecutor
 from tests.tiny_models import make_tiny_model
@@ -58,9 +60,9 @@ def _prompts(vocab: int) -> dict[str, list[int]]:
 
 
 def _config(model_dir: Path, tp: int, backend: str = "mp") -> EngineConfig:
-    return engine_config_from_kwargs(model=str(model_dir), device="cpu", kv_cache_memory="4MiB",
+    return resolved_config(model=str(model_dir), device="cpu", kv_cache_memory="4MiB",
                                      tensor_parallel_size=tp,
-                                     distributed_executor_backend=backend).resolve()
+                                     distributed_executor_backend=backend)
 
 
 @contextmanager
@@ -95,11 +97,11 @@ def test_tensor_parallel_equals_one_device(tmp_path, name):
 
 def test_multiproc_executor_with_one_rank_equals_in_process(llama_dir):
     prompts = _prompts(512)
-    with _started(Executor.create(_config(llama_dir, 1, "uni"))) as (executor, driver):
+    with _started(create_executor(_config(llama_dir, 1, "uni"))) as (executor, driver):
         assert isinstance(executor, UniProcExecutor)
         expected = driver.run(prompts, GREEDY, NEW_TOKENS, chunk=5)
         num_blocks = len(driver.free)
-    with _started(Executor.create(_config(llama_dir, 1, "mp"))) as (executor, driver):
+    with _started(create_executor(_config(llama_dir, 1, "mp"))) as (executor, driver):
         assert isinstance(executor, MultiprocExecutor)
         assert len(driver.free) == num_blocks
         assert driver.run(prompts, GREEDY, NEW_TOKENS, chunk=5) == expected

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from engine_core.config import CacheConfig
+from config.engine import CacheConfig
 from engine_core.protocol import SchedulerStats
 from metrics.engine_stats import EngineStatsRecorder
 from metrics.request_stats import RequestStatsRecorder

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gpu_worker.loader.default_model import resolve_model_path
+from config.default_model import resolve_model_path
 from tokenizer_proc.tokenizer import load_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -20,7 +20,7 @@ def tokenizer(bos: bool = False):
     from tokenizers.processors import TemplateProcessing
     from transformers import AutoTokenizer
 
-    from gpu_worker.loader.default_model import resolve_model_path
+    from config.default_model import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
     if bos:  # a tokenizer that adds BOS, as Llama's do

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine_core.sampling_params import SamplingParams
-from gpu_worker.loader.default_model import resolve_model_path
+from config.default_model import resolve_model_path
 from tokenizer_proc.detokenizer import IncrementalDetokenizer
 from tokenizer_proc.tokenizer import load_tokenizer
 

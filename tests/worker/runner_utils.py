@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from engine_core.config import engine_config_from_kwargs
+from engine_core.resolve import resolved_config
 from gpu_worker.model_runner import ModelRunner
 from tests.worker.driver import StepDriver
 
@@ -17,8 +17,8 @@ def make_runner(model: str | Path | None, attention_backend=None,
     replaces the one the device would pick."""
     engine_args.setdefault("device", "cpu")
     engine_args.setdefault("kv_cache_memory", "64MiB")
-    config = engine_config_from_kwargs(model=None if model is None else str(model),
-                                       **engine_args).resolve()
+    config = resolved_config(model=None if model is None else str(model),
+                                       **engine_args)
     runner = ModelRunner(config, torch.device(config.device_type))
     if attention_backend is not None:
         runner.backend = attention_backend

@@ -13,7 +13,7 @@ import torch
 from gguf import GGMLQuantizationType as GGMLType
 
 from engine_core.sampling_params import SamplingParams
-from gpu_worker.loader.gguf_convert import GGUF_LINK
+from config.gguf_convert import GGUF_LINK
 from gpu_worker.loader.model_loader import load_model
 from kernels import cpu_ops
 from kernels.decode_stack import MAX_ROWS, DecodeStack

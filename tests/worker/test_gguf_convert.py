@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gpu_worker.loader import default_model, gguf_convert
-from gpu_worker.loader.default_model import DEFAULT_MODEL, cache_root, find_default_gguf, resolve_model_path
-from gpu_worker.loader.gguf_convert import convert_gguf, unpermute_rotary_rows
+from config.default_model import DEFAULT_MODEL, cache_root, find_default_gguf, resolve_model_path
+from config.gguf_convert import convert_gguf, unpermute_rotary_rows
 
 
 @pytest.fixture(scope="session")

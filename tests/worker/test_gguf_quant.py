@@ -16,13 +16,14 @@ from gguf import GGMLQuantizationType as GGMLType
 from gguf import GGUFWriter
 from safetensors.torch import load_file
 
-from engine_core.args import add_engine_args, engine_kwargs
-from engine_core.config import ConfigError, engine_config_from_kwargs
-from engine_core.model_arch import ModelArchConfig
+from config.args import add_engine_args, engine_kwargs
+from config.engine import ConfigError, engine_config_from_kwargs
+from engine_core.resolve import resolved_config
+from config.model_arch import ModelArchConfig
 from engine_core.sampling_params import SamplingParams
 from gpu_worker.layers.linear import Linear
-from gpu_worker.loader.gguf_convert import GGUF_LINK, dense_tensor
-from gpu_worker.loader.gguf_tensors import read_gguf_tensors
+from config.gguf_convert import GGUF_LINK, dense_tensor
+from config.gguf_tensors import read_gguf_tensors
 from gpu_worker.loader.model_loader import load_model
 from gpu_worker.models.weights import WeightLoadError
 from kernels import cpu_ops
@@ -38,7 +39,7 @@ CPU = torch.device("cpu")
 
 
 def _resolved(**kwargs):
-    return engine_config_from_kwargs(**{"device": "cpu", **kwargs}).resolve()
+    return resolved_config(**{"device": "cpu", **kwargs})
 
 
 def test_gguf_models_stay_quantized_on_the_cpu_by_default():
@@ -178,7 +179,7 @@ def mixed(tmp_path_factory):
     (model_dir / GGUF_LINK).symlink_to(gguf_file)
     arch = ModelArchConfig.from_model_dir(model_dir)
     model = load_model(model_dir, arch, torch.float32, CPU, "gguf")
-    from gpu_worker.loader.gguf_convert import hf_tensor_name
+    from config.gguf_convert import hf_tensor_name
     from gpu_worker.models.registry import model_class
 
     reference = model_class(arch.architecture)(arch)

@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine_core.config import engine_config_from_kwargs
-from engine_core.model_arch import SUPPORTED_ROPE_TYPES
+from engine_core.resolve import resolved_config
+from config.model_arch import SUPPORTED_ROPE_TYPES
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.models.registry import ARCHITECTURES
 from gpu_worker.models.weights import WeightLoadError
@@ -36,8 +36,8 @@ def model_dir(pristine, tmp_path) -> Path:
 
 
 def _load(model_dir: Path) -> ModelRunner:
-    config = engine_config_from_kwargs(model=str(model_dir), device="cpu",
-                                       kv_cache_memory="4MiB").resolve()
+    config = resolved_config(model=str(model_dir), device="cpu",
+                                       kv_cache_memory="4MiB")
     runner = ModelRunner(config, torch.device("cpu"))
     runner.load_model()
     return runner

@@ -11,10 +11,10 @@ import os
 import pytest
 import torch
 
-from engine_core.model_arch import ModelArchConfig
+from config.model_arch import ModelArchConfig
 from gpu_worker.layers.linear import Linear
 from gpu_worker.loader import gguf_weights, packed_cache
-from gpu_worker.loader.gguf_convert import GGUF_LINK
+from config.gguf_convert import GGUF_LINK
 from gpu_worker.loader.model_loader import load_model
 from gpu_worker.loader.packed_cache import cache_file
 from kernels import cpu_ops

@@ -7,7 +7,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from gpu_worker.loader.gguf_convert import convert_gguf
+from config.gguf_convert import convert_gguf
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_ALIASES = frozenset({DEFAULT_MODEL, f"HuggingFaceTB/{DEFAULT_MODEL}"})

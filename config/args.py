@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine_core.config import (BLOCK_SIZES, DATA_PARALLEL_BACKENDS, DEVICES, DTYPES,
+from config.engine import (BLOCK_SIZES, DATA_PARALLEL_BACKENDS, DEVICES, DTYPES,
                                 EXECUTOR_BACKENDS, HASH_ALGOS, LOAD_FORMATS, LOG_LEVELS,
                                 QUANTIZATIONS)
-from engine_core.vllm_only_args import ENGINE_ONLY, add_vllm_only_args, refuse_vllm_only
+from config.vllm_only_args import ENGINE_ONLY, add_vllm_only_args, refuse_vllm_only
 
 
 def context_length(value: str) -> int:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
     from gguf import GGUFReader, ReaderTensor
 
-    from gpu_worker.loader.gguf_tensors import GGUFTensor
+    from config.gguf_tensors import GGUFTensor
 
 _LAYER_TENSORS = {
     "attn_q": "self_attn.q_proj",

@@ -6,11 +6,16 @@ import importlib.util
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_core.model_arch import ModelArchConfig
-from engine_core.vllm_only_args import ENGINE_ONLY, refusals
+import msgspec
+
+from config.errors import ConfigError
+from config.generation_config import check_generation_config, default_sampling_params
+from config.model_arch import ModelArchConfig
+from config.vllm_only_args import ENGINE_ONLY, refusals
 
 DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
 QUANTIZATIONS = ("gguf",)
@@ -39,10 +44,6 @@ def parse_size(value: int | str) -> int:
     if number is None or m.group(2).lower() not in _SIZE_UNITS:
         raise ValueError(f"cannot parse size {value!r}; use bytes or a unit such as '2GiB' or '512MB'")
     return int(number * _SIZE_UNITS[m.group(2).lower()])
-
-
-class ConfigError(ValueError):
-    """An invalid engine configuration."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,15 +395,20 @@ class EngineConfig:
     arch: ModelArchConfig | None = None
     device_type: str = ""
     torch_dtype_name: str = ""
+    # The generation config's request defaults (config/generation_config.py), read once here so
+    # that no other process reads the model directory for them.
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
-    def resolve(self) -> EngineConfig:
-        """Locate the model, read its config, and check the settings against it."""
-        from gpu_worker.loader.default_model import resolve_model_path
+    def resolve(self, cpu_kernels_available: Callable[[], bool]) -> EngineConfig:
+        """Locate the model, read its config, and check the settings against it.
+        cpu_kernels_available: whether the C CPU kernels load here (kernels/cpu_library.py's
+        available(); engine_core/resolve.py passes it), asked only for a GGUF model on the CPU."""
+        from config.default_model import resolve_model_path
 
         self.model_path = str(resolve_model_path(self.model.model))
         self.arch = ModelArchConfig.from_model_dir(self.model_path)
         self.device_type = self.device.resolved()
-        self.model.quantization = self._resolve_quantization()
+        self.model.quantization = self._resolve_quantization(cpu_kernels_available)
         if self.model.quantization == "gguf":
             self.load.load_format = "gguf"  # the loader reads the GGUF file itself
         self.torch_dtype_name = _resolve_dtype(self.model.dtype, self.arch.torch_dtype,
@@ -435,18 +441,17 @@ class EngineConfig:
             )
         return self
 
-    def _resolve_quantization(self) -> str | None:
+    def _resolve_quantization(self, cpu_kernels_available: Callable[[], bool]) -> str | None:
         """'gguf' when the linear weights stay GGUF-quantized, else None (ModelConfig.quantization);
         --load-format gguf asks for the same. Refuses what the quantized path cannot run."""
-        from gpu_worker.loader.default_model import gguf_source
-        from kernels import cpu_library
+        from config.default_model import gguf_source
 
         requested = "gguf" if self.load.load_format == "gguf" else self.model.quantization
         is_gguf = gguf_source(self.model.model) is not None
         tp = self.parallel.tensor_parallel_size
         if requested is None:
             auto = (is_gguf and self.device_type == "cpu" and self.model.dtype == "auto" and tp == 1
-                    and self.load.load_format == "auto" and cpu_library.available())
+                    and self.load.load_format == "auto" and cpu_kernels_available())
             return "gguf" if auto else None
         if not is_gguf:
             raise ConfigError(f"quantization 'gguf' needs a GGUF model (a .gguf file or the "
@@ -467,23 +472,41 @@ class EngineConfig:
         if self.load.load_format not in ("auto", "gguf"):
             raise ConfigError(f"quantization 'gguf' loads the GGUF file, not load_format "
                               f"{self.load.load_format!r}")
-        if not cpu_library.available():
+        if not cpu_kernels_available():
             raise ConfigError("GGUF quantized weights need the C CPU kernels, which are not "
                               "available here (no C compiler, or ENGINE_CPU_KERNELS=0)")
         return "gguf"
 
     def _check_generation_config(self) -> None:
         """Refuse a --generation-config folder without the file, and an override that is not
-        a sampling default vLLM takes from it."""
-        from engine_core.generation_config import check_generation_config
-
+        a sampling default vLLM takes from it; keep the defaults it sets."""
         check_generation_config(self.model, self.model_path)
+        self.sampling_defaults = default_sampling_params(self.model, self.model_path)
+
+    def encode(self) -> str:
+        """This configuration as JSON, for a process that should not resolve it again
+        (decode_config reads it back)."""
+        return msgspec.json.encode(self).decode()
+
+    def for_rank(self, rank: int) -> EngineConfig:
+        """A copy for data-parallel rank rank."""
+        copy = decode_config(self.encode())
+        copy.parallel.data_parallel_rank = rank
+        return copy
 
     @property
     def max_model_len(self) -> int:
         """The resolved context length (prompt + output)."""
         assert self.model.max_model_len is not None, "EngineConfig.resolve() not called"
         return self.model.max_model_len
+
+
+def decode_config(text: str | bytes) -> EngineConfig:
+    """The EngineConfig that EngineConfig.encode() wrote; ConfigError when it is not one."""
+    try:
+        return msgspec.json.decode(text, type=EngineConfig)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise ConfigError(f"not an encoded engine configuration: {e}") from None
 
 
 def _resolve_dtype(requested: str, checkpoint: str, device: str) -> str:
