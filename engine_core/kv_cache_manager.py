@@ -88,6 +88,7 @@ class KVCacheManager:
                 new_blocks = self.pool.get_new_blocks(num_new_blocks)
                 req_blocks.extend(new_blocks)
         self.req_to_blocks[req_id] = req_blocks
+        limit = len(req_blocks) * block_size
         if self.enable_caching:
             # Blocks whose tokens are computed by the end of this step; hashes exist for them.
             num_full = min(num_total_tokens, request.num_tokens) // block_size
@@ -95,6 +96,11 @@ class KVCacheManager:
             if num_full > start:
                 self.pool.cache_full_blocks(req_blocks, request.block_hashes, start, num_full)
                 self.num_cached_blocks[req_id] = num_full
+                start = num_full
+            # Until the next block completes there is nothing to cache.
+            limit = min(limit, (start + 1) * block_size - 1)
+        # The scheduler skips this call while num_computed_tokens + new tokens stays within.
+        request.alloc_limit = limit
         return new_blocks
 
     def uncache_uncomputed_blocks(self, request: Request) -> None:
@@ -104,6 +110,7 @@ class KVCacheManager:
         scheduled), so no one has read them yet.
         """
         req_id = request.request_id
+        request.alloc_limit = 0
         start = request.num_computed_tokens // self.block_size
         end = self.num_cached_blocks.get(req_id, 0)
         if end > start:
@@ -112,6 +119,7 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first so its prefix stays cached longest."""
+        request.alloc_limit = 0
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
         if blocks:

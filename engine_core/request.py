@@ -41,14 +41,21 @@ _FINISH_REASONS = {
 }
 
 
+# Interned stop-id sets (in practice: none, EOS, a few configured stop ids), a bounded number.
+_STOP_SETS: dict[frozenset[int], frozenset[int]] = {}
+
+
 class Request:
     """One request's tokens (prompt then outputs), progress, status and prefix-cache hashes."""
 
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id",
-                 "arrival_time", "priority", "cache_salt", "client_index", "output_token_ids",
-                 "all_token_ids", "num_computed_tokens", "num_cached_tokens", "status",
-                 "stop_reason", "num_preemptions", "block_hashes", "stop_token_ids",
-                 "num_output_placeholders", "grammar", "_block_hasher", "_hash_at",
+    # What the scheduler reads every step comes first: adjacent, in one or two cache lines
+    # (after the model's forward the scheduler finds these objects out of cache).
+    __slots__ = ("status", "output_token_ids", "all_token_ids", "check_at", "stop_check_ids",
+                 "grammar", "num_output_placeholders", "num_computed_tokens", "alloc_limit",
+                 "request_id", "prompt_len",
+                 "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
+                 "priority", "cache_salt", "client_index", "num_cached_tokens", "stop_reason",
+                 "num_preemptions", "block_hashes", "stop_token_ids", "_block_hasher", "_hash_at",
                  "prefill_chunks")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
@@ -57,6 +64,7 @@ class Request:
                  client_index: int = 0, block_hasher: BlockHasher | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
+        self.prompt_len = len(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time
@@ -76,6 +84,20 @@ class Request:
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
+        # The scheduler's steady decode path: the tokens that may stop this request (its stop
+        # ids, and EOS unless ignored; min_tokens is checked when one comes), the output length
+        # at which it next checks stops, length caps and block hashes (1: the first output is
+        # special too), and the num_computed_tokens up to which the KV cache manager has
+        # nothing to do for it (its blocks have room, no block completes).
+        stop_check_ids = (self.stop_token_ids
+                          if eos_token_id is None or sampling_params.ignore_eos
+                          else self.stop_token_ids | {eos_token_id})
+        # One shared object per distinct set: it stays in cache across requests.
+        if len(_STOP_SETS) < 256:
+            stop_check_ids = _STOP_SETS.setdefault(stop_check_ids, stop_check_ids)
+        self.stop_check_ids = stop_check_ids
+        self.check_at = 1
+        self.alloc_limit = 0
         # Structured outputs: the request's compile and matcher (engine_core.structured_output).
         self.grammar: RequestGrammar | None = None
         self._block_hasher = block_hasher
@@ -128,6 +150,16 @@ class Request:
         self.all_token_ids.extend(token_ids)
         if self._block_hasher is not None and len(self.all_token_ids) >= self._hash_at:
             self._hash_blocks(self._block_hasher)
+
+    def hash_new_blocks(self) -> None:
+        """Hash the blocks completed by tokens appended without append_output_token."""
+        if self._block_hasher is not None and len(self.all_token_ids) >= self._hash_at:
+            self._hash_blocks(self._block_hasher)
+
+    @property
+    def next_hash_len(self) -> int | None:
+        """The token count at which the next block hash is due (None: no prefix caching)."""
+        return None if self._block_hasher is None else self._hash_at
 
     def _hash_blocks(self, hasher: BlockHasher) -> None:
         self.block_hashes.extend(hasher(self))

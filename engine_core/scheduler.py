@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from itertools import chain
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from engine_core.block_hash import make_block_hasher
@@ -154,36 +154,69 @@ class Scheduler:
             self._admit_compiled()
         kv, max_model_len = self.kv, self.max_model_len
         budget = self.max_num_batched_tokens
-        num_scheduled: dict[str, int] = {}
-        new_block_ids: dict[str, list[int]] = {}
-        scheduled_running: list[Request] = []
+        placeholders = self.async_scheduling
+        now = time.time()
+        # The scheduled running requests, in order: ids, token counts, new block ids and
+        # num_computed_tokens before this step. Each request is advanced as it is scheduled.
+        run_ids: list[str] = []
+        run_counts: list[int] = []
+        run_blocks: list[list[int]] = []
+        run_computed: list[int] = []
+        constrained: list[Request] = []
         new_reqs: list[Request] = []
         preempted = False
 
         running = self.running
-        allocate = kv.allocate_slots
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             pending = req.num_output_placeholders
-            n = len(req.all_token_ids) + pending
-            n = (n if n < max_model_len else max_model_len) - req.num_computed_tokens
-            # A constrained request's next bitmask needs the token in flight.
+            computed = req.num_computed_tokens
+            total = len(req.all_token_ids) + pending
             if pending and (req.grammar is not None or self._done_once_landed(req)):
-                n = 0
+                # A constrained request's next bitmask needs the token in flight.
+                i += 1
+                continue
+            n = total - computed
+            if 0 < n <= budget and total <= req.alloc_limit and total <= max_model_len:
+                # The steady path: a decode (or a prompt chunk) that fits the budget and the
+                # blocks it holds, completing no block: nothing to allocate or cache.
+                run_ids.append(req.request_id)
+                run_counts.append(n)
+                run_blocks.append([])
+                run_computed.append(computed)
+                budget -= n
+                req.num_computed_tokens = total
+                if computed < req.prompt_len and not req.output_token_ids:
+                    req.prefill_chunks.append((now, n))
+                if req.grammar is not None:
+                    constrained.append(req)
+                if placeholders:
+                    req.num_output_placeholders = pending + 1
+                i += 1
+                continue
+            if total > max_model_len:
+                total = max_model_len
+                n = total - computed
             if n <= 0:
                 i += 1
                 continue
             if n > budget:
                 n = budget
-            while (blocks := allocate(req, n)) is None:
+            while (blocks := kv.allocate_slots(req, n)) is None:
                 victim, vi = self._pick_victim()
                 del running[vi]
                 if vi < i:  # already scheduled this step (priority policy): take it back
+                    j = run_ids.index(victim.request_id)
+                    budget += run_counts[j]
+                    victim.num_computed_tokens = run_computed[j]
                     kv.uncache_uncomputed_blocks(victim)
-                    budget += num_scheduled.pop(victim.request_id)
-                    del new_block_ids[victim.request_id]
-                    scheduled_running.remove(victim)
+                    if (run_computed[j] < victim.prompt_len
+                            and not victim.output_token_ids):
+                        victim.prefill_chunks.pop()
+                    if victim.grammar is not None and victim in constrained:
+                        constrained.remove(victim)
+                    del run_ids[j], run_counts[j], run_blocks[j], run_computed[j]
                     i -= 1
                 self._preempt(victim)
                 preempted = True
@@ -191,15 +224,17 @@ class Scheduler:
                     break
             if blocks is None:
                 break
-            scheduled_running.append(req)
-            req_id = req.request_id
-            num_scheduled[req_id] = n
-            new_block_ids[req_id] = [b.block_id for b in blocks] if blocks else []
+            run_ids.append(req.request_id)
+            run_counts.append(n)
+            run_blocks.append([b.block_id for b in blocks] if blocks else [])
+            run_computed.append(computed)
             budget -= n
+            self._advance(req, computed, n, now, constrained)
             i += 1
 
         # As vLLM: after a preemption nothing is admitted, or the freed blocks would thrash.
         waiting = self.waiting
+        num_scheduled = dict(zip(run_ids, run_counts))
         while (not preempted and len(waiting) and budget > 0
                and len(running) < self.max_num_seqs):
             req = waiting.peek()
@@ -224,29 +259,15 @@ class Scheduler:
                                kv.get_block_ids(r.request_id), r.num_computed_tokens,
                                list(r.output_token_ids))
                 for r in new_reqs],
-            # new_block_ids holds the scheduled running requests, in order.
-            scheduled_cached_reqs=CachedRequestData(
-                list(new_block_ids), list(new_block_ids.values()),
-                [r.num_computed_tokens for r in scheduled_running]),
+            scheduled_cached_reqs=CachedRequestData(run_ids, run_blocks, run_computed),
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=self.max_num_batched_tokens - budget,
             finished_req_ids=list(self._finished_req_ids),
         )
         self._finished_req_ids = {}
-        placeholders = self.async_scheduling
-        constrained: list[Request] = []
-        now = time.time()
-        # num_scheduled lists the running requests, then the admitted ones, in order.
-        for r, n in zip(chain(scheduled_running, new_reqs), num_scheduled.values(), strict=True):
-            computed = r.num_computed_tokens
-            if computed < len(r.prompt_token_ids) and not r.output_token_ids:
-                r.prefill_chunks.append((now, n))
-            r.num_computed_tokens = computed = computed + n
-            if computed >= len(r.all_token_ids) + r.num_output_placeholders:  # it samples
-                if r.grammar is not None:
-                    constrained.append(r)
-                if placeholders:
-                    r.num_output_placeholders += 1  # this step samples its next token
+        for r in new_reqs:
+            self._advance(r, r.num_computed_tokens, num_scheduled[r.request_id], now,
+                          constrained)
         if constrained:
             assert self.structured_output is not None
             output.structured_output_request_ids = [r.request_id for r in constrained]
@@ -255,6 +276,18 @@ class Scheduler:
         self._num_scheduled_tokens += output.total_num_scheduled_tokens
         return output
 
+    def _advance(self, req: Request, computed: int, n: int, now: float,
+                 constrained: list[Request]) -> None:
+        """Count n scheduled tokens as computed; a request that samples gets a placeholder."""
+        if computed < req.prompt_len and not req.output_token_ids:
+            req.prefill_chunks.append((now, n))
+        req.num_computed_tokens = computed = computed + n
+        if computed >= len(req.all_token_ids) + req.num_output_placeholders:  # it samples
+            if req.grammar is not None:
+                constrained.append(req)
+            if self.async_scheduling:
+                req.num_output_placeholders += 1  # this step samples its next token
+
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Apply sampled tokens and stop checks; an output per request that sampled or ended."""
@@ -262,61 +295,86 @@ class Scheduler:
         requests = self.requests
         logprobs = model_runner_output.logprobs
         prompt_logprobs = model_runner_output.prompt_logprobs
-        any_finished = False
+        self._any_finished = False
         num_generated = 0
         running = RequestStatus.RUNNING
-        check_stop = self._check_stop
-        max_model_len = self.max_model_len
-        for i, (req_id, sampled) in enumerate(zip(model_runner_output.req_ids,
-                                                  model_runner_output.sampled_token_ids)):
+        slow = self._update_one
+        append_output = outputs.append
+        for req_id, sampled, lp in zip(model_runner_output.req_ids,
+                                       model_runner_output.sampled_token_ids,
+                                       logprobs or repeat(None)):
             req = requests.get(req_id)
-            if req is None or not sampled:  # finished or aborted meanwhile, or mid-prompt
+            # Finished or aborted meanwhile, mid-prompt, or preempted after this step was
+            # scheduled (then recomputed from its tokens).
+            if req is None or not sampled or req.status != running:
                 continue
-            if req.status != running:
-                continue  # preempted after this step was scheduled: recomputed from its tokens
-            if req.num_output_placeholders:
-                req.num_output_placeholders -= len(sampled)
-            new_tokens, status = sampled, None
-            if len(sampled) == 1 and req.grammar is None:  # the common case, without the loop
-                token = sampled[0]
-                req.append_output_token(token)
-                # _check_stop only when a stop could apply: a stop id, a length cap reached.
-                params = req.sampling_params
-                if (token == req.eos_token_id or token in req.stop_token_ids
-                        or len(req.all_token_ids) >= max_model_len
-                        or (params.max_tokens is not None
-                            and len(req.output_token_ids) >= params.max_tokens)):
-                    status = check_stop(req, token)
-            else:
-                for k, token in enumerate(sampled):
-                    req.append_output_token(token)
-                    status = check_stop(req, token)
-                    if status is None and req.grammar is not None:
-                        status = self._advance_grammar(req, token)
-                    if status is not None:
-                        new_tokens = sampled[:k + 1]
-                        break
-            num_generated += len(new_tokens)
-            out = EngineCoreOutput(req_id, new_tokens,
-                                   _wire(logprobs[i]) if logprobs else None,
-                                   _wire(prompt_logprobs.get(req_id)) if prompt_logprobs else None)
-            if len(req.output_token_ids) == len(new_tokens):
-                out.num_cached_tokens = max(req.num_cached_tokens, 0)
-                out.prefill_chunks, req.prefill_chunks = req.prefill_chunks, []
-                # vLLM counts a prompt when its first token comes: every token, cached or not.
-                self._num_prompt_tokens += req.num_prompt_tokens
-                self._num_cached_prompt_tokens += out.num_cached_tokens
-            if status is not None:
-                req.status = status
-                out.finish_reason = RequestStatus.finish_reason(status)
-                out.stop_reason = req.stop_reason
-                self._free(req)
-                any_finished = True
-            outputs.append(out)
-        if any_finished:
+            # The steady path: one token, no stop id, below every length cap and block
+            # boundary (check_at), no grammar or logprobs; the rest goes through _update_one.
+            token = sampled[0]
+            out_ids = req.output_token_ids
+            if (len(out_ids) + 1 >= req.check_at or token in req.stop_check_ids
+                    or len(sampled) != 1 or lp is not None or req.grammar is not None
+                    or (prompt_logprobs and req_id in prompt_logprobs)):
+                num_generated += slow(req, sampled, outputs, lp,
+                                      prompt_logprobs.get(req_id) if prompt_logprobs else None)
+                continue
+            pending = req.num_output_placeholders
+            if pending:
+                req.num_output_placeholders = pending - 1
+            out_ids.append(token)
+            req.all_token_ids.append(token)
+            append_output(EngineCoreOutput(req_id, sampled))
+            num_generated += 1
+        if self._any_finished:
             self.running = [r for r in self.running if not r.is_finished]
         self._num_generation_tokens += num_generated
         return outputs
+
+    def _update_one(self, req: Request, sampled: list[int], outputs: list[EngineCoreOutput],
+                    logprobs: LogprobsLists | None, prompt_logprobs: LogprobsLists | None) -> int:
+        """Apply one request's sampled tokens with every check; returns the tokens kept."""
+        if req.num_output_placeholders:
+            req.num_output_placeholders -= len(sampled)
+        new_tokens, status = sampled, None
+        for k, token in enumerate(sampled):
+            req.append_output_token(token)
+            status = self._check_stop(req, token)
+            if status is None and req.grammar is not None:
+                status = self._advance_grammar(req, token)
+            if status is not None:
+                new_tokens = sampled[:k + 1]
+                break
+        out = EngineCoreOutput(req.request_id, new_tokens, _wire(logprobs),
+                               _wire(prompt_logprobs))
+        if len(req.output_token_ids) == len(new_tokens):
+            out.num_cached_tokens = max(req.num_cached_tokens, 0)
+            out.prefill_chunks, req.prefill_chunks = req.prefill_chunks, []
+            # vLLM counts a prompt when its first token comes: every token, cached or not.
+            self._num_prompt_tokens += req.num_prompt_tokens
+            self._num_cached_prompt_tokens += out.num_cached_tokens
+        if status is not None:
+            req.status = status
+            out.finish_reason = RequestStatus.finish_reason(status)
+            out.stop_reason = req.stop_reason
+            self._free(req)
+            self._any_finished = True
+        else:
+            self._set_check_at(req)
+        outputs.append(out)
+        return len(new_tokens)
+
+    def _set_check_at(self, req: Request) -> None:
+        """The output length at which update_from_output next needs its full checks: a length
+        cap (max_tokens, max_model_len) or a block completing (its hash is due)."""
+        num_prompt = req.prompt_len
+        check_at = self.max_model_len - num_prompt
+        max_tokens = req.sampling_params.max_tokens
+        if max_tokens is not None and max_tokens < check_at:
+            check_at = max_tokens
+        hash_len = req.next_hash_len
+        if hash_len is not None and hash_len - num_prompt < check_at:
+            check_at = hash_len - num_prompt
+        req.check_at = check_at
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         """Stop tokens win over length caps; EOS and stop ids wait for min_tokens."""
