@@ -20,12 +20,14 @@ import zmq.asyncio
 
 from config.engine import EngineConfig
 from engine_core.core_launcher import CoreProcess
-from engine_core.curve_auth import HandshakeWatch, key_from_env, secure_client
 from engine_core.frames import INLINE_MAX_BYTES, FrameEncoder
 from engine_core.resolve import resolved_config
 from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutputs,
                                   EngineCoreReady, EngineCoreRequest, OutputType, RequestError,
                                   RequestType, UtilityOutput, UtilityRequest, output_decoders)
+from ipc.curve import HandshakeWatch, key_from_env
+from ipc.handshake import ready_or_refused
+from ipc.sockets import connect_dealer
 
 # How often a client waiting for messages checks that its child engine core still runs.
 _LIVENESS_POLL_S = 0.2
@@ -63,16 +65,10 @@ class _ClientBase:
         self.address = self.process.address if self.process is not None else address
         self.ready: EngineCoreReady | None = None
         self._ctx = ctx
-        self._socket = ctx.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.SNDHWM, 0)
-        self._socket.setsockopt(zmq.RCVHWM, 0)
-        self._handshake: HandshakeWatch | None = None
-        if auth_key is not None:
-            secure_client(self._socket, auth_key)
-        if address is not None:  # a refused key shows up here, not as a silent server
-            self._handshake = HandshakeWatch(self._socket, disconnects=fail_on_disconnect)
-        self._socket.connect(self.address)
+        # Given an address, a refused key shows up here, not as a silent server.
+        self._socket, self._handshake = connect_dealer(
+            ctx, self.address, auth_key, peer="the engine core" if address is not None else None,
+            disconnects=fail_on_disconnect)
         self._encoder = FrameEncoder()
         self._decoders = output_decoders()
         self._call_ids = itertools.count()
@@ -138,8 +134,9 @@ def _with_prompt_array(request: EngineCoreRequest) -> EngineCoreRequest:
     return msgspec.structs.replace(request, prompt_token_ids=array.astype(np.int32))
 
 
-def _handshake_error(msg: RequestError) -> ConnectionError:
-    return ConnectionError(f"the engine core refused the connection: {msg.message}")
+def _handshake_answer(kind: OutputType, msg: Any) -> EngineCoreReady:
+    """READY's payload; ConnectionError for any other answer to HELLO (a refusal)."""
+    return ready_or_refused(kind, msg, "the engine core refused the connection")
 
 
 class EngineCoreClient(_ClientBase):
@@ -161,7 +158,7 @@ class EngineCoreClient(_ClientBase):
                     raise TimeoutError(f"the engine core at {self.address} did not answer "
                                        f"within {startup_timeout} s")
                 if self._outputs:
-                    raise _handshake_error(self._outputs[0])  # type: ignore[arg-type]
+                    _handshake_answer(OutputType.ERROR, self._outputs[0])
         except BaseException:
             self.shutdown()
             raise
@@ -318,7 +315,10 @@ class AsyncEngineCoreClient(_ClientBase):
                     if call is not None and not call.done():
                         call.set_result(msg)
                 elif kind == OutputType.ERROR and not self._ready.done():
-                    self._ready.set_exception(_handshake_error(msg))
+                    try:
+                        _handshake_answer(kind, msg)
+                    except ConnectionError as refused:
+                        self._ready.set_exception(refused)
                 else:
                     self._outputs.put_nowait(msg)
         except Exception as e:

@@ -5,14 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
-from pathlib import Path
 
 from config.engine import EngineConfig
-
-# The directory holding the engine_core package, so the child imports this very copy.
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+from ipc.process import spawn_module
 
 
 class CoreProcess:
@@ -28,12 +24,10 @@ class CoreProcess:
                  address: str | None = None, extra_env: dict[str, str] | None = None) -> None:
         self._dir = tempfile.mkdtemp(prefix="engine-core-")
         self.address = address or f"ipc://{self._dir}/core.sock"
-        env = {**os.environ, **(extra_env or {})}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "engine_core.core_proc", "--listen", self.address,
-             "--parent-pid", str(os.getpid()), "--config", config.encode()],
-            env=env, start_new_session=own_process_group)
+        self.popen = spawn_module(
+            "engine_core.core_proc", ["--listen", self.address, "--parent-pid", str(os.getpid()),
+                                      "--config", config.encode()],
+            extra_env=extra_env, own_session=own_process_group)
 
     @property
     def pid(self) -> int:

@@ -27,16 +27,18 @@ import numpy as np
 import zmq
 
 from config.engine import EngineConfig, decode_config
-from engine_core.curve_auth import ENV_KEY, is_exposed, key_from_env, secure_server
 from engine_core.engine_core import EngineCore
 from engine_core.frames import INLINE_MAX_BYTES, FrameDecoder, FrameEncoder, tolist
-from engine_core.process_lifecycle import set_process_name
 from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutput,
                                   EngineCoreOutputs, EngineCoreReady, EngineCoreRequest,
                                   EngineDead, Logprobs, OutputType, RequestError, RequestType,
                                   SchedulerStats, UtilityOutput, UtilityRequest,
                                   request_decoders)
 from engine_core.utilities import engine_utilities
+from ipc.curve import key_from_env
+from ipc.handshake import READY, HandshakeServer
+from ipc.process import set_process_name, start_child_process
+from ipc.sockets import RouterServer
 
 logger = logging.getLogger("engine_core.proc")
 
@@ -59,21 +61,16 @@ class EngineCoreProc:
             PROTOCOL_VERSION, config.model.served_model_name or "", config.max_model_len,
             engine.num_blocks, config.cache.block_size, config.arch.vocab_size,
             list(config.arch.eos_token_ids))
+        self._handshake = HandshakeServer(PROTOCOL_VERSION, "the engine core", OutputType.ERROR,
+                                          lambda message: RequestError("", message))
         self._ctx = zmq.Context()
-        self._router = self._ctx.socket(zmq.ROUTER)
-        # Unbounded queues: a dropped output would silently lose tokens of a request.
-        self._router.setsockopt(zmq.SNDHWM, 0)
-        self._router.setsockopt(zmq.RCVHWM, 0)
-        self._router.setsockopt(zmq.LINGER, 2000)
         # With a shared secret only its holders pass the handshake, and the wire is encrypted.
-        self._auth = secure_server(self._ctx, self._router, auth_key) if auth_key else None
-        self._router.bind(address)
-        self.address = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
-        if auth_key is None and is_exposed(self.address):
-            logger.warning(
-                "the engine core listens on %s without authentication: anyone who reaches it "
-                "can submit requests, read stats and reset the cache. Set %s to a secret (its "
-                "clients set the same) or listen on a loopback address", self.address, ENV_KEY)
+        self._server = RouterServer(
+            self._ctx, address, auth_key, linger_ms=2000, log=logger, name="the engine core",
+            exposes="submit requests, read stats and reset the cache",
+            peers="its clients set the same")
+        self._router = self._server.socket
+        self.address = self._server.address
         wake = f"inproc://engine-core-out-{id(self)}"
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.bind(wake)
@@ -106,8 +103,7 @@ class EngineCoreProc:
         self._outputs.put(_STOP)
         for t in threads:
             t.join(timeout=5)
-        if self._auth is not None:
-            self._auth.stop()
+        self._server.stop_auth()
         if not any(t.is_alive() for t in threads):  # term() would wait for their sockets
             self._ctx.term()
         self.engine.shutdown()
@@ -253,13 +249,11 @@ class EngineCoreProc:
             return _malformed_reply(kind, payload, f"malformed {kind.name} payload: {e}")
         if kind == RequestType.HELLO:
             assert isinstance(msg, ClientHello)
-            if msg.protocol_version != PROTOCOL_VERSION:
-                return OutputType.ERROR, RequestError(
-                    "", f"protocol version mismatch: the engine core speaks version "
-                    f"{PROTOCOL_VERSION}, the client {msg.protocol_version}")
-            clients.add(identity)
-            self._inputs.put((identity, kind, msg))  # the busy loop publishes load to it
-            return OutputType.READY, self.ready
+            answer, reply = self._handshake.answer(msg, self.ready)
+            if answer == READY:
+                clients.add(identity)
+                self._inputs.put((identity, kind, msg))  # the busy loop publishes load to it
+            return OutputType(answer), reply
         clients.add(identity)
         if kind == RequestType.ADD:
             assert isinstance(msg, EngineCoreRequest)
@@ -328,8 +322,6 @@ def run_engine_core(address: str, config: EngineConfig | dict[str, Any],
     signal.set_wakeup_fd(wakeup_write, warn_on_full_buffer=False)
     for sig in _STOP_SIGNALS:
         signal.signal(sig, _on_stop_signal)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    set_process_name("engine-core")
     # A Python signal handler runs only in the main thread, and not while the busy loop waits
     # on its queue; so every thread but the signal thread (all start after this line and
     # inherit the mask) blocks the stop signals, and they land on the signal thread.
@@ -350,17 +342,10 @@ def run_engine_core(address: str, config: EngineConfig | dict[str, Any],
         sig = os.read(wakeup_read, 1)[0]
         stop(f"got {signal.Signals(sig).name}", 128 + sig)
 
-    def on_parent_exit(parent: int) -> None:
-        while os.getppid() == parent:  # we are re-parented once it is gone
-            time.sleep(0.5)
-        stop(f"parent process {parent} exited", 1)
-        time.sleep(10)
-        os._exit(1)  # the current step did not end in time; nobody is listening anyway
-
+    # When the parent goes: drain as on a signal, hard exit after 10 s (the current step did
+    # not end in time; nobody is listening anyway).
+    start_child_process("engine-core", parent_pid, on_parent_exit=lambda why: stop(why, 1))
     threading.Thread(target=on_signal, name="engine-core-signals", daemon=True).start()
-    if parent_pid is not None:
-        threading.Thread(target=on_parent_exit, args=(parent_pid,), name="engine-core-parent",
-                         daemon=True).start()
     # Each start-up phase's time at INFO, as vLLM logs them (bench/startup.py collects them).
     logger.info("engine core: interpreter and imports in %.2f s", process_age())
     began = time.perf_counter()

@@ -19,9 +19,9 @@ import ray
 
 from engine_core.client import EngineCoreClient
 from engine_core.core_launcher import CoreProcess
-from engine_core.curve_auth import ENV_KEY
 from engine_core.resolve import resolved_config
 from executor.ray_cluster import free_tcp_address
+from ipc.curve import ENV_KEY
 
 # How long one HELLO waits for READY before the actor checks that the engine core still runs.
 _READY_POLL_S = 1.0

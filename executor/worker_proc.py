@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import collections
-import ctypes
-import os
 import signal
-import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -19,9 +16,8 @@ from executor.worker_messages import (AllocateKVCache, Command, Failed, KVCacheR
                                       RunStep, StepDone, WorkerArgs)
 from gpu_worker.async_output import AsyncOutput, ReadyOutput
 from gpu_worker.worker import Worker
+from ipc.process import set_process_name, watch_parent
 
-PR_SET_PDEATHSIG = 1
-PR_SET_NAME = 15
 _POLL_S = 50e-6  # between checks of the ring and the device while a step's output is pending
 
 
@@ -29,9 +25,12 @@ def worker_main(encoded_args: bytes, replies: Connection, lifeline: Connection,
                 doorbell: Doorbell | None = None) -> None:
     """Entry point of a spawned worker: serve commands from the ring until Shutdown."""
     args = msgspec.msgpack.decode(encoded_args, type=WorkerArgs)
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    _die_with_parent(libc, args.parent_pid, lifeline)
-    libc.prctl(PR_SET_NAME, f"engine-worker-{args.rank}".encode()[:15], 0, 0, 0)
+    # Exit when the executor's process dies, even by SIGKILL: the kernel's parent-death signal
+    # fires when the thread that started this process exits (so the executor must live on a
+    # thread that outlives it); the lifeline, a pipe whose only writer is the parent, covers
+    # the rest (EOF when the parent is gone).
+    watch_parent(args.parent_pid, lifeline=lifeline, kill_with_parent=True)
+    set_process_name(f"engine-worker-{args.rank}")
     # Ctrl-C reaches the whole process group; the engine decides when workers stop. SIGTERM may
     # come blocked from the engine core process, which sigwait()s for it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -83,23 +82,3 @@ def _serve(args: WorkerArgs, reader: ShmRingReader, replies: Connection,
             worker.shutdown()
             return
 
-
-def _die_with_parent(libc: ctypes.CDLL, parent_pid: int, lifeline: Connection) -> None:
-    """Exit when the executor's process dies, even by SIGKILL.
-
-    The kernel's parent-death signal fires when the thread that started this process exits, so
-    the executor must live on a thread that outlives it. The watchdog thread covers the rest:
-    it blocks on a pipe whose only writer is the parent, and reads EOF when the parent is gone.
-    """
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-
-    def watch() -> None:
-        try:
-            lifeline.recv_bytes()
-        except (EOFError, OSError):
-            pass
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()

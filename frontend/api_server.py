@@ -33,8 +33,6 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from config.engine import ObservabilityConfig, decode_config
 from config.generation_config import log_defaults
 from engine_core.log_options import apply_log_options
-from engine_core.process_lifecycle import (EXIT_REQUESTS_CUT, StopOrder, pid_alive,
-                                           start_child_process)
 from frontend import admin_routes
 from frontend.admin_routes import AdminState, ServerInfoResponse, count_load
 from frontend.chat_args import ChatOptions, add_chat_args
@@ -52,6 +50,7 @@ from frontend.serving import REQUEST_ID, ServingContext, json_response
 from frontend.serving_chat import chat_messages, create_chat_completion, template_kwargs
 from frontend.serving_completions import create_completion
 from frontend.ui import routes as ui
+from ipc.process import EXIT_REQUESTS_CUT, StopOrder, pid_alive, start_child_process
 from metrics.exposition import render_metrics
 
 logger = logging.getLogger("api_server")

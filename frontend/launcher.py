@@ -35,9 +35,7 @@ import zmq
 
 from config.engine import ConfigError, EngineConfig
 from engine_core.core_launcher import CoreProcess
-from engine_core.curve_auth import key_from_env, secure_client
 from engine_core.frames import FrameDecoder
-from engine_core.process_lifecycle import EXIT_REQUESTS_CUT, StopOrder
 from engine_core.protocol import PROTOCOL_VERSION, ClientHello, output_decoders
 from engine_core.resolve import resolved_config
 from frontend import api_server
@@ -48,12 +46,15 @@ from frontend.http_options import HttpOptions
 from metrics.exposition import setup_multiprocess_dir
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, TokenizerHello,
                                      api_output_decoders)
+from ipc.curve import key_from_env
+from ipc.handshake import hello_frames, ready_or_refused
+from ipc.process import EXIT_REQUESTS_CUT, StopOrder, spawn_module
+from ipc.sockets import connect_dealer
 from tokenizer_proc.tokenizer_proc import process_name
 
 if TYPE_CHECKING:  # Ray is optional: imported only with --data-parallel-backend ray
     from frontend.ray_dp_launch import RayEngineCores
 
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _POLL_S = 0.2
 # How long a child may take to exit after SIGTERM once its drain deadline has passed.
 _STOP_TIMEOUT_S = 10.0
@@ -252,7 +253,7 @@ class Launcher:
             self.engine_addresses.append(core.address)
             name = "engine-core" if self.dp.size == 1 else f"engine-core-{rank}"
             children.append(Child(name, core.popen, core.address,
-                                  _hello_frames(ClientHello(PROTOCOL_VERSION, "launcher")),
+                                  hello_frames(ClientHello(PROTOCOL_VERSION, "launcher")),
                                   output_decoders()))
         return children
 
@@ -287,7 +288,7 @@ class Launcher:
 
     def _start_api_server(self, index: int, engine_pid: int | None) -> Child:
         ready_file = f"{self._dir}/api-{index}.ready"
-        args = ["frontend.api_server", "--index", str(index), "--host", self.host,
+        args = ["--index", str(index), "--host", self.host,
                 "--port", str(self.port), "--config", self._encoded_config(),
                 *(["--engine-pid", str(engine_pid)] if engine_pid else []),
                 "--parent-pid", str(os.getpid()),
@@ -307,7 +308,10 @@ class Launcher:
             args += ["--listen-fd", str(fds[0])]
         # The key travels in the environment, not on the command line that ps shows.
         env = {"ENGINE_API_KEY": self.api_key} if self.api_key else {}
-        return Child(api_server.process_name(index), _spawn(args, env, fds), ready_file, [], {})
+        # Each child in its own session, so Ctrl-C reaches only the launcher.
+        popen = spawn_module("frontend.api_server", args, extra_env=env, own_session=True,
+                             pass_fds=fds)
+        return Child(api_server.process_name(index), popen, ready_file, [], {})
 
     def _await_files(self, children: list[Child], timeout: float,
                      stop_requested: Callable[[], bool]) -> None:
@@ -323,12 +327,14 @@ class Launcher:
         template = ["--chat-template", self.chat_template_file] if self.chat_template_file else []
         engines = [a for address in self.engine_addresses for a in ("--engine-address", address)]
         pids = [a for pid in engine_pids for a in ("--engine-pid", str(pid))]
-        popen = _spawn(["tokenizer_proc.tokenizer_proc", "--index", str(index), "--listen", address,
-                        *engines, "--config", self._encoded_config(), *pids,
-                        "--parent-pid", str(os.getpid()), "--stop-file", self._stop_file,
-                        "--shutdown-timeout", str(self.shutdown_timeout), *template])
+        popen = spawn_module(
+            "tokenizer_proc.tokenizer_proc",
+            ["--index", str(index), "--listen", address, *engines, "--config",
+             self._encoded_config(), *pids, "--parent-pid", str(os.getpid()), "--stop-file",
+             self._stop_file, "--shutdown-timeout", str(self.shutdown_timeout), *template],
+            own_session=True)
         return Child(process_name(index), popen, address,
-                     _hello_frames(TokenizerHello(TOKENIZER_PROTOCOL_VERSION, "launcher")),
+                     hello_frames(TokenizerHello(TOKENIZER_PROTOCOL_VERSION, "launcher")),
                      api_output_decoders())
 
     def _encoded_config(self) -> str:
@@ -340,11 +346,8 @@ class Launcher:
         sockets = {}
         auth_key = key_from_env()
         for child in children:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            if auth_key:  # the engine cores and tokenizer processes then speak CurveZMQ
-                secure_client(sock, auth_key)
-            sock.connect(child.address)
+            # With a key, the engine cores and tokenizer processes speak CurveZMQ.
+            sock, _ = connect_dealer(self._ctx, child.address, auth_key)
             sock.send_multipart(child.hello)
             sockets[sock] = child
         poller = zmq.Poller()
@@ -356,10 +359,12 @@ class Launcher:
                 for sock in dict(poller.poll(int(_POLL_S * 1000))):
                     child = sockets[sock]
                     kind, payload = sock.recv_multipart()
-                    msg = child.decoders[kind[0]].decode(payload)
-                    if kind[0] != 0:  # READY is type 0 in both protocols
-                        raise LaunchError(f"{child.name} refused the launcher: {msg.message}")
-                    child.ready = msg
+                    try:
+                        child.ready = ready_or_refused(
+                            kind[0], child.decoders[kind[0]].decode(payload),
+                            f"{child.name} refused the launcher")
+                    except ConnectionError as e:
+                        raise LaunchError(str(e)) from None
                     poller.unregister(sock)
                 self._check_start_up(children, deadline, timeout, stop_requested)
         finally:
@@ -463,19 +468,6 @@ def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _hello_frames(hello: msgspec.Struct) -> list[bytes]:
-    return [b"\x00", msgspec.msgpack.encode(hello)]
-
-
-def _spawn(module_args: list[str], extra_env: dict[str, str] | None = None,
-           pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-    """Run `python -m <module_args>` in its own session, so Ctrl-C reaches only the launcher."""
-    env = {**os.environ, **(extra_env or {})}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
-    return subprocess.Popen([sys.executable, "-m", *module_args], env=env, start_new_session=True,
-                            pass_fds=pass_fds)
 
 
 def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,

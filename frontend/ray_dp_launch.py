@@ -20,10 +20,10 @@ from ray.exceptions import RayActorError, RayError
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from engine_core.curve_auth import ENV_KEY, key_from_env
 from engine_core.ray_dp import EngineCoreActor
 from executor.ray_cluster import RayResourcesError, connect, death_reason, reserve
 from frontend.dp_rendezvous import RendezvousError
+from ipc.curve import ENV_KEY, key_from_env
 
 # How long an engine core may take to stop after SIGTERM (it stops after its current step).
 _STOP_TIMEOUT_S = 10.0

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Outermost first.
 LAYERS = ("bench", "frontend", "tokenizer_proc", "engine_core", "executor", "gpu_worker",
           "kernels")
-LEAF_PACKAGES = ("config", "metrics")
+LEAF_PACKAGES = ("config", "metrics", "ipc")
 # Message types that cross a process boundary, beside each folder's protocol.py.
 PROTOCOL_MODULES = {"engine_core.sampling_params", "executor.worker_messages"}
 ENTRY_POINT = "frontend.cli"  # the `engine` command: dispatches to bench/ too

@@ -6,7 +6,7 @@ aborts. The HELLO carries the client's pid, so a tokenizer process on the same h
 requests of a client that died. The asyncio client watches each tokenizer process's pid when
 it is given it, else exchanges heartbeats with it (tokenizer_proc/heartbeat.py): a tokenizer
 process that falls silent fails its requests with 503, as one that exits does. With the
-engine's shared secret (ENGINE_CORE_KEY) the sockets speak CurveZMQ (engine_core/curve_auth.py).
+engine's shared secret (ENGINE_CORE_KEY) the sockets speak CurveZMQ (ipc/curve.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from engine_core.curve_auth import HandshakeWatch, key_from_env, secure_client
-from engine_core.process_lifecycle import host_identity, wait_for_exit
+from ipc.curve import key_from_env
+from ipc.handshake import hello_frames, ready_or_refused
+from ipc.process import host_identity, wait_for_exit
+from ipc.sockets import connect_dealer
 from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, Link, keep_alive, silence_timeout
 from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, AbortRequest, ApiOutputType,
                                      ApiRequestType, GenerateRequest, Heartbeat, RequestDelta,
@@ -59,16 +61,10 @@ class _Dealers:
         self.sockets = []
         self.watches = []
         for address in addresses:
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)
-            if auth_key:
-                secure_client(sock, auth_key)
-            # Also without a key: a CURVE server refuses a plain client.
-            self.watches.append(HandshakeWatch(sock, peer=f"the tokenizer process at {address}"))
-            sock.connect(address)
+            sock, watch = connect_dealer(ctx, address, auth_key,
+                                         peer=f"the tokenizer process at {address}")
             self.sockets.append(sock)
+            self.watches.append(watch)
 
     def refusal(self) -> str | None:
         """Why a tokenizer process refused this client's key, if one did."""
@@ -94,8 +90,12 @@ def _frames(kind: ApiRequestType, msg: Any) -> list[bytes]:
 def _hello_frames(client_name: str = "", heartbeat_s: float = 0.0) -> list[bytes]:
     """A HELLO naming this process, so that the tokenizer process can watch it; heartbeat_s:
     ask to exchange heartbeats, this client sending one every heartbeat_s on a quiet link."""
-    return _frames(ApiRequestType.HELLO, TokenizerHello(
-        TOKENIZER_PROTOCOL_VERSION, client_name, os.getpid(), host_identity(), heartbeat_s))
+    return hello_frames(TokenizerHello(TOKENIZER_PROTOCOL_VERSION, client_name, os.getpid(),
+                                       host_identity(), heartbeat_s))
+
+
+def _refused(address: str) -> str:
+    return f"tokenizer process at {address} refused"
 
 
 class TokenizerClient:
@@ -271,8 +271,10 @@ class TokenizerClient:
             elif msg.request_id in self._queues:
                 self._queues[msg.request_id].put_nowait(msg)
             elif not msg.request_id and not self._hello[index].done():
-                self._hello[index].set_exception(ConnectionError(
-                    f"tokenizer process at {self.addresses[index]} refused: {msg.message}"))
+                try:
+                    ready_or_refused(kind[0], msg, _refused(self.addresses[index]))
+                except ConnectionError as refused:
+                    self._hello[index].set_exception(refused)
             elif not msg.request_id and msg.status == 503:
                 self._fail_worker(index, f"the tokenizer process at {self.addresses[index]} "
                                          f"dropped this client: {msg.message}")
@@ -306,11 +308,12 @@ class BlockingTokenizerClient:
                     raise TimeoutError(f"tokenizer process at {address} did not answer in "
                                        f"{timeout} s")
             kind, payload = sock.recv_multipart()
-            msg = self._decoders[kind[0]].decode(payload)
-            if not isinstance(msg, TokenizerReady):
+            try:
+                self.ready.append(ready_or_refused(
+                    kind[0], self._decoders[kind[0]].decode(payload), _refused(address)))
+            except ConnectionError:
                 self.close()
-                raise ConnectionError(f"tokenizer process at {address} refused: {msg.message}")
-            self.ready.append(msg)
+                raise
 
     def send(self, request: GenerateRequest) -> None:
         """Send a request without waiting; read it with deltas(request_id, n)."""

@@ -41,7 +41,7 @@ class TokenizerHello(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
 
     protocol_version: int
     client_name: str = ""
-    # The client's pid and host identity (engine_core.process_lifecycle.host_identity): a
+    # The client's pid and host identity (ipc.process.host_identity): a
     # tokenizer process on the same host watches the pid and aborts the requests of a client
     # that died. Appended with defaults: an older peer ignores them, 0 watches nothing.
     pid: int = 0

@@ -6,7 +6,7 @@ deltas go back there without a lookup service. A client whose HELLO gave a pid o
 watched: when it exits, its requests are aborted at once. A client that asked for heartbeats
 (one on another host) exchanges them, and its requests are aborted once it falls silent
 (tokenizer_proc/heartbeat.py). With the engine's shared secret (ENGINE_CORE_KEY) the socket
-speaks CurveZMQ (engine_core/curve_auth.py). A DPEngineCoreClient talks to the engine cores
+speaks CurveZMQ (ipc/curve.py). A DPEngineCoreClient talks to the engine cores
 (one, or a data-parallel group: each request to the least loaded). Protocol:
 tokenizer_proc/protocol.py and docs/protocol.md.
 """
@@ -28,14 +28,16 @@ import zmq.asyncio
 
 from engine_core.client import EngineDeadError, EngineRequestError
 from config.engine import ConfigError, EngineConfig, decode_config
-from engine_core.curve_auth import ENV_KEY, is_exposed, key_from_env, secure_server
 from engine_core.dp_client import DPEngineCoreClient
 from engine_core.generation_config import cap_unset_max_tokens
 from engine_core.log_options import apply_log_options
-from engine_core.process_lifecycle import (EXIT_REQUESTS_CUT, StopOrder, host_identity,
-                                           start_child_process, wait_for_exit)
 from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import check_completion_fits, validate_request
+from ipc.curve import key_from_env
+from ipc.handshake import READY, HandshakeServer
+from ipc.process import (EXIT_REQUESTS_CUT, StopOrder, host_identity, start_child_process,
+                         wait_for_exit)
+from ipc.sockets import RouterServer
 from metrics.request_stats import RequestStatsRecorder
 from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, Link, keep_alive, silence_timeout
 from tokenizer_proc.output_processor import child_sampling_params
@@ -72,24 +74,17 @@ class TokenizerProc:
                                     engine.ready.num_blocks, engine.ready.block_size)
         self.streams = DeltaStreams(tokenizer, RequestStatsRecorder(engine.ready.model_name,
                                                                     engine.ready.max_model_len))
+        self._handshake = HandshakeServer(
+            TOKENIZER_PROTOCOL_VERSION, "the tokenizer process", ApiOutputType.ERROR,
+            lambda message: RequestError("", message))
         self._ctx = zmq.asyncio.Context()
-        self._router = self._ctx.socket(zmq.ROUTER)
-        # Unbounded queues: a dropped delta would silently lose text.
-        self._router.setsockopt(zmq.SNDHWM, 0)
-        self._router.setsockopt(zmq.RCVHWM, 0)
-        self._router.setsockopt(zmq.LINGER, 1000)
-        # With a shared secret only its holders pass the handshake, and the wire is encrypted;
-        # the authenticator needs a blocking-API context (the same libzmq one).
-        self._auth = secure_server(zmq.Context.shadow(self._ctx.underlying), self._router,
-                                   auth_key) if auth_key else None
-        self._router.bind(listen)
-        self.address = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
-        if auth_key is None and is_exposed(self.address):
-            logger.warning(
-                "tokenizer %d listens on %s without authentication: anyone who reaches it can "
-                "submit requests. Set %s to a secret (every process of the server and its "
-                "clients set the same) or listen on a loopback address", index, self.address,
-                ENV_KEY)
+        # With a shared secret only its holders pass the handshake, and the wire is encrypted.
+        self._server = RouterServer(
+            self._ctx, listen, auth_key, linger_ms=1000, log=logger, name=f"tokenizer {index}",
+            exposes="submit requests", peers="every process of the server and its clients set "
+            "the same")
+        self._router = self._server.socket
+        self.address = self._server.address
         self._encoder = msgspec.msgpack.Encoder()
         self._decoders = api_request_decoders()
         self._draining = False
@@ -122,8 +117,7 @@ class TokenizerProc:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._router.close(linger=1000)
-        if self._auth is not None:
-            self._auth.stop()
+        self._server.stop_auth()
         self.engine.shutdown()
         return cut > 0
 
@@ -155,16 +149,12 @@ class TokenizerProc:
             await self._error(identity, request_id, f"malformed {kind.name} payload: {e}")
             return
         if kind == ApiRequestType.HELLO:
-            if msg.protocol_version != TOKENIZER_PROTOCOL_VERSION:
-                await self._error(identity, "", "protocol version mismatch: the tokenizer "
-                                  f"process speaks version {TOKENIZER_PROTOCOL_VERSION}, the "
-                                  f"client {msg.protocol_version}")
-            else:
-                if identity not in self._watched:
-                    self._watch_client(identity, msg)
-                await self._send(identity, ApiOutputType.READY, self.ready if not msg.heartbeat_s
-                                 else msgspec.structs.replace(self.ready,
-                                                              heartbeat_s=HEARTBEAT_INTERVAL_S))
+            answer, reply = self._handshake.answer(
+                msg, self.ready if not msg.heartbeat_s else
+                msgspec.structs.replace(self.ready, heartbeat_s=HEARTBEAT_INTERVAL_S))
+            if answer == READY and identity not in self._watched:
+                self._watch_client(identity, msg)
+            await self._send(identity, ApiOutputType(answer), reply)
         elif kind == ApiRequestType.GENERATE:
             await self._generate(identity, msg)
         elif kind == ApiRequestType.ABORT:

@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from engine_core.client import AsyncEngineCoreClient, EngineCoreClient, EngineDeadError
-from engine_core.curve_auth import derive_keys, is_exposed
+from ipc.curve import derive_keys, is_exposed
 from tests.engine_core_proc.utils import collect, greedy_request
 
 SECRET = "correct horse battery staple"

@@ -9,7 +9,7 @@ import os
 import signal
 import time
 
-from engine_core.process_lifecycle import StopOrder
+from ipc.process import StopOrder
 from tests.serve.conftest import LONG_COMPLETION, Server, SseStream, http_request, wait_until
 
 

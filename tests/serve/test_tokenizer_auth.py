@@ -1,5 +1,5 @@
 """--tokenizer-listen on TCP with the shared secret (issue 15, item 7): ENGINE_CORE_KEY makes
-every tokenizer socket a CurveZMQ server (engine_core/curve_auth.py) that serves holders of the
+every tokenizer socket a CurveZMQ server (ipc/curve.py) that serves holders of the
 secret and tells others why at once; a public address without a secret warns."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import asyncio
 import subprocess
 import time
 
-from engine_core.process_lifecycle import wait_for_exit
+from ipc.process import wait_for_exit
 
 
 def test_wait_for_exit_returns_when_the_process_exits():

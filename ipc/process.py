@@ -1,20 +1,44 @@
-"""Process naming, liveness and stop orders, shared by the engine's processes."""
+"""Process plumbing shared by every process of the engine: starting a child module, process
+names, liveness, the one parent-death watch, stop orders."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+# The directory holding the project's packages, so that a child imports this very copy.
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+_PR_SET_PDEATHSIG = 1
+
+
+def spawn_module(module: str, args: list[str], *, extra_env: dict[str, str] | None = None,
+                 own_session: bool = False, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """Run `python -m module args` with this project first on PYTHONPATH and extra_env added to
+    our environment. own_session keeps terminal signals (Ctrl-C) away from it, for a supervisor
+    that stops its children in its own order."""
+    env = {**os.environ, **(extra_env or {})}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+    return subprocess.Popen([sys.executable, "-m", module, *args], env=env,
+                            start_new_session=own_session, pass_fds=pass_fds)
+
 
 def set_process_name(name: str) -> None:
-    """Write name (at most 15 bytes are kept) to /proc/self/comm; a no-op where that is absent."""
+    """Write name (at most 15 bytes are kept) to /proc/self/comm, the name ps and top show (the
+    main thread's, as prctl(PR_SET_NAME) on it); a no-op where that is absent."""
     try:
         with open("/proc/self/comm", "w") as f:
             f.write(name)
@@ -52,24 +76,52 @@ async def wait_for_exit(pid: int, poll_s: float = 0.5) -> None:
         os.close(fd)
 
 
-def exit_with_parent(parent_pid: int, interval_s: float = 0.5) -> None:
-    """Exit this process (status 1) once parent_pid is gone, checked from a daemon thread."""
+def watch_parent(parent_pid: int, *, on_exit: Callable[[str], None] | None = None,
+                 grace_s: float = 10.0, lifeline: Connection | None = None,
+                 kill_with_parent: bool = False, interval_s: float = 0.5) -> None:
+    """Exit this process (status 1) once parent_pid is gone, noticed by a daemon thread.
+
+    on_exit: called first with the reason (e.g. to drain), then the process has grace_s seconds
+    to exit on its own. lifeline: the read end of a pipe whose only writer is the parent; its EOF
+    is the parent's death (else the thread polls our parent pid every interval_s: we are
+    re-parented once it is gone). kill_with_parent: also ask the kernel for SIGKILL when the
+    parent's thread that started us exits (PR_SET_PDEATHSIG), which reaches us even when the
+    parent was SIGKILLed and no thread of ours gets to run.
+    """
+    if kill_with_parent:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
     def watch() -> None:
-        while os.getppid() == parent_pid:  # we are re-parented once it is gone
-            time.sleep(interval_s)
-        logger.info("parent process %d exited; exiting", parent_pid)
-        os._exit(1)
+        if lifeline is not None:
+            try:
+                lifeline.recv_bytes()
+            except (EOFError, OSError):
+                pass
+        else:
+            while os.getppid() == parent_pid:
+                time.sleep(interval_s)
+        reason = f"parent process {parent_pid} exited"
+        if on_exit is None:
+            logger.info("%s; exiting", reason)
+            os._exit(1)
+        on_exit(reason)
+        time.sleep(grace_s)
+        os._exit(1)  # it did not stop in time; nobody is listening anyway
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def start_child_process(name: str, parent_pid: int | None) -> None:
-    """Common start of a launched process: log format, process name, exit when the parent goes."""
+def start_child_process(name: str, parent_pid: int | None,
+                        on_parent_exit: Callable[[str], None] | None = None) -> None:
+    """Common start of a launched process: log format, process name, exit when the parent goes
+    (watch_parent: on_parent_exit is its on_exit)."""
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     set_process_name(name)
     if parent_pid is not None:
-        exit_with_parent(parent_pid)
+        watch_parent(parent_pid, on_exit=on_parent_exit)
 
 
 # The exit status of a process that had to cut in-flight requests when it stopped (its drain

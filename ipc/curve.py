@@ -1,4 +1,4 @@
-"""Authentication and encryption of the engine core's socket: CurveZMQ keys from one secret.
+"""Authentication and encryption of the engine's sockets: CurveZMQ keys from one secret.
 
 Whoever knows the secret (ENGINE_CORE_KEY) may talk to the engine core; nobody else gets past
 the handshake, and everything on the wire is encrypted. Both sides derive the same two Curve25519
@@ -77,7 +77,8 @@ def secure_server(ctx: zmq.Context, sock: zmq.Socket,
     keys = derive_keys(secret)
     auth = zmq.auth.thread.ThreadAuthenticator(ctx)
     auth.start()
-    auth.configure_curve_callback(domain="*", credentials_provider=_OnlyOurClient(keys.client_public))
+    auth.configure_curve_callback(domain="*",
+                                  credentials_provider=_OnlyOurClient(keys.client_public))
     sock.curve_server = True
     sock.curve_secretkey = keys.server_secret
     sock.curve_publickey = keys.server_public
