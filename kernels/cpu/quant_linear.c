@@ -55,6 +55,19 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *p, vi q
     }
 }
 
+/* The few-rows path's view of one k's 4-bit codes: the low nibbles (columns 0-15), then the
+ * whole bytes (16 * high + low: columns 16-31 after few_T's fix-up), as floats. One op a vector
+ * fewer than nibble_floats (no shift): the kernel's inner loop is bound by its vector ops. */
+static inline __attribute__((always_inline)) void nibble_bytes(const uint8_t *p, int zero, vf q[NV])
+{
+    (void)zero;
+    _Pragma("GCC unroll 4") for (int h = 0; h < NV / 2; h++) {
+        const vi w = widen_u8(p + h * VW);
+        q[h] = to_float(w & 15);
+        q[h + NV / 2] = to_float(w);
+    }
+}
+
 /* The 32 columns' 4-bit codes of one k minus `zero`, as floats. */
 static inline __attribute__((always_inline)) void nibble_floats(const uint8_t *p, int zero, vf q[NV])
 {
@@ -99,19 +112,21 @@ static inline __attribute__((always_inline)) void high_pairs(const uint8_t *p, v
 
 /* Per type: SB, G (k per scale group), REC (record bytes), OFFSET (whether w has an additive
  * term), ZERO (subtracted from the codes), scales(rec, g, s, o), and codes(rec, k, q) (minus
- * ZERO) and raw(rec, k, q) (as stored), k within the record. */
+ * ZERO) and raw(rec, k, q) (as stored, or for BYTES types as nibble_bytes gives them), k within
+ * the record. */
 
 /* The per-type constants, and codes read by `decode` from `at` bytes into the record, `step`
  * bytes a k. */
-#define QUANT_TYPE(T, sb, g, rec, offset, decode, at, step, zero)                                 \
-    enum { T##_SB = sb, T##_G = g, T##_REC = rec, T##_OFFSET = offset, T##_ZERO = zero };         \
+#define QUANT_TYPE(T, sb, g, rec, offset, decode, at, step, zero, few_decode, bytes)              \
+    enum { T##_SB = sb, T##_G = g, T##_REC = rec, T##_OFFSET = offset, T##_ZERO = zero,           \
+           T##_BYTES = bytes };                                                                    \
     static inline __attribute__((always_inline)) void T##_codes(const uint8_t *r, int k, vf q[NV]) \
     {                                                                                              \
         decode(r + at + k * step, zero, q);                                                        \
     }                                                                                              \
     static inline __attribute__((always_inline)) void T##_raw(const uint8_t *r, int k, vf q[NV])   \
     {                                                                                              \
-        decode(r + at + k * step, 0, q);                                                           \
+        few_decode(r + at + k * step, 0, q);                                                       \
     }
 
 /* d[32] f16 per record. */
@@ -162,14 +177,14 @@ static inline __attribute__((always_inline)) void six_bit_floats(const uint8_t *
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) q[j] = to_float((lo[j] | hi[j]) - zero);
 }
 
-QUANT_TYPE(Q4_0, 32, 32, 64 + 32 * 16, 0, nibble_floats, 64, 16, 8)
-QUANT_TYPE(Q4_1, 32, 32, 128 + 32 * 16, 1, nibble_floats, 128, 16, 0)
-QUANT_TYPE(Q5_0, 32, 32, 64 + 32 * 20, 0, five_bit_floats, 64, 20, 16)
-QUANT_TYPE(Q5_1, 32, 32, 128 + 32 * 20, 1, five_bit_floats, 128, 20, 0)
-QUANT_TYPE(Q8_0, 32, 32, 64 + 32 * 32, 0, int8_floats, 64, 32, 0)
-QUANT_TYPE(Q4_K, 256, 32, 640 + 256 * 16, 1, nibble_floats, 640, 16, 0)
-QUANT_TYPE(Q5_K, 256, 32, 640 + 256 * 20, 1, five_bit_floats, 640, 20, 0)
-QUANT_TYPE(Q6_K, 256, 16, 576 + 256 * 24, 0, six_bit_floats, 576, 24, 32)
+QUANT_TYPE(Q4_0, 32, 32, 64 + 32 * 16, 0, nibble_floats, 64, 16, 8, nibble_bytes, 1)
+QUANT_TYPE(Q4_1, 32, 32, 128 + 32 * 16, 1, nibble_floats, 128, 16, 0, nibble_bytes, 1)
+QUANT_TYPE(Q5_0, 32, 32, 64 + 32 * 20, 0, five_bit_floats, 64, 20, 16, five_bit_floats, 0)
+QUANT_TYPE(Q5_1, 32, 32, 128 + 32 * 20, 1, five_bit_floats, 128, 20, 0, five_bit_floats, 0)
+QUANT_TYPE(Q8_0, 32, 32, 64 + 32 * 32, 0, int8_floats, 64, 32, 0, int8_floats, 0)
+QUANT_TYPE(Q4_K, 256, 32, 640 + 256 * 16, 1, nibble_floats, 640, 16, 0, nibble_bytes, 1)
+QUANT_TYPE(Q5_K, 256, 32, 640 + 256 * 20, 1, five_bit_floats, 640, 20, 0, five_bit_floats, 0)
+QUANT_TYPE(Q6_K, 256, 16, 576 + 256 * 24, 0, six_bit_floats, 576, 24, 32, six_bit_floats, 0)
 #define Q4_0_scales scale_only
 #define Q4_1_scales scale_and_min
 #define Q5_0_scales scale_only
@@ -182,6 +197,13 @@ QUANT_TYPE(Q6_K, 256, 16, 576 + 256 * 24, 0, six_bit_floats, 576, 24, 32)
 /* Per type T, two ways through one 32-column block w (K/SB records):
  * few_T_R: R rows of x; xsum [R, K/G] the rows' sums per group (used by offset types).
  * tile_T: k rows [k0, k0 + kc) dequantized into buf [kc, 32]. */
+/* Sets of partial sums the few-rows path keeps for R rows: at least 8 independent FMA chains
+ * (an FMA's latency over its throughput on current x86 cores). */
+#ifndef MIN_CHAINS
+#define MIN_CHAINS 8
+#endif
+#define CHAINS(R) ((R) * NV >= MIN_CHAINS ? 1 : MIN_CHAINS / ((R) * NV))
+
 #define DEFINE_FEW(T, R)                                                                           \
 static void few_##T##_##R(const float *x, int64_t ldx, const float *xsum, const uint8_t *w,       \
                           const float *bias, float *y, int64_t ldy, int32_t K)                     \
@@ -198,23 +220,37 @@ static void few_##T##_##R(const float *x, int64_t ldx, const float *xsum, const 
         /* The hardware prefetcher alone left ~30% of the bandwidth unused at 2 threads. */        \
         for (int line = 0; line < T##_REC * T##_G / T##_SB; line += 64)                            \
             __builtin_prefetch(rec + g * (T##_REC * T##_G / T##_SB) + PREFETCH + line);            \
-        vf part[R][NV];                                                                            \
-        _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                       \
-            _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) part[m][j] = (vf){0};            \
+        /* CHAINS(R) sets of partial sums over interleaved k: one set of R * NV accumulators   \
+         * left each FMA waiting on the previous one's latency at one row (4 chains, 4 cycles). */ \
+        enum { P = CHAINS(R) };                                                                    \
+        vf part[P][R][NV];                                                                         \
+        _Pragma("GCC unroll 16") for (int p = 0; p < P; p++)                                       \
+            _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                   \
+                _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) part[p][m][j] = (vf){0};     \
         const float *xg = x + (int64_t)gi * T##_G;                                                 \
-        _Pragma("GCC unroll 2") for (int kk = 0; kk < T##_G; kk++) {                               \
-            vf q[NV];                                                                              \
-            T##_raw(rec, g * T##_G + kk, q);                                                       \
-            _Pragma("GCC unroll 16") for (int m = 0; m < R; m++) {                                 \
-                const float xv = xg[m * ldx + kk];                                                 \
-                _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) part[m][j] += xv * q[j];     \
+        _Pragma("GCC unroll 2") for (int kk = 0; kk < T##_G; kk += P) {                            \
+            _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) {                                  \
+                vf q[NV];                                                                          \
+                T##_raw(rec, g * T##_G + kk + p, q);                                               \
+                _Pragma("GCC unroll 16") for (int m = 0; m < R; m++) {                             \
+                    const float xv = xg[m * ldx + kk + p];                                         \
+                    _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++)                          \
+                        part[p][m][j] += xv * q[j];                                                \
+                }                                                                                  \
             }                                                                                      \
         }                                                                                          \
+        _Pragma("GCC unroll 4") for (int p = 1; p < P; p++)                                        \
+            _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                   \
+                _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) part[0][m][j] += part[p][m][j]; \
+        if (T##_BYTES) /* columns 16-31 summed whole bytes: take the low nibbles' sums off */   \
+            _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                   \
+                _Pragma("GCC unroll 16") for (int j = 0; j < NV / 2; j++)                          \
+                    part[0][m][j + NV / 2] = (part[0][m][j + NV / 2] - part[0][m][j]) * 0.0625f;   \
         vf s[NV], o[NV];                                                                           \
         T##_scales(rec, g, s, o);                                                                  \
         _Pragma("GCC unroll 16") for (int m = 0; m < R; m++)                                       \
             _Pragma("GCC unroll 16") for (int j = 0; j < NV; j++) {                                \
-                acc[m][j] += s[j] * part[m][j];                                                    \
+                acc[m][j] += s[j] * part[0][m][j];                                                    \
                 /* The codes' zero point comes off once per group, with the offset. */          \
                 if (T##_OFFSET) acc[m][j] += o[j] * xsum[m * groups + gi];                         \
                 if (T##_ZERO) acc[m][j] -= (float)T##_ZERO * s[j] * xsum[m * groups + gi];         \
