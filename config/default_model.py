@@ -64,6 +64,7 @@ def resolve_model_path(model: str | None) -> Path:
         default = model is None or model in DEFAULT_MODEL_ALIASES
         out = cache_root() / "models" / gguf_path.stem if default else _gguf_cache_dir(gguf_path)
         return convert_gguf(gguf_path, out)
+    assert model is not None  # None names the default model, a GGUF file
     path = Path(model).expanduser()
     if path.is_dir():
         return path

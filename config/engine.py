@@ -41,9 +41,10 @@ def parse_size(value: int | str) -> int:
         number = float(m.group(1)) if m else None  # '1.2.3' or 'e' pass the pattern, not float()
     except ValueError:
         number = None
-    if number is None or m.group(2).lower() not in _SIZE_UNITS:
+    unit = m.group(2).lower() if m else ""
+    if number is None or unit not in _SIZE_UNITS:
         raise ValueError(f"cannot parse size {value!r}; use bytes or a unit such as '2GiB' or '512MB'")
-    return int(number * _SIZE_UNITS[m.group(2).lower()])
+    return int(number * _SIZE_UNITS[unit])
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,9 @@ def attention_backends_for(device_type: str, block_size: int, head_dim: int,
         return names
     reasons = []
     for support in table:
-        name, value, allowed = support.refusal(block_size, head_dim, dtype)
+        refusal = support.refusal(block_size, head_dim, dtype)
+        assert refusal is not None  # none of them runs it (names is empty)
+        name, value, allowed = refusal
         reasons.append(f"{name} {value} is not supported by the {support.backend} attention "
                        f"kernels on {device_type}, which take {name} {_one_of(allowed)}")
     raise ConfigError("; ".join(reasons))
@@ -524,7 +527,7 @@ KWARG_ALIASES = {"kv_cache_memory_bytes": "kv_cache_memory"}
 
 def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:
     """Build an EngineConfig from flat vLLM-style keyword arguments; unknown names are refused."""
-    groups: dict[str, type] = {
+    groups: dict[str, Any] = {  # dataclass types
         "model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
         "parallel": ParallelConfig, "load": LoadConfig, "device": DeviceConfig,
         "observability": ObservabilityConfig,

@@ -59,7 +59,9 @@ def default_sampling_params(model: ModelConfig, model_path: str) -> dict[str, An
             config = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise ConfigError(f"{path}: cannot read the generation config ({e})") from None
-    config.update(model.override_generation_config or {})
+    override = model.override_generation_config
+    assert not isinstance(override, str), "ModelConfig decodes a JSON override when built"
+    config.update(override or {})
     defaults = {k: config[k] for k in DEFAULT_KEYS if config.get(k) is not None}
     if "max_new_tokens" in defaults:
         defaults["max_tokens"] = defaults.pop("max_new_tokens")

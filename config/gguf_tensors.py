@@ -61,7 +61,7 @@ class _Cursor:
 def read_gguf_tensors(path: Path) -> list[GGUFTensor]:
     """The file's tensors in file order; ValueError for a file that is not GGUF v2/v3."""
     data = np.memmap(path, mode="r")
-    cursor = _Cursor(memoryview(data))
+    cursor = _Cursor(memoryview(data.data))
     magic, version, tensor_count, kv_count = cursor.take("<IIQQ")
     if magic != GGUF_MAGIC or version not in (2, 3):
         raise ValueError(f"{path}: not a GGUF v2/v3 file (magic {magic:#x}, version {version})")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -24,7 +24,7 @@ ARRAY_EXT_CODE = 1
 # Below this many bytes an array stays an inline list: a frame costs more than it saves.
 INLINE_MAX_BYTES = 256
 # The only dtypes on the wire, always little-endian.
-WIRE_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8"), "float32": np.dtype("<f4")}
+WIRE_DTYPES: dict[str, np.dtype] = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8"), "float32": np.dtype("<f4")}
 
 class WireArray(abc.ABC):
     """A msgspec field type: a (nested) list, or a numpy array that travels as an array Ext.
@@ -42,22 +42,25 @@ class WireArray(abc.ABC):
         return True if issubclass(subclass, (list, np.ndarray)) else NotImplemented
 
 
-class IntVector(WireArray):
-    """Ints of one dimension, e.g. token ids."""
+if TYPE_CHECKING:  # what a field of these types holds, for the type checker
+    IntVector = list[int] | np.ndarray
+    IntMatrix = list[list[int]] | np.ndarray
+    FloatMatrix = list[list[float]] | np.ndarray
+else:
+    class IntVector(WireArray):
+        """Ints of one dimension, e.g. token ids."""
 
-    kind, ndim, list_type = np.integer, 1, list[int]
+        kind, ndim, list_type = np.integer, 1, list[int]
 
+    class IntMatrix(WireArray):
+        """Ints of two dimensions, e.g. the top-k token ids of each position."""
 
-class IntMatrix(WireArray):
-    """Ints of two dimensions, e.g. the top-k token ids of each position."""
+        kind, ndim, list_type = np.integer, 2, list[list[int]]
 
-    kind, ndim, list_type = np.integer, 2, list[list[int]]
+    class FloatMatrix(WireArray):
+        """Floats of two dimensions, e.g. the top-k logprobs of each position."""
 
-
-class FloatMatrix(WireArray):
-    """Floats of two dimensions, e.g. the top-k logprobs of each position."""
-
-    kind, ndim, list_type = np.floating, 2, list[list[float]]
+        kind, ndim, list_type = np.floating, 2, list[list[float]]
 
 
 class ArrayHeader(msgspec.Struct, array_like=True, gc=False):
@@ -99,7 +102,7 @@ class FrameEncoder:
         if obj.nbytes < INLINE_MAX_BYTES:
             return obj.tolist()
         array = np.ascontiguousarray(obj, dtype=dtype)  # a no-op for the usual arrays
-        self._buffers.append(memoryview(array).cast("B"))
+        self._buffers.append(array.data.cast("B"))
         header = ArrayHeader(dtype.name, list(array.shape), len(self._buffers) - 1)
         return msgspec.msgpack.Ext(ARRAY_EXT_CODE, _header_encoder.encode(header))
 

@@ -48,5 +48,5 @@ class Executor(ABC):
         run in the order submitted. This default runs the step before returning."""
         return _Finished(self.execute_model(scheduler_output))
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 (optional: an executor without workers has none)
         """Release workers."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from engine_core.client import EngineCoreClient, EngineDeadError
 from engine_core.resolve import resolved_config
 from engine_core.engine_core import EngineCore
+from engine_core.frames import tolist
 from engine_core.inproc_client import InprocClient
 from engine_core.protocol import EngineCoreRequest
 from engine_core.sampling_params import SamplingParams
@@ -56,7 +57,7 @@ class LLM:
             EngineCoreClient(engine_args=config) if engine_process
             else InprocClient(config))
         self.output_processor = OutputProcessor(self.tokenizer)
-        self._stats = OfflineStatsRecorder(config.model.served_model_name or "",
+        self._stats = OfflineStatsRecorder(config.model.served_model_names[0],
                                            config.max_model_len)
         self._ids = itertools.count()
 
@@ -94,6 +95,7 @@ class LLM:
         if prompts is None:
             ids = prompt_token_ids or []
             prompts = [ids] if ids and isinstance(ids[0], int) else list(ids)  # type: ignore
+        assert prompts is not None
         prompt_list = self._as_prompt_list(prompts)
         params_list = self._as_params_list(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
@@ -122,7 +124,8 @@ class LLM:
 
         tools (OpenAI's function definitions) are rendered by the template, as vLLM's LLM.chat
         does; to force a call, constrain the output (SamplingParams.structured_outputs)."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        conversations = cast(list[list[dict[str, Any]]], [messages] if messages and isinstance(
+            messages[0], dict) else messages)
         prompts = [{"prompt_token_ids": apply_chat_template(
             self.tokenizer, conv, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, chat_template=chat_template,
@@ -154,7 +157,7 @@ class LLM:
                                            search.step_params, use_tqdm=False) if live else [])
                 search.advance([_candidates(next(steps)) if len(t) < max_len else None
                                 for t in beams])
-            outputs += search.results(self.tokenizer.decode, include_prompt=True)
+            outputs += search.results(self._decode, include_prompt=True)
             if progress is not None:
                 progress.update(len(chunk))
         if progress is not None:
@@ -199,14 +202,15 @@ class LLM:
 
     def _run(self, requests: list[tuple[str | None, EngineCoreRequest]],
              use_tqdm: bool) -> list[RequestOutput]:
-        order = {}
+        order: dict[str, int] = {}
         for text, request in requests:
             params = request.sampling_params
-            output = RequestOutput.empty(request.request_id, text, request.prompt_token_ids,
+            prompt_ids = tolist(request.prompt_token_ids)  # built from a list: that list
+            output = RequestOutput.empty(request.request_id, text, prompt_ids,
                                          params.n, params.logprobs is not None)
             child_ids = self.output_processor.add_request(
-                request.request_id, request.prompt_token_ids, params, owner=output)
-            self._stats.on_request(child_ids, params, len(request.prompt_token_ids))
+                request.request_id, prompt_ids, params, owner=output)
+            self._stats.on_request(child_ids, params, len(prompt_ids))
             for index, child_id in enumerate(child_ids):
                 child = request if len(child_ids) == 1 else EngineCoreRequest(
                     child_id, request.prompt_token_ids, child_sampling_params(params, index),
@@ -242,15 +246,21 @@ class LLM:
             progress.close()
         return results  # type: ignore[return-value]
 
+    def _decode(self, token_ids: list[int]) -> str:
+        text = self.tokenizer.decode(token_ids)
+        assert isinstance(text, str)  # one sequence's ids give one string
+        return text
+
     def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int], str | None]:
         if isinstance(prompt, str):
             return prompt, self.tokenizer(prompt).input_ids, None
         if isinstance(prompt, dict):
-            salt = prompt.get("cache_salt")
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"]), salt
-            if "prompt" in prompt:
-                return prompt["prompt"], self.tokenizer(prompt["prompt"]).input_ids, salt
+            fields = cast(dict[str, Any], prompt)  # any of the prompt dicts
+            salt = fields.get("cache_salt")
+            if "prompt_token_ids" in fields:
+                return fields.get("prompt"), list(fields["prompt_token_ids"]), salt
+            if "prompt" in fields:
+                return fields["prompt"], self.tokenizer(fields["prompt"]).input_ids, salt
             raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt), None
@@ -262,8 +272,8 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             return [prompts]
         if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
-            return [prompts]
-        return list(prompts)
+            return [cast(list[int], prompts)]
+        return list(cast(Sequence[PromptInput], prompts))
 
     def _as_params_list(self, params: SamplingParams | Sequence[SamplingParams] | None,
                         n: int) -> list[SamplingParams]:

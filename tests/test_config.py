@@ -175,7 +175,7 @@ def test_max_model_len_above_the_model_limit(tiny):
 
 def test_max_model_len_needs_resolve():
     with pytest.raises(AssertionError, match="resolve"):
-        engine_config_from_kwargs(device="cpu").max_model_len
+        _ = engine_config_from_kwargs(device="cpu").max_model_len
 
 
 @pytest.mark.parametrize("tp", [3, 4])

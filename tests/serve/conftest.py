@@ -59,7 +59,7 @@ class Server:
             try:
                 line = self.stdout.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError(f"engine serve not ready in {timeout} s: {self.stderr}")
+                raise TimeoutError(f"engine serve not ready in {timeout} s: {self.stderr}") from None
             if line is None:
                 return False  # exited during start-up
             if m := re.match(r"engine core listening on (\S+):", line):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_worker.loader import default_model, gguf_convert
+from config import default_model, gguf_convert
 from config.default_model import DEFAULT_MODEL, cache_root, find_default_gguf, resolve_model_path
 from config.gguf_convert import convert_gguf, unpermute_rotary_rows
 

@@ -43,7 +43,7 @@ def test_reused_metadata_equals_metadata_from_scratch() -> None:
             for slot, which in added.items():
                 states.add(slot, params[which], 0)
             states.apply_staged_writes()
-            for slot, which in added.items():
+            for slot in added:
                 ids = torch.tensor([5, 6, 7])
                 states.set_penalty_tokens(slot, ids, ids[:0])
         slots_np = np.array(sample_slots, dtype=np.int64)
