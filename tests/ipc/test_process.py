@@ -10,15 +10,15 @@ from ipc.process import wait_for_exit
 
 
 def test_wait_for_exit_returns_when_the_process_exits():
-    async def main() -> float:
-        proc = subprocess.Popen(["sleep", "0.6"])
-        start = time.monotonic()
-        await wait_for_exit(proc.pid, poll_s=5.0)  # a poll would only notice after 5 s
-        elapsed = time.monotonic() - start
-        proc.wait()
-        return elapsed
+    async def main(pid: int) -> float:
+        await wait_for_exit(pid, poll_s=5.0)  # a poll would only notice after 5 s
+        return time.monotonic() - start
 
-    assert 0.5 < asyncio.run(main()) < 2.0
+    start = time.monotonic()
+    proc = subprocess.Popen(["sleep", "0.6"])
+    elapsed = asyncio.run(main(proc.pid))
+    proc.wait()
+    assert 0.5 < elapsed < 2.0
 
 
 def test_wait_for_exit_of_a_process_already_gone():
