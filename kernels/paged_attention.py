@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.write_kv import cache_strides
 
 # Rows (query tokens x query heads of one kv group) per tile: tl.dot needs at least 16.
 _MIN_ROWS = 16
@@ -28,6 +31,34 @@ def _find_request(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr)
         else:
             hi = mid
     return lo - 1
+
+
+@triton.jit
+def attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, k_pos, k_valid, allowed,
+                 kv_head, offs_d, scale_log2, stride_kb, stride_ks, stride_kh, stride_vb,
+                 stride_vs, stride_vh, BLOCK_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """One key tile of the online softmax, shared by the one-pass and the split-decode kernels:
+    keys and values at positions k_pos (k_valid: inside the context) of the request whose
+    block-table row starts at bt_row, read through the table for kv_head; scores where `allowed`
+    is false count as -inf. Returns the updated running max, sum and un-normalised output."""
+    block = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
+    in_block = k_pos % BLOCK_SIZE
+    k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
+    v_off = block * stride_vb + in_block * stride_vs + kv_head * stride_vh
+    k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=k_valid[None, :], other=0.0)
+    k = k.to(tl.float32).to(DOT_DTYPE)
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+    s = tl.where(allowed, s, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=k_valid[:, None], other=0.0)
+    v = v.to(tl.float32).to(DOT_DTYPE)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
 
 
 # num_seqs and the block table's row stride (its width is the step's longest request) change every
@@ -97,40 +128,40 @@ def _paged_attention_kernel(
     for start_n in range(0, kv_end, BLOCK_N):
         k_pos = start_n + tl.arange(0, BLOCK_N)
         k_valid = k_pos < kv_end
-        block = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
-        in_block = k_pos % BLOCK_SIZE
-        k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
-        v_off = block * stride_vb + in_block * stride_vs + kv_head * stride_vh
-        k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=k_valid[None, :], other=0.0)
-        k = k.to(tl.float32).to(DOT_DTYPE)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
         causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
-        s = tl.where(causal, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=k_valid[:, None], other=0.0)
-        v = v.to(tl.float32).to(DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, k_pos,
+                                    k_valid, causal, kv_head, offs_d, scale_log2, stride_kb,
+                                    stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                    BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
 
     acc = acc / l_i[:, None]
     o_row = (q_start + tok).to(tl.int64) * stride_ot + q_head * stride_oh
-    tl.store(out_ptr + o_row[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+    tl.store(out_ptr + o_row[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_valid[:, None])
 
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
+class PagedShapes(NamedTuple):
+    """The sizes of a paged attention call's inputs."""
+
+    num_tokens: int
+    num_q_heads: int
+    head_dim: int
+    block_size: int
+    num_kv_heads: int
+    num_seqs: int
+    group: int  # query heads per kv head
+
+
 def check_paged_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                        query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                       out: torch.Tensor | None) -> torch.Tensor:
-    """Assert the shapes and layouts the paged attention kernels take; returns out, allocated
-    like query when None."""
-    num_q_heads, head_dim = query.shape[1:]
-    block_size, num_kv_heads, kv_head_dim = key_cache.shape[1:]
+                       out: torch.Tensor | None) -> tuple[torch.Tensor, PagedShapes]:
+    """Assert the shapes and layouts the paged attention kernels take; returns out (allocated
+    like query when None) and the inputs' sizes."""
+    num_tokens, num_q_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, kv_head_dim = key_cache.shape
     assert kv_head_dim == head_dim, f"query head_dim {head_dim} != cache head_dim {kv_head_dim}"
     assert value_cache.shape == key_cache.shape, "value_cache must have key_cache's shape"
     assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, (
@@ -148,7 +179,15 @@ def check_paged_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_cache
         out = torch.empty_like(query)
     assert out.shape == query.shape and out.stride(-1) == 1, (
         "out must be [T, Hq, D] with contiguous head_dim")
-    return out
+    return out, PagedShapes(num_tokens, num_q_heads, head_dim, block_size, num_kv_heads,
+                            seq_lens.shape[0], num_q_heads // num_kv_heads)
+
+
+def paged_strides(key_cache: torch.Tensor, value_cache: torch.Tensor,
+                  block_table: torch.Tensor) -> tuple[int, ...]:
+    """The paged kernels' stride arguments for the caches and the block table, in their order
+    (stride_kb ... stride_vh, stride_bt)."""
+    return (*cache_strides(key_cache, value_cache), block_table.stride(0))
 
 
 def dot_types(query: torch.Tensor) -> tuple[tl.dtype, str | None]:
@@ -170,26 +209,23 @@ def paged_attention(
     out: torch.Tensor | None = None,
     max_query_len: int | None = None,
 ) -> torch.Tensor:
-    """Causal GQA attention of each request's packed queries over its paged K/V; matches paged_attention_ref."""
-    out = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
-    num_tokens, num_q_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    num_seqs = seq_lens.shape[0]
-    if num_tokens == 0 or num_seqs == 0:
+    """Causal GQA attention of each request's packed queries over its paged K/V; matches
+    paged_attention_ref."""
+    out, shapes = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
+    if shapes.num_tokens == 0 or shapes.num_seqs == 0:
         return out
 
-    group = num_q_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
+    group_pad = triton.next_power_of_2(shapes.group)
     min_block_q = max(1, _MIN_ROWS // group_pad)
     block_q = max(min_block_q, _TARGET_ROWS // group_pad)
     if max_query_len is not None:
         # Decode-heavy batches waste fewer rows with short tiles.
         block_q = max(min_block_q, min(block_q, triton.next_power_of_2(max_query_len)))
-    block_n = max(block_size, _MIN_BLOCK_N)
+    block_n = max(shapes.block_size, _MIN_BLOCK_N)
     dot_dtype, dot_precision = dot_types(query)
 
-    num_tiles = num_tokens // block_q + num_seqs
-    _paged_attention_kernel[(num_tiles, num_kv_heads)](
+    num_tiles = shapes.num_tokens // block_q + shapes.num_seqs
+    _paged_attention_kernel[(num_tiles, shapes.num_kv_heads)](
         out,
         query,
         key_cache,
@@ -198,22 +234,14 @@ def paged_attention(
         query_start_loc,
         seq_lens,
         scale * math.log2(math.e),
-        num_seqs,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
-        block_table.stride(0),
-        GROUP=group,
+        shapes.num_seqs,
+        *query.stride()[:2],
+        *out.stride()[:2],
+        *paged_strides(key_cache, value_cache, block_table),
+        GROUP=shapes.group,
         GROUP_PAD=group_pad,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
+        HEAD_DIM=shapes.head_dim,
+        BLOCK_SIZE=shapes.block_size,
         BLOCK_Q=block_q,
         BLOCK_N=block_n,
         DOT_DTYPE=dot_dtype,

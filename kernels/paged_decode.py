@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_attention import check_paged_inputs, dot_types
+from kernels.paged_attention import attend_tile, check_paged_inputs, dot_types, paged_strides
 
 # Tokens per partition on the device (vLLM's paged attention v2 uses 512 too).
 PARTITION_SIZE = 512
@@ -107,25 +107,10 @@ def _decode_partition_kernel(
     for start_n in range(start, end, BLOCK_N):
         k_pos = start_n + tl.arange(0, BLOCK_N)
         k_valid = k_pos < end
-        block = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
-        in_block = k_pos % BLOCK_SIZE
-        k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
-        v_off = block * stride_vb + in_block * stride_vs + kv_head * stride_vh
-        k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=k_valid[None, :],
-                    other=0.0)
-        k = k.to(tl.float32).to(DOT_DTYPE)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
-        s = tl.where(k_valid[None, :], s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=k_valid[:, None],
-                    other=0.0)
-        v = v.to(tl.float32).to(DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, k_pos,
+                                    k_valid, k_valid[None, :], kv_head, offs_d, scale_log2,
+                                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                    stride_vh, BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
 
     # Scratch row (seq, q_head) holds one entry per partition; acc is the same layout with a
     # contiguous head_dim, so its offsets are multiples of HEAD_DIM the compiler can see.
@@ -213,10 +198,8 @@ def paged_decode_split(
     max_seq_len must be at least seq_lens.max() (a host value: nothing is read from the device);
     partition_size (default PARTITION_SIZE, or the block size if larger) must be a power of two
     and a multiple of the block size."""
-    out = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
-    num_tokens, num_q_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    num_seqs = seq_lens.shape[0]
+    out, shapes = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
+    num_tokens, num_q_heads, head_dim, block_size, num_kv_heads, num_seqs, group = shapes
     if partition_size is None:
         partition_size = max(PARTITION_SIZE, block_size)
     assert partition_size & (partition_size - 1) == 0 and partition_size >= block_size, (
@@ -224,7 +207,6 @@ def paged_decode_split(
     if num_tokens == 0 or num_seqs == 0:
         return out
 
-    group = num_q_heads // num_kv_heads
     on_gpu = query.device.type == "cuda"
     rows = triton.next_power_of_2(group)
     if on_gpu:
@@ -254,17 +236,9 @@ def paged_decode_split(
         query_start_loc,
         seq_lens,
         scale * math.log2(math.e),
-        query.stride(0),
-        query.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
-        block_table.stride(0),
-        m_scratch.stride(0),
-        m_scratch.stride(1),
+        *query.stride()[:2],
+        *paged_strides(key_cache, value_cache, block_table),
+        *m_scratch.stride()[:2],
         GROUP=group,
         ROWS=rows,
         HEAD_DIM=head_dim,
@@ -282,10 +256,8 @@ def paged_decode_split(
         acc,
         query_start_loc,
         seq_lens,
-        out.stride(0),
-        out.stride(1),
-        m_scratch.stride(0),
-        m_scratch.stride(1),
+        *out.stride()[:2],
+        *m_scratch.stride()[:2],
         HEAD_DIM=head_dim,
         PARTITION=partition_size,
         PARTS_BLOCK=_PARTS_BLOCK,

@@ -13,7 +13,8 @@ def write_kv_ref(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write token t's key/value [Hkv, D] into cache slot slot_mapping[t]; negative slots are skipped."""
+    """Write token t's key/value [Hkv, D] into cache slot slot_mapping[t]; negative slots are
+    skipped."""
     block_size = key_cache.shape[1]
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:

@@ -50,6 +50,13 @@ def _write_kv_kernel(
     tl.store(vc, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
 
+def cache_strides(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, ...]:
+    """The block, slot and head strides of the [num_blocks, block_size, Hkv, D] key cache, then
+    the value cache's: the stride arguments of the kernels that read or write the caches, in
+    their order."""
+    return (*key_cache.stride()[:3], *value_cache.stride()[:3])
+
+
 def write_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -57,10 +64,13 @@ def write_kv(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write token t's key/value [Hkv, D] into cache slot slot_mapping[t] in place; negative slots are skipped."""
+    """Write token t's key/value [Hkv, D] into cache slot slot_mapping[t] in place; negative
+    slots are skipped."""
     num_tokens, num_kv_heads, head_dim = key.shape
-    assert value.shape == key.shape, f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}"
-    assert key_cache.shape[2:] == (num_kv_heads, head_dim), "key_cache must be [num_blocks, block_size, Hkv, D]"
+    assert value.shape == key.shape, (
+        f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
+    assert key_cache.shape[2:] == (num_kv_heads, head_dim), (
+        "key_cache must be [num_blocks, block_size, Hkv, D]")
     assert value_cache.shape == key_cache.shape, "value_cache must have key_cache's shape"
     for t in (key, value, key_cache, value_cache):
         assert t.stride(-1) == 1, "the head_dim axis must be contiguous"
@@ -73,16 +83,9 @@ def write_kv(
         key_cache,
         value_cache,
         slot_mapping,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
+        *key.stride()[:2],
+        *value.stride()[:2],
+        *cache_strides(key_cache, value_cache),
         HEAD_DIM=head_dim,
         NUM_ELEMS=num_elems,
         BLOCK=triton.next_power_of_2(num_elems),
