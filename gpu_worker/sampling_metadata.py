@@ -1,4 +1,5 @@
-"""Per-step batched sampling tensors, gathered on the device from SamplingStates (sampling_state.py)."""
+"""Per-step batched sampling tensors, gathered on the device from SamplingStates
+(sampling_state.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ from dataclasses import dataclass
 import torch
 
 from gpu_worker.bad_words import BadWordsBatch
+
+
+def _unset(field: str, doc: str) -> property:
+    """A read-only property: whether the named field is None."""
+    return property(lambda self: getattr(self, field) is None, doc=doc)
 
 
 @dataclass
@@ -31,42 +37,21 @@ class SamplingMetadata:
     prompt_mask: torch.Tensor | None  # [N, V] bool; None when no row has repetition_penalty
     # (rows still below min_tokens [N] bool, their banned ids [N, S] padded by repetition)
     min_tokens_mask: tuple[torch.Tensor, torch.Tensor] | None
-    logit_bias: tuple[torch.Tensor, torch.Tensor] | None  # (token ids [N, K], bias [N, K]), 0-padded
+    # (token ids [N, K], bias [N, K]), 0-padded
+    logit_bias: tuple[torch.Tensor, torch.Tensor] | None
     max_num_logprobs: int | None  # max K over rows (-1 resolved to vocab_size); None if no row asks
     # (rows restricted to allowed_token_ids [N] bool, their allowed ids [N, A] padded by repetition)
     allowed_token_ids: tuple[torch.Tensor, torch.Tensor] | None = None
     # (the request state's token-id table [R, W], the step's bad-word entries)
     bad_words: tuple[torch.Tensor, BadWordsBatch] | None = None
 
-    @property
-    def no_top_k(self) -> bool:
-        """True when no row restricts to its top-k tokens."""
-        return self.top_k is None
-
-    @property
-    def no_top_p(self) -> bool:
-        """True when no row applies nucleus (top-p) truncation."""
-        return self.top_p is None
-
-    @property
-    def no_min_p(self) -> bool:
-        """True when no row applies min-p truncation."""
-        return self.min_p is None
-
-    @property
-    def no_penalties(self) -> bool:
-        """True when no row has a presence, frequency or repetition penalty."""
-        return self.repetition_penalties is None
-
-    @property
-    def no_logit_bias(self) -> bool:
-        """True when no row biases any token."""
-        return self.logit_bias is None
-
-    @property
-    def no_min_tokens(self) -> bool:
-        """True when no row is still below its min_tokens."""
-        return self.min_tokens_mask is None
+    no_top_k = _unset("top_k", "True when no row restricts to its top-k tokens.")
+    no_top_p = _unset("top_p", "True when no row applies nucleus (top-p) truncation.")
+    no_min_p = _unset("min_p", "True when no row applies min-p truncation.")
+    no_penalties = _unset("repetition_penalties",
+                          "True when no row has a presence, frequency or repetition penalty.")
+    no_logit_bias = _unset("logit_bias", "True when no row biases any token.")
+    no_min_tokens = _unset("min_tokens_mask", "True when no row is still below its min_tokens.")
 
     @property
     def argmax_only(self) -> bool:

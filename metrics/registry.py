@@ -80,6 +80,20 @@ def _gauge(name: str, doc: str) -> Gauge:
     return Gauge(name, doc, _LABELS, multiprocess_mode="livemostrecent")
 
 
+def _counter(name: str, doc: str, *extra_labels: str) -> Counter:
+    return Counter(name, doc, [*_LABELS, *extra_labels])
+
+
+def _histogram(name: str, doc: str, buckets: list[float] | list[int]) -> Histogram:
+    return Histogram(name, doc, _LABELS, buckets=buckets)
+
+
+def _phase_histogram(name: str, phase: str) -> Histogram:
+    """A request's time in one phase of its life (vLLM's help text names the phase)."""
+    return _histogram(name, f"Histogram of time spent in {phase} phase for request.",
+                      REQUEST_LATENCY_BUCKETS)
+
+
 def engine_metrics() -> EngineMetrics:
     """This process's engine metrics (created on first call: a name may be registered once)."""
     global _engine_metrics
@@ -88,21 +102,19 @@ def engine_metrics() -> EngineMetrics:
             _gauge("vllm:num_requests_running", "Number of requests in model execution batches."),
             _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
             _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
-            Counter("vllm:prefix_cache_queries",
-                    "Prefix cache queries, in terms of number of queried tokens.", _LABELS),
-            Counter("vllm:prefix_cache_hits",
-                    "Prefix cache hits, in terms of number of cached tokens.", _LABELS),
-            Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                    _LABELS),
-            Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", _LABELS),
-            Counter("vllm:generation_tokens", "Number of generation tokens processed.", _LABELS),
-            Histogram("vllm:iteration_tokens_total",
-                      "Histogram of number of tokens per engine_step.", _LABELS,
-                      buckets=ITERATION_TOKEN_BUCKETS),
-            Counter("vllm:prompt_tokens_cached",
-                    "Number of cached prompt tokens (local prefix cache).", _LABELS),
-            Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-                    [*_LABELS, "source"]))
+            _counter("vllm:prefix_cache_queries",
+                     "Prefix cache queries, in terms of number of queried tokens."),
+            _counter("vllm:prefix_cache_hits",
+                     "Prefix cache hits, in terms of number of cached tokens."),
+            _counter("vllm:num_preemptions", "Cumulative number of preemption from the engine."),
+            _counter("vllm:prompt_tokens", "Number of prefill tokens processed."),
+            _counter("vllm:generation_tokens", "Number of generation tokens processed."),
+            _histogram("vllm:iteration_tokens_total",
+                       "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS),
+            _counter("vllm:prompt_tokens_cached",
+                     "Number of cached prompt tokens (local prefix cache)."),
+            _counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                     "source"))
     return _engine_metrics
 
 
@@ -126,38 +138,26 @@ def request_metrics(max_model_len: int) -> RequestMetrics:
     if _request_metrics is None:
         token_buckets = build_1_2_5_buckets(max_model_len)
         _request_metrics = RequestMetrics(
-            Counter("vllm:request_success", "Count of successfully processed requests.",
-                    [*_LABELS, "finished_reason"]),
-            Histogram("vllm:time_to_first_token_seconds",
-                      "Histogram of time to first token in seconds.", _LABELS,
-                      buckets=TTFT_BUCKETS),
-            Histogram("vllm:inter_token_latency_seconds",
-                      "Histogram of inter-token latency in seconds.", _LABELS, buckets=ITL_BUCKETS),
-            Histogram("vllm:e2e_request_latency_seconds",
-                      "Histogram of e2e request latency in seconds.", _LABELS,
-                      buckets=REQUEST_LATENCY_BUCKETS),
-            Histogram("vllm:request_queue_time_seconds",
-                      "Histogram of time spent in WAITING phase for request.", _LABELS,
-                      buckets=REQUEST_LATENCY_BUCKETS),
-            Histogram("vllm:request_prefill_time_seconds",
-                      "Histogram of time spent in PREFILL phase for request.", _LABELS,
-                      buckets=REQUEST_LATENCY_BUCKETS),
-            Histogram("vllm:request_decode_time_seconds",
-                      "Histogram of time spent in DECODE phase for request.", _LABELS,
-                      buckets=REQUEST_LATENCY_BUCKETS),
-            Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                      _LABELS, buckets=token_buckets),
-            Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                      _LABELS, buckets=token_buckets),
-            Histogram("vllm:request_inference_time_seconds",
-                      "Histogram of time spent in RUNNING phase for request.", _LABELS,
-                      buckets=REQUEST_LATENCY_BUCKETS),
-            Histogram("vllm:request_time_per_output_token_seconds",
-                      "Histogram of time_per_output_token_seconds per request.", _LABELS,
-                      buckets=ITL_BUCKETS),
-            Histogram("vllm:request_params_n", "Histogram of the n request parameter.", _LABELS,
-                      buckets=[1, 2, 5, 10, 20]),
-            Histogram("vllm:request_params_max_tokens",
-                      "Histogram of the max_tokens request parameter.", _LABELS,
-                      buckets=token_buckets))
+            _counter("vllm:request_success", "Count of successfully processed requests.",
+                     "finished_reason"),
+            _histogram("vllm:time_to_first_token_seconds",
+                       "Histogram of time to first token in seconds.", TTFT_BUCKETS),
+            _histogram("vllm:inter_token_latency_seconds",
+                       "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+            _histogram("vllm:e2e_request_latency_seconds",
+                       "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS),
+            _phase_histogram("vllm:request_queue_time_seconds", "WAITING"),
+            _phase_histogram("vllm:request_prefill_time_seconds", "PREFILL"),
+            _phase_histogram("vllm:request_decode_time_seconds", "DECODE"),
+            _histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                       token_buckets),
+            _histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                       token_buckets),
+            _phase_histogram("vllm:request_inference_time_seconds", "RUNNING"),
+            _histogram("vllm:request_time_per_output_token_seconds",
+                       "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS),
+            _histogram("vllm:request_params_n", "Histogram of the n request parameter.",
+                       [1, 2, 5, 10, 20]),
+            _histogram("vllm:request_params_max_tokens",
+                       "Histogram of the max_tokens request parameter.", token_buckets))
     return _request_metrics
