@@ -180,6 +180,8 @@ class ModelConfig:
         if not names or not all(isinstance(n, str) and n for n in names):
             raise ConfigError(f"served_model_name must be a non-empty name or list of names, "
                               f"got {self.served_model_name!r}")
+        if self.served_model_names[:1] == names:  # decoded (EngineConfig.encode): both kept
+            return
         self.served_model_names = list(dict.fromkeys(names))
         self.served_model_name = names[0]
 

@@ -15,6 +15,7 @@ from config.engine import (
     EngineConfig,
     _resolve_dtype,
     attention_backends_for,
+    decode_config,
     engine_config_from_kwargs,
     parse_size,
 )
@@ -342,3 +343,18 @@ def test_backend_selection_uses_the_same_rules():
         attention_backend(cuda, torch.float16, 80, 16)
     assert attention_backend(torch.device("cpu"), torch.float32, 80, 256).name == "torch"
     assert attention_backend(torch.device("cpu"), torch.bfloat16, 64, 16).name == "torch"
+
+
+def test_the_encoded_configuration_is_the_resolved_one(tiny):
+    """What the launcher hands every process (EngineConfig.encode) decodes to the same
+    configuration, served names and generation defaults included, without resolving again."""
+    config = _resolved(tiny, served_model_name=["a", "b", "a"], dtype="float32",
+                     override_generation_config={"temperature": 0.5})
+    copy = decode_config(config.encode())
+    assert copy == config
+    assert copy.model.served_model_names == ["a", "b"] and copy.model.served_model_name == "a"
+    assert copy.sampling_defaults == {"temperature": 0.5} and copy.arch == config.arch
+    ranked = config.for_rank(1)
+    assert ranked.parallel.data_parallel_rank == 1 and config.parallel.data_parallel_rank is None
+    with pytest.raises(ConfigError, match="not an encoded engine configuration"):
+        decode_config('{"model": {"dtype": 3}}')

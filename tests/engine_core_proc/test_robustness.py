@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,8 +199,19 @@ def test_engine_core_exits_when_its_parent_dies(engine_args):
 
 
 def test_start_up_failure_is_reported(engine_args, tmp_path):
-    args = {**engine_args, "model": str(tmp_path / "no-such-model")}
+    # The configuration resolves (config.json and the tokenizer are there); loading the
+    # weights fails in the child.
+    model = tmp_path / "no-weights"
+    shutil.copytree(engine_args["model"], model,
+                    ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    args = {**engine_args, "model": str(model)}
     with pytest.raises(EngineDeadError, match="exited with code 1 during start-up"):
+        EngineCoreClient(engine_args=args, startup_timeout=60)
+
+
+def test_a_missing_model_is_refused_before_a_child_starts(engine_args, tmp_path):
+    args = {**engine_args, "model": str(tmp_path / "no-such-model")}
+    with pytest.raises(FileNotFoundError, match="no-such-model"):
         EngineCoreClient(engine_args=args, startup_timeout=60)
 
 
