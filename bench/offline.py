@@ -8,7 +8,7 @@ import functools
 import json
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,8 +17,11 @@ from bench.overhead import step_overhead
 from config.args import engine_kwargs
 from engine_core.sampling_params import SamplingParams
 
+if TYPE_CHECKING:  # transformers takes seconds to import
+    from transformers import PreTrainedTokenizerBase
 
-def random_prompts(tokenizer, rng: np.random.Generator, lengths: np.ndarray) -> list[list[int]]:
+
+def random_prompts(tokenizer: PreTrainedTokenizerBase, rng: np.random.Generator, lengths: np.ndarray) -> list[list[int]]:
     """Random token ids from the vocabulary, special tokens excluded."""
     special = set(tokenizer.all_special_ids)
     vocab = np.array([t for t in range(len(tokenizer)) if t not in special])

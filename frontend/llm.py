@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from engine_core.client import EngineCoreClient, EngineDeadError
 from engine_core.resolve import resolved_config
@@ -22,6 +22,9 @@ from tokenizer_proc.output_processor import OutputProcessor, child_sampling_para
 from tokenizer_proc.prompt_inputs import truncate_prompt, with_bad_words_tokenized
 from tokenizer_proc.request_output import RequestOutput
 from tokenizer_proc.tokenizer import apply_chat_template, load_tokenizer
+
+if TYPE_CHECKING:  # transformers takes seconds to import
+    from transformers import PreTrainedTokenizerBase
 
 
 class TextPrompt(TypedDict, total=False):
@@ -69,7 +72,7 @@ class LLM:
                                  "LLM(engine_process=False) to reach it, or get_engine_stats()")
         return self.engine.engine_core
 
-    def get_tokenizer(self):
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
         """The model's Hugging Face tokenizer."""
         return self.tokenizer
 

@@ -8,7 +8,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
@@ -19,6 +19,9 @@ from frontend.openai_protocol import (PromptLogprob, PromptLogprobs, PromptToken
                                       UsageInfo, _SamplingFields)
 from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
 from tokenizer_proc.protocol import GenerateRequest, RequestDelta, TokenLogprob
+
+if TYPE_CHECKING:  # transformers takes seconds to import
+    from transformers import PreTrainedTokenizerBase
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -31,7 +34,7 @@ class ServingContext:
     max_model_len: int
     vocab_size: int
     client: TokenizerClient
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     api_server_index: int = 0
     model_root: str | None = None
     # --response-role: the role of chat answers.

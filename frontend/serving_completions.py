@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import asyncio
 import contextlib
 import time
@@ -20,6 +22,9 @@ from frontend.serving import (ServingContext, json_response, merged_deltas, requ
                               usage, widest_logprobs)
 from tokenizer_proc.prompt_inputs import truncate_prompt
 from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
+
+if TYPE_CHECKING:  # transformers takes seconds to import
+    from transformers import PreTrainedTokenizerBase
 
 
 def _token_ids(ids: list[int], vocab_size: int) -> list[int]:
@@ -48,7 +53,7 @@ def _prompts(prompt, vocab_size: int) -> list[str | list[int]]:
                       "list of lists of token ids", "prompt")
 
 
-def _echoed(tokenizer, prompts: list[str | list[int]], add_special_tokens: bool
+def _echoed(tokenizer: PreTrainedTokenizerBase, prompts: list[str | list[int]], add_special_tokens: bool
             ) -> tuple[list[str], list[list[str]]]:
     """For echo: each prompt's text, and its first token's text (the logprobs' first entry)."""
     texts, first_tokens = [], []

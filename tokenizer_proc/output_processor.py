@@ -11,7 +11,7 @@ request (sent to the engine core as n child requests) until all have finished.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -19,6 +19,9 @@ from engine_core.protocol import EngineCoreOutput, FinishReason
 from engine_core.sampling_params import SamplingParams
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
 from tokenizer_proc.request_output import PromptLogprobs, SampleLogprobs
+
+if TYPE_CHECKING:  # transformers takes seconds to import
+    from transformers import PreTrainedTokenizerBase
 
 
 def child_request_ids(request_id: str, n: int) -> list[str]:
@@ -83,7 +86,7 @@ class SequenceDelta:
 class OutputProcessor:
     """Live requests, keyed by request id and by engine (child) id."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self._requests: dict[str, RequestState] = {}
         self._children: dict[str, tuple[RequestState, SequenceState]] = {}

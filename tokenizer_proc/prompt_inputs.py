@@ -4,12 +4,17 @@ offline LLM class."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from engine_core.sampling_params import SamplingParams
 
+if TYPE_CHECKING:  # transformers takes seconds to import
+    from transformers import PreTrainedTokenizerBase
 
-def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
+
+def bad_words_token_ids(tokenizer: PreTrainedTokenizerBase, words: list[str]) -> list[list[int]]:
     """Each word's token ids as vLLM derives them: the word as written (left-stripped), and,
     when the tokenizer spells it differently after a space in as many tokens, that form too."""
     out: list[list[int]] = []
@@ -22,7 +27,7 @@ def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
     return out
 
 
-def with_bad_words_tokenized(tokenizer, params: SamplingParams) -> SamplingParams:
+def with_bad_words_tokenized(tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> SamplingParams:
     """params, with bad_words_token_ids derived from bad_words when it has any."""
     if not params.bad_words:
         return params

@@ -13,6 +13,8 @@ from tokenizer_proc.protocol import PositionLogprobs, RequestDelta, TokenLogprob
 from tokenizer_proc.request_output import Logprob
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from metrics.request_stats import RequestStatsRecorder
 
 
@@ -20,7 +22,7 @@ class DeltaStreams:
     """Live requests of one tokenizer process, each owned by one API server (its socket
     identity)."""
 
-    def __init__(self, tokenizer, stats: RequestStatsRecorder | None = None) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stats: RequestStatsRecorder | None = None) -> None:
         self.tokenizer = tokenizer
         self.stats = stats
         self._outputs = OutputProcessor(tokenizer)

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
@@ -48,6 +48,9 @@ from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, ApiOutputType, 
 from tokenizer_proc.streams import DeltaStreams
 from tokenizer_proc.tokenizer import apply_chat_template
 
+if TYPE_CHECKING:  # transformers takes seconds to import
+    from transformers import PreTrainedTokenizerBase
+
 logger = logging.getLogger("tokenizer_proc")
 
 _WATCH_INTERVAL_S = 0.5
@@ -61,7 +64,7 @@ def process_name(index: int) -> str:
 class TokenizerProc:
     """Serves API servers on a bound ROUTER socket, forwarding to the engine cores."""
 
-    def __init__(self, index: int, config: EngineConfig, tokenizer: Any,
+    def __init__(self, index: int, config: EngineConfig, tokenizer: PreTrainedTokenizerBase,
                  engine: DPEngineCoreClient, listen: str,
                  chat_template: str | None = None, auth_key: str | None = None) -> None:
         assert engine.ready is not None
