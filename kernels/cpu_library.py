@@ -31,6 +31,14 @@ _HEADERS = sorted(_SOURCE_DIR.glob("*.h"))
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
 _LINK_FLAGS = ["-shared", "-fopenmp"]
 
+
+def _compile_flags() -> list[str]:
+    """_FLAGS, and a -D for each name in $ENGINE_CPU_KERNEL_DEFINES (measurement builds, e.g.
+    DECODE_STACK_PROFILE: the fused decode step's per-part timing); part of the build key."""
+    defines = os.environ.get("ENGINE_CPU_KERNEL_DEFINES", "").split()
+    return _FLAGS + [f"-D{name}" for name in defines]
+
+
 _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
     "paged_attention_f32": (ctypes.c_int, [_P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I32, _I32,
@@ -46,7 +54,8 @@ _SIGNATURES = {
     "quant_dequantize_f32": (_I32, [_I32, _P, _P, _I64, _I32, _I32, _I32]),
     "quant_rows_f32": (_I32, [_I32, _P, _I32, _I32, _P, _I64, _P, _I32]),
     "quant_block_bytes": (_I64, [_I32, _I32]),
-    "decode_stack_work_floats": (_I64, [_P, _I64]),
+    "decode_stack_work_floats": (_I64, [_P, _I64, _I32]),
+    "decode_stack_profile": (_I32, [_P]),
     "decode_stack_f32": (_I32, [_P, _P, _P, _I64, _P, _P, _P, _P, _I64, _P, _P, _I32]),
     "prepare_inputs_i64": (None, [_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _I64, _P, _I64,
                                   _P, _P, _P, _P, _P, _P, _P]),
@@ -84,12 +93,11 @@ def _run(command: list[str]) -> None:
 
 
 @functools.cache
-def _build_key(cc: str) -> str:
+def _build_key(cc: str, flags: str) -> str:
     """This machine's build: a hash of the sources, flags, compiler and CPU."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
-    flags = " ".join(_FLAGS + _LINK_FLAGS).encode()
-    for part in [*(p.read_bytes() for p in _SOURCES + _HEADERS), flags, version.encode(),
+    for part in [*(p.read_bytes() for p in _SOURCES + _HEADERS), flags.encode(), version.encode(),
                  _cpu_id().encode()]:
         key.update(part)
     return key.hexdigest()[:16]
@@ -97,7 +105,8 @@ def _build_key(cc: str) -> str:
 
 def _target(cc: str) -> Path:
     """Where this machine's build lives, under the cache directory of the moment."""
-    return _cache_dir() / f"libenginecpu-{_build_key(cc)}.so"
+    key = _build_key(cc, " ".join(_compile_flags() + _LINK_FLAGS))
+    return _cache_dir() / f"libenginecpu-{key}.so"
 
 
 def _build(cc: str) -> Path:
@@ -111,7 +120,7 @@ def _build(cc: str) -> Path:
         objects = []
         for source in _SOURCES:
             obj = Path(tmp) / f"{source.stem}.o"
-            _run([cc, *_FLAGS, f"-I{_SOURCE_DIR}", "-c", "-o", str(obj), str(source)])
+            _run([cc, *_compile_flags(), f"-I{_SOURCE_DIR}", "-c", "-o", str(obj), str(source)])
             objects.append(str(obj))
         _run([cc, *_LINK_FLAGS, "-o", str(out), *objects, "-lm"])
         os.replace(out, target)  # atomic: concurrent builders each write a whole file

@@ -16,6 +16,13 @@ from kernels.cpu_library import load
 
 F32_BLOCKED, F32_PAIRS = 0, -1  # weight types besides GGML's quantized ones
 MAX_ROWS = 16  # decode_stack.c's MAX_ROWS
+MAX_GROUP = 16  # decode_stack.c's MAX_GROUP: query heads per KV head
+HEAD_DIMS = (64, 128)
+# decode_stack.c's per-part timing, in a build with ENGINE_CPU_KERNEL_DEFINES=DECODE_STACK_PROFILE
+PROFILE_THREADS = 8
+PROFILE_PARTS = ("input norm", "qkv", "wait after qkv", "attention", "wait after attention",
+                 "merge attention parts", "o", "wait after o", "post-attention norm",
+                 "gate/up", "wait after gate/up", "down's sums", "down", "wait after down")
 
 
 class _Weight(ctypes.Structure):
@@ -93,8 +100,16 @@ class DecodeStack:
                              shape.intermediate, block_size, shape.eps, shape.scale,
                              self._layers, final_norm.data_ptr())
         self.hidden = shape.hidden
-        self._work = torch.empty(self._lib.decode_stack_work_floats(ctypes.byref(self._model),
-                                                                    MAX_ROWS))
+        self._threads = 0
+        self._work = torch.empty(0)
+
+    def _work_for(self, threads: int) -> torch.Tensor:
+        """The work buffer for MAX_ROWS rows and `threads` threads (each has its own buffers)."""
+        if threads != self._threads:
+            self._work = torch.empty(self._lib.decode_stack_work_floats(
+                ctypes.byref(self._model), MAX_ROWS, threads))
+            self._threads = threads
+        return self._work
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
             block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -103,10 +118,24 @@ class DecodeStack:
         final norm's output [M, hidden]."""
         rows = x.shape[0]
         out = torch.empty(rows, self.hidden)
+        threads = torch.get_num_threads()
         rc = self._lib.decode_stack_f32(
             ctypes.byref(self._model), x.data_ptr(), out.data_ptr(), rows, cos.data_ptr(),
             sin.data_ptr(), slots.data_ptr(), block_table.data_ptr(), block_table.stride(0),
-            seq_lens.data_ptr(), self._work.data_ptr(), torch.get_num_threads())
+            seq_lens.data_ptr(), self._work_for(threads).data_ptr(), threads)
         if rc:
             raise RuntimeError(f"decode_stack_f32 failed ({rc}) for {rows} rows")
         return out
+
+
+def take_profile() -> list[dict[str, float]] | None:
+    """Seconds per part of the fused step for each of the first PROFILE_THREADS threads,
+    summed since the last call (and cleared); None in a build without the timing."""
+    lib = load()
+    if lib is None:
+        return None
+    buf = (ctypes.c_double * (PROFILE_THREADS * 16))()
+    if lib.decode_stack_profile(buf):
+        return None
+    return [{name: buf[t * 16 + i] for i, name in enumerate(PROFILE_PARTS)}
+            for t in range(PROFILE_THREADS)]

@@ -3,10 +3,10 @@
 A step whose every request adds one token, at most MAX_ROWS of them, runs the whole layer stack
 in the fused kernel: at batch 1 the per-op Python path cost about three times the weight reads
 it drove. Applies where the kernel computes what the layers would: fp32 activations on the CPU
-with the C kernels, one rank, the CPU attention backend, no q/k norms, head_dim 64 or 128, and
-each projection held in one kernel layout (one quantized run, the blocked fp32 layout or the
-fused SwiGLU pairs). Elsewhere, and for prefill or mixed steps, the layers run one op at a time.
-ENGINE_FUSED_DECODE=0 turns it off (for comparisons).
+with the C kernels, one rank, the CPU attention backend, no q/k norms, head_dim 64 or 128, at
+most 16 query heads per KV head, and each projection held in one kernel layout (one quantized
+run, the blocked fp32 layout or the fused SwiGLU pairs). Elsewhere, and for prefill or mixed
+steps, the layers run one op at a time. ENGINE_FUSED_DECODE=0 turns it off (for comparisons).
 """
 
 from __future__ import annotations
@@ -21,8 +21,17 @@ from gpu_worker.forward_context import get_attn_metadata
 from gpu_worker.layers.linear import Linear
 from gpu_worker.parallel.group import tp_world_size
 from kernels import cpu_ops
-from kernels.decode_stack import (F32_BLOCKED, F32_PAIRS, MAX_ROWS, DecodeStack, StackLayer,
-                                  StackShape, StackWeight)
+from kernels.decode_stack import (
+    F32_BLOCKED,
+    F32_PAIRS,
+    HEAD_DIMS,
+    MAX_GROUP,
+    MAX_ROWS,
+    DecodeStack,
+    StackLayer,
+    StackShape,
+    StackWeight,
+)
 
 
 def _weight(linear: Linear) -> StackWeight | None:
@@ -40,7 +49,9 @@ def _weight(linear: Linear) -> StackWeight | None:
 
 def _layer(layer: nn.Module) -> StackLayer | None:
     attn, mlp = layer.self_attn, layer.mlp
-    if attn.qk_norm or attn.attn.head_dim not in (64, 128) or attn.attn.kv_cache.dim() != 5:
+    if (attn.qk_norm or attn.attn.head_dim not in HEAD_DIMS or attn.attn.kv_cache.dim() != 5
+            or attn.attn.num_heads % attn.attn.num_kv_heads
+            or attn.attn.num_heads // attn.attn.num_kv_heads > MAX_GROUP):
         return None
     if mlp.fused_gate_up is not None:
         gate_up = StackWeight(F32_PAIRS, 2 * mlp.intermediate, mlp.gate_up_proj.in_features,
