@@ -16,45 +16,63 @@ from bench import device, serve, startup
 from config.args import add_engine_args
 
 # Workload -> (module, function) computing its figures from the parsed arguments.
-_WORKLOADS = {"throughput": ("bench.offline", "bench_throughput"),
-              "prefix-shared": ("bench.offline", "bench_prefix_shared"),
-              "single-stream": ("bench.single_stream", "bench_single_stream"),
-              "null-model": ("bench.offline", "bench_null_model"),
-              "structured": ("bench.structured", "bench_structured"),
-              "device": ("bench.device", "bench_device"),
-              "startup": ("bench.startup", "bench_startup")}
+_WORKLOADS = {
+    "throughput": ("bench.offline", "bench_throughput"),
+    "prefix-shared": ("bench.offline", "bench_prefix_shared"),
+    "single-stream": ("bench.single_stream", "bench_single_stream"),
+    "null-model": ("bench.offline", "bench_null_model"),
+    "structured": ("bench.structured", "bench_structured"),
+    "device": ("bench.device", "bench_device"),
+    "startup": ("bench.startup", "bench_startup"),
+}
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     """Add `engine bench` and its workloads to the `engine` command's subparsers."""
     bench = sub.add_parser("bench", help="run a benchmark workload of shared/BENCHMARKS.md")
     workloads = bench.add_subparsers(dest="workload", required=True)
-    for name, text in (("throughput", "offline-mixed, against transformers"),
-                       ("prefix-shared", "prefix caching on and off"),
-                       ("single-stream", "one request's decode speed"),
-                       ("null-model", "engine overhead, in-process and over ZeroMQ"),
-                       ("structured", "offline-mixed constrained by a JSON schema against "
-                                      "unconstrained, and grammar-compile TTFT")):
+    for name, text in (
+        ("throughput", "offline-mixed, against transformers"),
+        ("prefix-shared", "prefix caching on and off"),
+        ("single-stream", "one request's decode speed"),
+        ("null-model", "engine overhead, in-process and over ZeroMQ"),
+        (
+            "structured",
+            "offline-mixed constrained by a JSON schema against "
+            "unconstrained, and grammar-compile TTFT",
+        ),
+    ):
         offline = workloads.add_parser(name, help=text)
-        offline.add_argument("--in-process", action="store_true",
-                             help="run the engine core in this process (default: its own process)")
-        offline.add_argument("--no-hf", action="store_true",
-                             help="skip the transformers comparison")
+        offline.add_argument(
+            "--in-process",
+            action="store_true",
+            help="run the engine core in this process (default: its own process)",
+        )
+        offline.add_argument(
+            "--no-hf", action="store_true", help="skip the transformers comparison"
+        )
         offline.add_argument("--runs", type=int, default=3, help="repetitions")
         offline.add_argument("--output-json", help="also write the figures to this file")
         add_engine_args(offline)
         offline.set_defaults(func=run_workload)
-    dev = workloads.add_parser("device", help="batch-1 and batch-64 decode of a Llama-3-8B-"
-                               "shaped model (dummy weights) against the memory-bandwidth limit")
+    dev = workloads.add_parser(
+        "device",
+        help="batch-1 and batch-64 decode of a Llama-3-8B-"
+        "shaped model (dummy weights) against the memory-bandwidth limit",
+    )
     device.add_arguments(dev)
     add_engine_args(dev)
     dev.set_defaults(func=run_workload)
-    up = workloads.add_parser("startup", help="engine serve's time from the command to its "
-                              "first answer, with each start-up phase's time")
+    up = workloads.add_parser(
+        "startup",
+        help="engine serve's time from the command to its "
+        "first answer, with each start-up phase's time",
+    )
     startup.add_arguments(up)
     up.set_defaults(func=run_workload)
-    srv = workloads.add_parser("serve", help="serving-poisson over HTTP against any "
-                                             "OpenAI-compatible server")
+    srv = workloads.add_parser(
+        "serve", help="serving-poisson over HTTP against any OpenAI-compatible server"
+    )
     serve.add_arguments(srv)
     srv.set_defaults(func=run_serve)
 

@@ -24,23 +24,49 @@ from config.args import context_length, engine_kwargs
 # Llama 3.1 8B (its rope scaling reaches the 32k contexts a later run asks for) and a 2-layer,
 # hidden-256 Llama with the C kernels' head size, small enough for CI on a CPU.
 SHAPES: dict[str, dict[str, Any]] = {
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                      vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072,
-                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                    "high_freq_factor": 4.0,
-                                    "original_max_position_embeddings": 8192},
-                      rms_norm_eps=1e-5, torch_dtype="bfloat16"),
-    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=32000,
-                  rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5,
-                  torch_dtype="float32"),
+    "llama3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        rms_norm_eps=1e-5,
+        torch_dtype="bfloat16",
+    ),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=32000,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        torch_dtype="float32",
+    ),
 }
 
 # Nominal memory bandwidth (bytes/s) by GPU name, most specific first (torch reports the SXM
 # H100 as "NVIDIA H100 80GB HBM3").
-NOMINAL_BANDWIDTH = (("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12),
-                     ("H200", 4.8e12))
+NOMINAL_BANDWIDTH = (
+    ("H100 PCIe", 2.0e12),
+    ("H100 NVL", 3.9e12),
+    ("H100", 3.35e12),
+    ("H200", 4.8e12),
+)
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _WARMUP_PROMPT, _WARMUP_OUTPUT = 16, 4
@@ -48,14 +74,32 @@ _WARMUP_PROMPT, _WARMUP_OUTPUT = 16, 4
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The workload's own flags (the engine's are added by the caller)."""
-    parser.add_argument("--batch-sizes", type=_int_list, default=[1, 64], metavar="B[,B...]",
-                        help="concurrent requests decoding together (default 1,64)")
-    parser.add_argument("--context-len", type=context_length, default=128, metavar="N",
-                        help="prompt tokens of each request, e.g. 128, 1k, 32k (default 128)")
-    parser.add_argument("--output-len", type=int, default=64, metavar="N",
-                        help="tokens each request decodes (default 64)")
-    parser.add_argument("--shape", choices=tuple(SHAPES),
-                        help="model shape (default: llama3-8b on CUDA, small on the CPU)")
+    parser.add_argument(
+        "--batch-sizes",
+        type=_int_list,
+        default=[1, 64],
+        metavar="B[,B...]",
+        help="concurrent requests decoding together (default 1,64)",
+    )
+    parser.add_argument(
+        "--context-len",
+        type=context_length,
+        default=128,
+        metavar="N",
+        help="prompt tokens of each request, e.g. 128, 1k, 32k (default 128)",
+    )
+    parser.add_argument(
+        "--output-len",
+        type=int,
+        default=64,
+        metavar="N",
+        help="tokens each request decodes (default 64)",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=tuple(SHAPES),
+        help="model shape (default: llama3-8b on CUDA, small on the CPU)",
+    )
     parser.add_argument("--output-json", help="also write the figures to this file")
 
 
@@ -71,8 +115,12 @@ def _int_list(value: str) -> list[int]:
 
 def write_model_dir(directory: Path, shape: str) -> Path:
     """A config.json alone: with load_format 'dummy' the engine needs no weights or tokenizer."""
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-              "tie_word_embeddings": False, **SHAPES[shape]}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "tie_word_embeddings": False,
+        **SHAPES[shape],
+    }
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
 
@@ -93,8 +141,9 @@ def nominal_bandwidth(device_name: str) -> float | None:
     return next((bw for name, bw in NOMINAL_BANDWIDTH if name in device_name), None)
 
 
-def _decode_run(core, tag: str, batch: int, context_len: int, output_len: int,
-                rng) -> tuple[list[float], list[int]]:
+def _decode_run(
+    core, tag: str, batch: int, context_len: int, output_len: int, rng
+) -> tuple[list[float], list[int]]:
     """Run batch requests to completion; the arrival time and KV tokens read of every step that
     decoded one token for each of the batch's requests (prefill steps and the tail, where
     requests that started first have finished, are not such steps)."""
@@ -107,15 +156,17 @@ def _decode_run(core, tag: str, batch: int, context_len: int, output_len: int,
     for n in range(batch):
         req_id = f"{tag}-{n}"
         generated[req_id] = 0
-        core.add_request(EngineCoreRequest(req_id, rng.integers(0, vocab, context_len).tolist(),
-                                           params))
+        core.add_request(
+            EngineCoreRequest(req_id, rng.integers(0, vocab, context_len).tolist(), params)
+        )
     times: list[float] = []
     kv_tokens: list[int] = []
     while core.has_unfinished_requests():
         outputs = core.step().outputs
         now = time.perf_counter()
-        if len(outputs) == batch and all(len(o.new_token_ids) == 1 and generated[o.request_id]
-                                         for o in outputs):
+        if len(outputs) == batch and all(
+            len(o.new_token_ids) == 1 and generated[o.request_id] for o in outputs
+        ):
             # The step fed each request's last token, which attends to every earlier position.
             times.append(now)
             kv_tokens.append(sum(context_len + generated[o.request_id] for o in outputs))
@@ -124,24 +175,46 @@ def _decode_run(core, tag: str, batch: int, context_len: int, output_len: int,
     return times, kv_tokens
 
 
-def _measure(core, async_scheduling: bool, batch: int, args: argparse.Namespace, rng,
-             weight_bytes: int, kv_bytes_per_token: int, bandwidth: float) -> dict[str, Any]:
-    _decode_run(core, f"warmup-{async_scheduling}-{batch}", batch,
-                min(_WARMUP_PROMPT, args.context_len), _WARMUP_OUTPUT, rng)
-    times, kv_tokens = _decode_run(core, f"run-{async_scheduling}-{batch}", batch,
-                                   args.context_len, args.output_len, rng)
+def _measure(
+    core,
+    async_scheduling: bool,
+    batch: int,
+    args: argparse.Namespace,
+    rng,
+    weight_bytes: int,
+    kv_bytes_per_token: int,
+    bandwidth: float,
+) -> dict[str, Any]:
+    _decode_run(
+        core,
+        f"warmup-{async_scheduling}-{batch}",
+        batch,
+        min(_WARMUP_PROMPT, args.context_len),
+        _WARMUP_OUTPUT,
+        rng,
+    )
+    times, kv_tokens = _decode_run(
+        core, f"run-{async_scheduling}-{batch}", batch, args.context_len, args.output_len, rng
+    )
     if len(times) < 2:
-        raise ValueError(f"batch {batch}: fewer than two steps decoded the whole batch; raise "
-                         f"--output-len ({args.output_len}) or --max-num-batched-tokens")
+        raise ValueError(
+            f"batch {batch}: fewer than two steps decoded the whole batch; raise "
+            f"--output-len ({args.output_len}) or --max-num-batched-tokens"
+        )
     # Steady state: the time between such steps (with async scheduling, their period).
     step_s = (times[-1] - times[0]) / (len(times) - 1)
     kv_bytes = sum(kv_tokens[1:]) / (len(kv_tokens) - 1) * kv_bytes_per_token
     step_bytes = weight_bytes + kv_bytes
-    return {"batch_size": batch, "async_scheduling": async_scheduling,
-            "ms_per_step": round(step_s * 1e3, 3), "output_tok_s": round(batch / step_s, 1),
-            "steps_timed": len(times) - 1, "kv_bytes_per_step": int(kv_bytes),
-            "bytes_per_step": int(step_bytes),
-            "fraction_of_bandwidth_limit": round(step_bytes / step_s / bandwidth, 3)}
+    return {
+        "batch_size": batch,
+        "async_scheduling": async_scheduling,
+        "ms_per_step": round(step_s * 1e3, 3),
+        "output_tok_s": round(batch / step_s, 1),
+        "steps_timed": len(times) - 1,
+        "kv_bytes_per_step": int(kv_bytes),
+        "bytes_per_step": int(step_bytes),
+        "fraction_of_bandwidth_limit": round(step_bytes / step_s / bandwidth, 3),
+    }
 
 
 def bench_device(args: argparse.Namespace) -> dict[str, Any]:
@@ -154,15 +227,24 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     from config.engine import DeviceConfig, engine_config_from_kwargs
 
     kwargs = engine_kwargs(args)
-    for name in ("model", "tokenizer", "load_format", "max_model_len", "max_num_seqs",
-                 "async_scheduling"):
+    for name in (
+        "model",
+        "tokenizer",
+        "load_format",
+        "max_model_len",
+        "max_num_seqs",
+        "async_scheduling",
+    ):
         if name in kwargs:
-            raise ValueError(f"engine bench device sets --{name.replace('_', '-')} itself (from "
-                             f"--shape, --context-len, --output-len and --batch-sizes; async "
-                             f"scheduling both off and on)")
+            raise ValueError(
+                f"engine bench device sets --{name.replace('_', '-')} itself (from "
+                f"--shape, --context-len, --output-len and --batch-sizes; async "
+                f"scheduling both off and on)"
+            )
     if args.output_len < 3:
-        raise ValueError(f"--output-len must be at least 3 to time decode steps, "
-                         f"got {args.output_len}")
+        raise ValueError(
+            f"--output-len must be at least 3 to time decode steps, got {args.output_len}"
+        )
     device_type = DeviceConfig(kwargs.get("device", "auto")).resolved()
     shape = args.shape or ("llama3-8b" if device_type == "cuda" else "small")
     # Measured before the model and KV cache take the device's memory.
@@ -174,9 +256,13 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="engine-bench-device-") as tmp:
         max_len = args.context_len + args.output_len
-        engine_args = {**kwargs, "model": str(write_model_dir(Path(tmp), shape)),
-                       "load_format": "dummy", "max_model_len": max_len,
-                       "max_num_seqs": max(args.batch_sizes)}
+        engine_args = {
+            **kwargs,
+            "model": str(write_model_dir(Path(tmp), shape)),
+            "load_format": "dummy",
+            "max_model_len": max_len,
+            "max_num_seqs": max(args.batch_sizes),
+        }
         block_size = engine_config_from_kwargs(**engine_args).cache.block_size
         blocks_needed = max(args.batch_sizes) * -(-max_len // block_size)
         if "kv_cache_memory" not in kwargs and "num_gpu_blocks_override" not in kwargs:
@@ -188,21 +274,30 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     assert config.arch is not None
     dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
     return {
-        "workload": "device", "machine": machine_info(), "device_type": device_type,
-        "shape": shape, "dtype": config.torch_dtype_name,
-        "layers": config.arch.num_hidden_layers, "hidden_size": config.arch.hidden_size,
-        "block_size": block_size, "context_len": args.context_len, "output_len": args.output_len,
+        "workload": "device",
+        "machine": machine_info(),
+        "device_type": device_type,
+        "shape": shape,
+        "dtype": config.torch_dtype_name,
+        "layers": config.arch.num_hidden_layers,
+        "hidden_size": config.arch.hidden_size,
+        "block_size": block_size,
+        "context_len": args.context_len,
+        "output_len": args.output_len,
         "weight_bytes_per_step": weight_bytes_per_step(config.arch, dtype_bytes),
         "kv_bytes_per_token": config.arch.kv_elements_per_token * dtype_bytes,
-        "bandwidth_gb_s": {"measured_copy": round(measured / 1e9, 1),
-                           "nominal": round(nominal / 1e9, 1) if nominal else None,
-                           "limit": round(bandwidth / 1e9, 1)},
+        "bandwidth_gb_s": {
+            "measured_copy": round(measured / 1e9, 1),
+            "nominal": round(nominal / 1e9, 1) if nominal else None,
+            "limit": round(bandwidth / 1e9, 1),
+        },
         "runs": runs,
     }
 
 
-def _runs_of_one_engine(config, args: argparse.Namespace, rng, bandwidth: float,
-                        blocks_needed: int) -> list[dict[str, Any]]:
+def _runs_of_one_engine(
+    config, args: argparse.Namespace, rng, bandwidth: float, blocks_needed: int
+) -> list[dict[str, Any]]:
     """Every batch size on one EngineCore, which is shut down and freed afterwards."""
     import gc
 
@@ -216,12 +311,24 @@ def _runs_of_one_engine(config, args: argparse.Namespace, rng, bandwidth: float,
             raise ValueError(
                 f"the KV cache holds {core.num_blocks} blocks of {config.cache.block_size} "
                 f"tokens, fewer than the {blocks_needed} that batch {max(args.batch_sizes)} "
-                f"of {args.context_len + args.output_len} tokens needs")
+                f"of {args.context_len + args.output_len} tokens needs"
+            )
         dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
         weights = weight_bytes_per_step(config.arch, dtype_bytes)
         kv_per_token = config.arch.kv_elements_per_token * dtype_bytes
-        return [_measure(core, config.scheduler.async_scheduling, batch, args, rng, weights,
-                         kv_per_token, bandwidth) for batch in args.batch_sizes]
+        return [
+            _measure(
+                core,
+                config.scheduler.async_scheduling,
+                batch,
+                args,
+                rng,
+                weights,
+                kv_per_token,
+                bandwidth,
+            )
+            for batch in args.batch_sizes
+        ]
     finally:
         core.shutdown()
         del core

@@ -27,11 +27,16 @@ def machine_info() -> dict[str, Any]:
     except (OSError, StopIteration):
         pass
     # The vector extensions the CPU kernels are built for (-march=native).
-    vector = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_tile")
-              if f in flags]
-    return {"cpu": cpu, "cpu_flags": vector, "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    vector = [
+        f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_tile") if f in flags
+    ]
+    return {
+        "cpu": cpu,
+        "cpu_flags": vector,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -54,8 +59,9 @@ def matmul_rates(n: int = 1024) -> dict[str, float]:
     if not torch.cuda.is_available() and cpu_ops.available():
         blocked = cpu_ops.block_weight(b)
         cpu_ops.linear(a, blocked)
-        rates["engine_kernel"] = 2 * n**3 / min(timed(lambda: cpu_ops.linear(a, blocked))
-                                                for _ in range(10)) / 1e9
+        rates["engine_kernel"] = (
+            2 * n**3 / min(timed(lambda: cpu_ops.linear(a, blocked)) for _ in range(10)) / 1e9
+        )
     rates["limit"] = max(rates.values())
     return {k: round(v, 1) for k, v in rates.items()}
 
@@ -92,5 +98,7 @@ def copy_bandwidth(device_type: str, nbytes: int, reps: int = 5) -> float:
 
 if __name__ == "__main__":
     print(machine_info())
-    print(f"fp32 matmul: {matmul_rates()['limit']:.1f} GFLOP/s; "
-          f"memory read: {memory_read_gbps():.1f} GB/s")
+    print(
+        f"fp32 matmul: {matmul_rates()['limit']:.1f} GFLOP/s; "
+        f"memory read: {memory_read_gbps():.1f} GB/s"
+    )

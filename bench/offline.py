@@ -21,7 +21,9 @@ if TYPE_CHECKING:  # transformers takes seconds to import
     from transformers import PreTrainedTokenizerBase
 
 
-def random_prompts(tokenizer: PreTrainedTokenizerBase, rng: np.random.Generator, lengths: np.ndarray) -> list[list[int]]:
+def random_prompts(
+    tokenizer: PreTrainedTokenizerBase, rng: np.random.Generator, lengths: np.ndarray
+) -> list[list[int]]:
     """Random token ids from the vocabulary, special tokens excluded."""
     special = set(tokenizer.all_special_ids)
     vocab = np.array([t for t in range(len(tokenizer)) if t not in special])
@@ -37,8 +39,9 @@ def _flops_per_token(arch) -> tuple[float, float]:
     return body, body + 2 * h * arch.vocab_size
 
 
-def _hf_generate(model_path: str, prompts: list[list[int]], outputs: list[int],
-                 batch_size: int = 32) -> float:
+def _hf_generate(
+    model_path: str, prompts: list[list[int]], outputs: list[int], batch_size: int = 32
+) -> float:
     """Seconds for transformers' batched greedy generate (left padding), batch by batch."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -53,11 +56,16 @@ def _hf_generate(model_path: str, prompts: list[list[int]], outputs: list[int],
             ids = torch.zeros(len(batch), width, dtype=torch.long)
             mask = torch.zeros(len(batch), width, dtype=torch.long)
             for r, p in enumerate(batch):
-                ids[r, width - len(p):] = torch.tensor(p)
-                mask[r, width - len(p):] = 1
+                ids[r, width - len(p) :] = torch.tensor(p)
+                mask[r, width - len(p) :] = 1
             # One batch runs to its longest requested output; only requested tokens are counted.
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(lens),
-                           do_sample=False, pad_token_id=0)
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max(lens),
+                do_sample=False,
+                pad_token_id=0,
+            )
     return time.perf_counter() - start
 
 
@@ -72,29 +80,39 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
     prompts = random_prompts(llm.get_tokenizer(), rng, prompt_lens)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in output_lens]
     llm.generate(prompts[:4], params[:4], use_tqdm=False)  # warm-up
-    elapsed = timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                                          use_tqdm=False))
+    elapsed = timed(
+        lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    )
     n_out, n_in = sum(output_lens), int(prompt_lens.sum())
     flops_in, flops_out = _flops_per_token(llm.config.arch)
     matmul = matmul_rates()
     result: dict[str, Any] = {
-        "workload": "offline-mixed", "machine": machine_info(), "model": llm.config.model_path,
+        "workload": "offline-mixed",
+        "machine": machine_info(),
+        "model": llm.config.model_path,
         "engine_core": "in-process" if args.in_process else "own process",
-        "dtype": llm.config.torch_dtype_name, "requests": len(prompts), "prompt_tokens": n_in,
-        "output_tokens": n_out, "engine_seconds": round(elapsed, 2),
+        "dtype": llm.config.torch_dtype_name,
+        "requests": len(prompts),
+        "prompt_tokens": n_in,
+        "output_tokens": n_out,
+        "engine_seconds": round(elapsed, 2),
         "engine_output_tok_s": round(n_out / elapsed, 1),
         "engine_total_tok_s": round((n_in + n_out) / elapsed, 1),
         "matmul_gflops": matmul,
-        "fraction_of_matmul_limit": round((n_in * flops_in + n_out * flops_out) / elapsed
-                                          / (matmul["limit"] * 1e9), 3),
-        "fraction_of_torch_matmul": round((n_in * flops_in + n_out * flops_out) / elapsed
-                                          / (matmul["torch"] * 1e9), 3),
+        "fraction_of_matmul_limit": round(
+            (n_in * flops_in + n_out * flops_out) / elapsed / (matmul["limit"] * 1e9), 3
+        ),
+        "fraction_of_torch_matmul": round(
+            (n_in * flops_in + n_out * flops_out) / elapsed / (matmul["torch"] * 1e9), 3
+        ),
     }
     if not args.no_hf:
         hf_seconds = _hf_generate(llm.config.model_path, prompts, output_lens)
-        result.update(hf_seconds=round(hf_seconds, 2),
-                      hf_output_tok_s=round(n_out / hf_seconds, 1),
-                      output_ratio_vs_hf=round(hf_seconds / elapsed, 2))
+        result.update(
+            hf_seconds=round(hf_seconds, 2),
+            hf_output_tok_s=round(n_out / hf_seconds, 1),
+            output_ratio_vs_hf=round(hf_seconds / elapsed, 2),
+        )
     return result
 
 
@@ -115,13 +133,17 @@ def bench_prefix_shared(args: argparse.Namespace) -> dict[str, Any]:
         totals = llm.get_engine_stats()
         stats = (totals["prefix_cache_queries"], totals["prefix_cache_hits"])
         key = "caching_on" if caching else "caching_off"
-        results[key] = {"seconds": round(elapsed, 2),
-                        "total_tok_s": round(64 * (544 + 32) / elapsed, 1),
-                        "output_tok_s": round(64 * 32 / elapsed, 1),
-                        "prefix_cache_hit_rate": round(stats[1] / stats[0], 3) if stats[0] else 0.0}
+        results[key] = {
+            "seconds": round(elapsed, 2),
+            "total_tok_s": round(64 * (544 + 32) / elapsed, 1),
+            "output_tok_s": round(64 * 32 / elapsed, 1),
+            "prefix_cache_hit_rate": round(stats[1] / stats[0], 3) if stats[0] else 0.0,
+        }
         llm.shutdown()
         del llm
-    results["speedup"] = round(results["caching_off"]["seconds"] / results["caching_on"]["seconds"], 2)
+    results["speedup"] = round(
+        results["caching_off"]["seconds"] / results["caching_on"]["seconds"], 2
+    )
     return results
 
 
@@ -135,14 +157,25 @@ def _null_model_dir() -> str:
     if not (target / "config.json").is_file():
         source = resolve_model_path(None)
         config = json.loads((source / "config.json").read_text())
-        config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        config.update(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        )
         tmp = target.with_name("null-model.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                     "special_tokens_map.json", "generation_config.json"):
+        for name in (
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+            "special_tokens_map.json",
+            "generation_config.json",
+        ):
             if (source / name).is_file():
                 shutil.copy(source / name, tmp / name)
         tmp.rename(target)
@@ -154,8 +187,13 @@ def bench_null_model(args: argparse.Namespace) -> dict[str, Any]:
     with the engine core in-process and in its own process over ZeroMQ."""
     from frontend.llm import LLM
 
-    kwargs = {**engine_kwargs(args), "model": _null_model_dir(), "load_format": "dummy",
-              "max_num_seqs": 256, "max_model_len": 256}
+    kwargs = {
+        **engine_kwargs(args),
+        "model": _null_model_dir(),
+        "load_format": "dummy",
+        "max_num_seqs": 256,
+        "max_model_len": 256,
+    }
     result: dict[str, Any] = {"workload": "null-model", "machine": machine_info()}
     rng = np.random.default_rng(0)
     for label, own_process in (("in_process", False), ("zmq", True)):
@@ -164,14 +202,20 @@ def bench_null_model(args: argparse.Namespace) -> dict[str, Any]:
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=128)
         llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], params, use_tqdm=False)
         batch = [{"prompt_token_ids": p} for p in prompts]
-        runs = [timed(functools.partial(llm.generate, batch, params, use_tqdm=False))
-                for _ in range(args.runs)]
+        runs = [
+            timed(functools.partial(llm.generate, batch, params, use_tqdm=False))
+            for _ in range(args.runs)
+        ]
         seconds = statistics.median(runs)
         # Every request fits one batch: one prefill step, then one step per further token.
-        result[label] = {"seconds": round(seconds, 3), "output_tok_s": round(256 * 128 / seconds, 1),
-                         "ms_per_step": round(seconds / 128 * 1e3, 2)}
+        result[label] = {
+            "seconds": round(seconds, 3),
+            "output_tok_s": round(256 * 128 / seconds, 1),
+            "ms_per_step": round(seconds / 128 * 1e3, 2),
+        }
         llm.shutdown()
     result["zmq_fraction_of_in_process"] = round(
-        result["zmq"]["output_tok_s"] / result["in_process"]["output_tok_s"], 3)
+        result["zmq"]["output_tok_s"] / result["in_process"]["output_tok_s"], 3
+    )
     result["step_overhead"] = step_overhead(kwargs)
     return result

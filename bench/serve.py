@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+
 @dataclass
 class RequestResult:
     """Timings of one streamed request (seconds, from its send time)."""
@@ -65,7 +66,8 @@ def _percentiles(values: list[float]) -> dict[str, float]:
         return {}
     arr = np.array(values) * 1e3
     return {f"p{p}_ms": round(float(np.percentile(arr, p)), 2) for p in (50, 90, 99)} | {
-        "mean_ms": round(float(arr.mean()), 2)}
+        "mean_ms": round(float(arr.mean()), 2)
+    }
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,8 +78,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     prompt_lens = rng.integers(args.prompt_len[0], args.prompt_len[1] + 1, args.num_prompts)
     output_lens = rng.integers(args.output_len[0], args.output_len[1] + 1, args.num_prompts)
-    gaps = (np.zeros(args.num_prompts) if args.rate == float("inf")
-            else rng.exponential(1.0 / args.rate, args.num_prompts))
+    gaps = (
+        np.zeros(args.num_prompts)
+        if args.rate == float("inf")
+        else rng.exponential(1.0 / args.rate, args.num_prompts)
+    )
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     base = args.base_url.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=None, sock_read=args.request_timeout)
@@ -90,19 +95,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         start = time.perf_counter()
         for n_in, n_out, gap in zip(prompt_lens, output_lens, gaps):
             await asyncio.sleep(gap)
-            body = {"model": model, "prompt": rng.integers(args.min_token_id, args.max_token_id,
-                                                           int(n_in)).tolist(),
-                    "max_tokens": int(n_out), "temperature": 0.0, "stream": True,
-                    "stream_options": {"include_usage": True}, "ignore_eos": True}
-            tasks.append(asyncio.create_task(_one(session, f"{base}/v1/completions", headers, body)))
+            body = {
+                "model": model,
+                "prompt": rng.integers(args.min_token_id, args.max_token_id, int(n_in)).tolist(),
+                "max_tokens": int(n_out),
+                "temperature": 0.0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "ignore_eos": True,
+            }
+            tasks.append(
+                asyncio.create_task(_one(session, f"{base}/v1/completions", headers, body))
+            )
         results = await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - start
     ok = [r for r in results if r.error is None]
     out_tokens = sum(r.output_tokens for r in ok)
     return {
-        "workload": "serving-poisson", "base_url": base, "model": model,
+        "workload": "serving-poisson",
+        "base_url": base,
+        "model": model,
         "rate_requested": args.rate if args.rate != float("inf") else "inf",
-        "requests": len(results), "failed": len(results) - len(ok),
+        "requests": len(results),
+        "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if r.error})[:5],
         "seconds": round(elapsed, 2),
         "request_rate_achieved": round(len(ok) / elapsed, 3),
@@ -116,18 +131,38 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `engine bench serve`."""
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--rate", type=float, default=float("inf"),
-                        help="requests per second, Poisson arrivals (default inf: all at once)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=float("inf"),
+        help="requests per second, Poisson arrivals (default inf: all at once)",
+    )
     parser.add_argument("--num-prompts", type=int, default=128)
-    parser.add_argument("--prompt-len", type=int, nargs=2, default=(32, 256), metavar=("MIN", "MAX"),
-                        help="prompt lengths, uniform (default 32 256)")
-    parser.add_argument("--output-len", type=int, nargs=2, default=(16, 128), metavar=("MIN", "MAX"),
-                        help="output lengths, uniform (default 16 128)")
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        nargs=2,
+        default=(32, 256),
+        metavar=("MIN", "MAX"),
+        help="prompt lengths, uniform (default 32 256)",
+    )
+    parser.add_argument(
+        "--output-len",
+        type=int,
+        nargs=2,
+        default=(16, 128),
+        metavar=("MIN", "MAX"),
+        help="output lengths, uniform (default 16 128)",
+    )
     parser.add_argument("--model", default=None, help="default: the server's first model")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--min-token-id", type=int, default=100,
-                        help="random prompt ids are drawn from [min, max) (no special tokens)")
+    parser.add_argument(
+        "--min-token-id",
+        type=int,
+        default=100,
+        help="random prompt ids are drawn from [min, max) (no special tokens)",
+    )
     parser.add_argument("--max-token-id", type=int, default=49152)
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument("--output-json", help="also write the figures to this file")

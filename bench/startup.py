@@ -38,11 +38,18 @@ _POLL_S = 0.05
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The startup workload's flags."""
     parser.add_argument("--runs", type=int, default=3, help="start-ups to time")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds a start-up may take before the run fails")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds a start-up may take before the run fails",
+    )
     parser.add_argument("--output-json", help="also write the figures to this file")
-    parser.add_argument("serve_args", nargs=argparse.REMAINDER,
-                        help="after --: flags for engine serve (default: the default model)")
+    parser.add_argument(
+        "serve_args",
+        nargs=argparse.REMAINDER,
+        help="after --: flags for engine serve (default: the default model)",
+    )
 
 
 def _free_port() -> int:
@@ -53,8 +60,9 @@ def _free_port() -> int:
 
 def _answers(url: str, body: bytes) -> bool:
     """Whether a one-token completion succeeds now."""
-    request = urllib.request.Request(url + "/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as resp:
             return resp.status == 200 and bool(json.loads(resp.read())["choices"])
@@ -79,9 +87,13 @@ def one_startup(serve_args: list[str], timeout: float) -> dict[str, Any]:
         body["model"] = model
     lines: list[tuple[float, str]] = []
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "serve", *serve_args,
-                             "--port", str(port)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "frontend.cli", "serve", *serve_args, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
     def read() -> None:
         assert proc.stdout is not None
@@ -109,8 +121,10 @@ def one_startup(serve_args: list[str], timeout: float) -> dict[str, Any]:
         reader.join(10)
     if first_answer is None:
         tail = "\n".join(text for _, text in lines[-20:])
-        raise RuntimeError(f"engine serve did not answer within {timeout:.0f} s "
-                           f"(exit code {proc.returncode}):\n{tail}")
+        raise RuntimeError(
+            f"engine serve did not answer within {timeout:.0f} s "
+            f"(exit code {proc.returncode}):\n{tail}"
+        )
     ready = next((t for t, text in lines if text.startswith("engine serve: ready")), None)
     phases = [f"{t:7.3f}  {m['text']}" for t, text in lines if (m := _PHASE.search(text))]
     return {"first_answer_s": round(first_answer, 3), "ready_line_s": ready, "phases": phases}
@@ -123,10 +137,15 @@ def bench_startup(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     for i in range(args.runs):
         run = one_startup(serve_args, args.timeout)
-        print(f"run {i + 1}: first answer {run['first_answer_s']} s", file=sys.stderr,
-              flush=True)
+        print(f"run {i + 1}: first answer {run['first_answer_s']} s", file=sys.stderr, flush=True)
         runs.append(run)
     firsts = [r["first_answer_s"] for r in runs]
-    return {"workload": "startup", "machine": machine_info(), "serve_args": serve_args,
-            "first_answer_s": firsts, "median_first_answer_s": statistics.median(firsts),
-            "load_average_before": load, "runs": runs}
+    return {
+        "workload": "startup",
+        "machine": machine_info(),
+        "serve_args": serve_args,
+        "first_answer_s": firsts,
+        "median_first_answer_s": statistics.median(firsts),
+        "load_average_before": load,
+        "runs": runs,
+    }

@@ -21,16 +21,20 @@ import numpy as np
 from config.args import engine_kwargs
 from engine_core.sampling_params import SamplingParams, StructuredOutputsParams
 
-SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "minItems": 200,
-                                                     "items": {"type": "string"}}},
-          "required": ["notes"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"notes": {"type": "array", "minItems": 200, "items": {"type": "string"}}},
+    "required": ["notes"],
+}
 
 
 def _schema(i: int) -> dict[str, Any]:
     """A schema of the same shape, different from every other i (so it compiles anew)."""
-    return {"type": "object", "properties": {f"field_{i}": {"type": "integer"},
-                                             "name": {"type": "string"}},
-            "required": [f"field_{i}", "name"]}
+    return {
+        "type": "object",
+        "properties": {f"field_{i}": {"type": "integer"}, "name": {"type": "string"}},
+        "required": [f"field_{i}", "name"],
+    }
 
 
 def bench_structured(args: argparse.Namespace) -> dict[str, Any]:
@@ -43,29 +47,43 @@ def bench_structured(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     prompt_lens = rng.integers(32, 257, 64)
     output_lens = rng.integers(16, 129, 64).tolist()
-    prompts = [{"prompt_token_ids": p}
-               for p in random_prompts(llm.get_tokenizer(), rng, prompt_lens)]
+    prompts = [
+        {"prompt_token_ids": p} for p in random_prompts(llm.get_tokenizer(), rng, prompt_lens)
+    ]
     one = [{"prompt_token_ids": random_prompts(llm.get_tokenizer(), rng, [64])[0]}]
 
     def ttft(constraint: StructuredOutputsParams | None) -> float:
         start = time.perf_counter()
-        llm.generate(one, SamplingParams(temperature=0.0, max_tokens=1,
-                                         structured_outputs=constraint), use_tqdm=False)
+        llm.generate(
+            one,
+            SamplingParams(temperature=0.0, max_tokens=1, structured_outputs=constraint),
+            use_tqdm=False,
+        )
         return time.perf_counter() - start
 
     ttft(None)  # warm-up
-    ttft_ms = {"unconstrained": statistics.median(ttft(None) for _ in range(3)) * 1e3,
-               "first_constraint": ttft(StructuredOutputsParams(json=_schema(0))) * 1e3,
-               "new_schema": statistics.median(
-                   ttft(StructuredOutputsParams(json=_schema(i))) for i in range(1, 4)) * 1e3,
-               "cached_schema": statistics.median(
-                   ttft(StructuredOutputsParams(json=_schema(1))) for _ in range(3)) * 1e3}
+    ttft_ms = {
+        "unconstrained": statistics.median(ttft(None) for _ in range(3)) * 1e3,
+        "first_constraint": ttft(StructuredOutputsParams(json=_schema(0))) * 1e3,
+        "new_schema": statistics.median(
+            ttft(StructuredOutputsParams(json=_schema(i))) for i in range(1, 4)
+        )
+        * 1e3,
+        "cached_schema": statistics.median(
+            ttft(StructuredOutputsParams(json=_schema(1))) for _ in range(3)
+        )
+        * 1e3,
+    }
 
     constrained = StructuredOutputsParams(json=SCHEMA)
 
     def run(constraint: StructuredOutputsParams | None) -> tuple[float, int]:
-        params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n,
-                                 structured_outputs=constraint) for n in output_lens]
+        params = [
+            SamplingParams(
+                temperature=0.0, ignore_eos=True, max_tokens=n, structured_outputs=constraint
+            )
+            for n in output_lens
+        ]
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
@@ -83,7 +101,8 @@ def bench_structured(args: argparse.Namespace) -> dict[str, Any]:
     llm.shutdown()
     return {
         "workload": "offline-mixed, every request constrained by one JSON schema, against none",
-        "machine": machine_info(), "model": llm.config.model_path,
+        "machine": machine_info(),
+        "model": llm.config.model_path,
         "engine_core": "in-process" if args.in_process else "own process",
         "output_tokens": tokens,
         "seconds": {name: [round(x, 2) for x in s] for name, s in seconds.items()},

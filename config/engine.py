@@ -27,9 +27,22 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 HASH_ALGOS = ("sha256", "xxhash", "builtin")
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 DATA_PARALLEL_BACKENDS = ("mp", "ray")
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-               "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "t": 10**12, "tb": 10**12,
-               "tib": 2**40}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 
 
 def parse_size(value: int | str) -> int:
@@ -43,7 +56,9 @@ def parse_size(value: int | str) -> int:
         number = None
     unit = m.group(2).lower() if m else ""
     if number is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"cannot parse size {value!r}; use bytes or a unit such as '2GiB' or '512MB'")
+        raise ValueError(
+            f"cannot parse size {value!r}; use bytes or a unit such as '2GiB' or '512MB'"
+        )
     return int(number * _SIZE_UNITS[unit])
 
 
@@ -59,9 +74,11 @@ class AttentionSupport:
     def refusal(self, block_size: int, head_dim: int, dtype: str) -> tuple[str, Any, tuple] | None:
         """(field, value, supported values) of the first setting this backend cannot run, or
         None when it runs them all."""
-        for name, value, allowed in (("block_size", block_size, self.block_sizes),
-                                     ("head_dim", head_dim, self.head_dims),
-                                     ("dtype", dtype, self.dtypes)):
+        for name, value, allowed in (
+            ("block_size", block_size, self.block_sizes),
+            ("head_dim", head_dim, self.head_dims),
+            ("dtype", dtype, self.dtypes),
+        ):
             if allowed is not None and value not in allowed:
                 return name, value, allowed
         return None
@@ -86,23 +103,27 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
     ),
     "cpu": (
         # kernels/cpu/paged_attention.c: compiled for these head sizes, 16 positions a step.
-        AttentionSupport("cpu", block_sizes=(16, 32, 64, 128, 256), head_dims=(64, 128),
-                         dtypes=("float32",)),
+        AttentionSupport(
+            "cpu", block_sizes=(16, 32, 64, 128, 256), head_dims=(64, 128), dtypes=("float32",)
+        ),
         # gpu_worker/attention/torch_backend.py: gathers K/V into plain torch ops; runs anything.
         AttentionSupport("torch"),
     ),
 }
 
 
-def attention_backends_for(device_type: str, block_size: int, head_dim: int,
-                           dtype: str) -> list[str]:
+def attention_backends_for(
+    device_type: str, block_size: int, head_dim: int, dtype: str
+) -> list[str]:
     """The names of device_type's attention backends that run this block size, head size and
     dtype (a resolved name such as 'bfloat16'), most preferred first; raises ConfigError naming
     the supported values when none does. Needs no device of that type."""
     table = ATTENTION_BACKENDS.get(device_type)
     if table is None:
-        raise ConfigError(f"no attention backend for device type {device_type!r}; "
-                          f"known: {', '.join(ATTENTION_BACKENDS)}")
+        raise ConfigError(
+            f"no attention backend for device type {device_type!r}; "
+            f"known: {', '.join(ATTENTION_BACKENDS)}"
+        )
     names = [s.backend for s in table if s.refusal(block_size, head_dim, dtype) is None]
     if names:
         return names
@@ -111,8 +132,10 @@ def attention_backends_for(device_type: str, block_size: int, head_dim: int,
         refusal = support.refusal(block_size, head_dim, dtype)
         assert refusal is not None  # none of them runs it (names is empty)
         name, value, allowed = refusal
-        reasons.append(f"{name} {value} is not supported by the {support.backend} attention "
-                       f"kernels on {device_type}, which take {name} {_one_of(allowed)}")
+        reasons.append(
+            f"{name} {value} is not supported by the {support.backend} attention "
+            f"kernels on {device_type}, which take {name} {_one_of(allowed)}"
+        )
     raise ConfigError("; ".join(reasons))
 
 
@@ -159,13 +182,15 @@ class ModelConfig:
             except ValueError as e:
                 raise ConfigError(f"override_generation_config is not valid JSON: {e}") from None
         if not isinstance(self.override_generation_config, (dict, type(None))):
-            raise ConfigError("override_generation_config must be a JSON object, e.g. "
-                              '\'{"temperature": 0.5}\'')
+            raise ConfigError(
+                "override_generation_config must be a JSON object, e.g. '{\"temperature\": 0.5}'"
+            )
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.quantization not in (None, *QUANTIZATIONS):
-            raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
-                              f"got {self.quantization!r}")
+            raise ConfigError(
+                f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.max_logprobs < -1:
@@ -178,8 +203,10 @@ class ModelConfig:
         if isinstance(names, str):
             names = [names]
         if not names or not all(isinstance(n, str) and n for n in names):
-            raise ConfigError(f"served_model_name must be a non-empty name or list of names, "
-                              f"got {self.served_model_name!r}")
+            raise ConfigError(
+                f"served_model_name must be a non-empty name or list of names, "
+                f"got {self.served_model_name!r}"
+            )
         if self.served_model_names[:1] == names:  # decoded (EngineConfig.encode): both kept
             return
         self.served_model_names = list(dict.fromkeys(names))
@@ -287,7 +314,8 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if self.data_parallel_size < 1:
             raise ConfigError(
-                f"data_parallel_size must be at least 1, got {self.data_parallel_size}")
+                f"data_parallel_size must be at least 1, got {self.data_parallel_size}"
+            )
         if self.tensor_parallel_size < 1:
             raise ConfigError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}"
@@ -299,20 +327,28 @@ class ParallelConfig:
                 f"got {backend!r}"
             )
         if backend == "ray" and importlib.util.find_spec("ray") is None:
-            raise ConfigError("distributed_executor_backend 'ray' needs Ray, which is not "
-                              "installed: pip install ray (the engine's [ray] extra)")
+            raise ConfigError(
+                "distributed_executor_backend 'ray' needs Ray, which is not "
+                "installed: pip install ray (the engine's [ray] extra)"
+            )
         if self.data_parallel_backend not in DATA_PARALLEL_BACKENDS:
-            raise ConfigError(f"data_parallel_backend must be one of "
-                              f"{', '.join(DATA_PARALLEL_BACKENDS)}, got "
-                              f"{self.data_parallel_backend!r}")
+            raise ConfigError(
+                f"data_parallel_backend must be one of "
+                f"{', '.join(DATA_PARALLEL_BACKENDS)}, got "
+                f"{self.data_parallel_backend!r}"
+            )
         if self.data_parallel_backend == "ray":
             if importlib.util.find_spec("ray") is None:
-                raise ConfigError("data_parallel_backend 'ray' needs Ray, which is not "
-                                  "installed: pip install ray (the engine's [ray] extra)")
+                raise ConfigError(
+                    "data_parallel_backend 'ray' needs Ray, which is not "
+                    "installed: pip install ray (the engine's [ray] extra)"
+                )
             if backend == "ray":
-                raise ConfigError("data_parallel_backend 'ray' runs each engine core's "
-                                  "tensor-parallel ranks on its actor's node (mp); "
-                                  "distributed_executor_backend 'ray' inside it is not supported")
+                raise ConfigError(
+                    "data_parallel_backend 'ray' runs each engine core's "
+                    "tensor-parallel ranks on its actor's node (mp); "
+                    "distributed_executor_backend 'ray' inside it is not supported"
+                )
         if backend == "uni" and self.tensor_parallel_size > 1:
             raise ConfigError(
                 f"distributed_executor_backend 'uni' runs a single worker; tensor_parallel_size "
@@ -378,8 +414,9 @@ class ObservabilityConfig:
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
-            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, "
-                              f"got {self.log_level!r}")
+            raise ConfigError(
+                f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
+            )
         if self.max_log_len is not None and self.max_log_len < 0:
             raise ConfigError(f"max_log_len must not be negative, got {self.max_log_len}")
 
@@ -416,11 +453,13 @@ class EngineConfig:
         self.model.quantization = self._resolve_quantization(cpu_kernels_available)
         if self.model.quantization == "gguf":
             self.load.load_format = "gguf"  # the loader reads the GGUF file itself
-        self.torch_dtype_name = _resolve_dtype(self.model.dtype, self.arch.torch_dtype,
-                                               self.device_type)
+        self.torch_dtype_name = _resolve_dtype(
+            self.model.dtype, self.arch.torch_dtype, self.device_type
+        )
         # A kernel that cannot run these would fail at the first forward, after the model loaded.
-        attention_backends_for(self.device_type, self.cache.block_size, self.arch.head_dim,
-                               self.torch_dtype_name)
+        attention_backends_for(
+            self.device_type, self.cache.block_size, self.arch.head_dim, self.torch_dtype_name
+        )
         limit = self.arch.max_position_embeddings
         if self.model.max_model_len is None:
             self.model.max_model_len = limit
@@ -455,31 +494,49 @@ class EngineConfig:
         is_gguf = gguf_source(self.model.model) is not None
         tp = self.parallel.tensor_parallel_size
         if requested is None:
-            auto = (is_gguf and self.device_type == "cpu" and self.model.dtype == "auto" and tp == 1
-                    and self.load.load_format == "auto" and cpu_kernels_available())
+            auto = (
+                is_gguf
+                and self.device_type == "cpu"
+                and self.model.dtype == "auto"
+                and tp == 1
+                and self.load.load_format == "auto"
+                and cpu_kernels_available()
+            )
             return "gguf" if auto else None
         if not is_gguf:
-            raise ConfigError(f"quantization 'gguf' needs a GGUF model (a .gguf file or the "
-                              f"default model), not {self.model.model!r}")
+            raise ConfigError(
+                f"quantization 'gguf' needs a GGUF model (a .gguf file or the "
+                f"default model), not {self.model.model!r}"
+            )
         if self.device_type != "cpu":
-            raise ConfigError(f"GGUF quantized weights run on the CPU only (there is no "
-                              f"{self.device_type} kernel for them): use --device cpu, or drop "
-                              f"--quantization gguf and pass --dtype bfloat16 or --dtype float32 "
-                              f"to dequantize them at load")
+            raise ConfigError(
+                f"GGUF quantized weights run on the CPU only (there is no "
+                f"{self.device_type} kernel for them): use --device cpu, or drop "
+                f"--quantization gguf and pass --dtype bfloat16 or --dtype float32 "
+                f"to dequantize them at load"
+            )
         if self.model.dtype not in ("auto", "float32", "float"):
-            raise ConfigError(f"quantization 'gguf' computes in float32, not {self.model.dtype}; "
-                              f"drop --quantization to run dequantized weights in "
-                              f"{self.model.dtype}")
+            raise ConfigError(
+                f"quantization 'gguf' computes in float32, not {self.model.dtype}; "
+                f"drop --quantization to run dequantized weights in "
+                f"{self.model.dtype}"
+            )
         if tp > 1:
-            raise ConfigError(f"GGUF quantized weights are not split across tensor-parallel ranks: "
-                              f"tensor_parallel_size {tp} needs dequantized weights (--dtype "
-                              f"float32, without --quantization gguf)")
+            raise ConfigError(
+                f"GGUF quantized weights are not split across tensor-parallel ranks: "
+                f"tensor_parallel_size {tp} needs dequantized weights (--dtype "
+                f"float32, without --quantization gguf)"
+            )
         if self.load.load_format not in ("auto", "gguf"):
-            raise ConfigError(f"quantization 'gguf' loads the GGUF file, not load_format "
-                              f"{self.load.load_format!r}")
+            raise ConfigError(
+                f"quantization 'gguf' loads the GGUF file, not load_format "
+                f"{self.load.load_format!r}"
+            )
         if not cpu_kernels_available():
-            raise ConfigError("GGUF quantized weights need the C CPU kernels, which are not "
-                              "available here (no C compiler, or ENGINE_CPU_KERNELS=0)")
+            raise ConfigError(
+                "GGUF quantized weights need the C CPU kernels, which are not "
+                "available here (no C compiler, or ENGINE_CPU_KERNELS=0)"
+            )
         return "gguf"
 
     def _check_generation_config(self) -> None:
@@ -530,20 +587,29 @@ KWARG_ALIASES = {"kv_cache_memory_bytes": "kv_cache_memory"}
 def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:
     """Build an EngineConfig from flat vLLM-style keyword arguments; unknown names are refused."""
     groups: dict[str, Any] = {  # dataclass types
-        "model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
-        "parallel": ParallelConfig, "load": LoadConfig, "device": DeviceConfig,
+        "model": ModelConfig,
+        "cache": CacheConfig,
+        "scheduler": SchedulerConfig,
+        "parallel": ParallelConfig,
+        "load": LoadConfig,
+        "device": DeviceConfig,
         "observability": ObservabilityConfig,
     }
     per_group: dict[str, dict[str, Any]] = {g: {} for g in groups}
-    owner = {name: g for g, cls in groups.items() for name, f in cls.__dataclass_fields__.items()
-             if f.init}
+    owner = {
+        name: g
+        for g, cls in groups.items()
+        for name, f in cls.__dataclass_fields__.items()
+        if f.init
+    }
     for alias, name in KWARG_ALIASES.items():
         if alias in kwargs:
             if name in kwargs:
                 raise ConfigError(f"give one of {alias} and {name}, not both")
             kwargs[name] = kwargs.pop(alias)
-    refused = refusals({k: v for k, v in kwargs.items() if k in ENGINE_ONLY}, ENGINE_ONLY,
-                       as_flags=False)
+    refused = refusals(
+        {k: v for k, v in kwargs.items() if k in ENGINE_ONLY}, ENGINE_ONLY, as_flags=False
+    )
     if refused:
         raise ConfigError("; ".join(refused))
     kwargs = {k: v for k, v in kwargs.items() if k not in ENGINE_ONLY}  # the no-ops

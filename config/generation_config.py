@@ -41,12 +41,16 @@ def check_generation_config(model: ModelConfig, model_path: str) -> None:
     the defaults' values against SamplingParams.)"""
     path = generation_config_file(model, model_path)
     if path is not None and not path.is_file():
-        raise ConfigError(f"--generation-config {model.generation_config}: no "
-                          f"generation_config.json in that folder (or use 'auto' or 'vllm')")
+        raise ConfigError(
+            f"--generation-config {model.generation_config}: no "
+            f"generation_config.json in that folder (or use 'auto' or 'vllm')"
+        )
     unknown = sorted(set(model.override_generation_config or {}) - set(DEFAULT_KEYS))
     if unknown:
-        raise ConfigError(f"override_generation_config: {', '.join(unknown)} cannot be a "
-                          f"request default; the keys are {', '.join(DEFAULT_KEYS)}")
+        raise ConfigError(
+            f"override_generation_config: {', '.join(unknown)} cannot be a "
+            f"request default; the keys are {', '.join(DEFAULT_KEYS)}"
+        )
 
 
 def default_sampling_params(model: ModelConfig, model_path: str) -> dict[str, Any]:
@@ -71,6 +75,9 @@ def default_sampling_params(model: ModelConfig, model_path: str) -> dict[str, An
 def log_defaults(defaults: dict[str, Any]) -> None:
     """Say which defaults the model's generation config set (vLLM warns the same way)."""
     if defaults:
-        logger.info("default sampling parameters from the model's generation config: %s "
-                    "(requests that set a field keep theirs; --generation-config vllm turns "
-                    "this off)", defaults)
+        logger.info(
+            "default sampling parameters from the model's generation config: %s "
+            "(requests that set a field keep theirs; --generation-config vllm turns "
+            "this off)",
+            defaults,
+        )

@@ -52,7 +52,8 @@ _GLOBAL_RE = re.compile(r"(\w+)\.weight")
 
 
 def hf_tensor_name(gguf_name: str) -> str:
-    """Map a llama.cpp tensor name to its transformers Llama name; unknown names raise ValueError."""
+    """Map a llama.cpp tensor name to its transformers Llama name; unknown names raise
+    ValueError."""
     if m := _LAYER_RE.fullmatch(gguf_name):
         layer, kind = m.groups()
         if kind in _LAYER_TENSORS:
@@ -120,8 +121,9 @@ def hf_row_order(rows: np.ndarray, name: str, num_heads: int, num_kv_heads: int)
     return rows
 
 
-def dense_tensor(tensor: ReaderTensor | GGUFTensor, name: str, num_heads: int,
-                 num_kv_heads: int) -> torch.Tensor:
+def dense_tensor(
+    tensor: ReaderTensor | GGUFTensor, name: str, num_heads: int, num_kv_heads: int
+) -> torch.Tensor:
     """A GGUF tensor dequantized to fp32 in Hugging Face row order."""
     import torch
     from gguf.quants import dequantize
@@ -134,12 +136,16 @@ def dense_tensor(tensor: ReaderTensor | GGUFTensor, name: str, num_heads: int,
     return torch.from_numpy(np.array(weight, dtype=np.float32, order="C"))
 
 
-def _load_tensors(reader: GGUFReader, names: list[str], config: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _load_tensors(
+    reader: GGUFReader, names: list[str], config: dict[str, Any]
+) -> dict[str, torch.Tensor]:
     heads = config["num_attention_heads"], config["num_key_value_heads"]
     return {name: dense_tensor(tensor, name, *heads) for tensor, name in zip(reader.tensors, names)}
 
 
-def _save_tokenizer(gguf_path: Path, meta: dict[str, Any], config: dict[str, Any], out: Path) -> None:
+def _save_tokenizer(
+    gguf_path: Path, meta: dict[str, Any], config: dict[str, Any], out: Path
+) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
@@ -181,8 +187,12 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         try:
             link_source(out_dir, gguf_path)
         except OSError as e:  # a read-only cache still serves the fp32 weights
-            logger.warning("cannot link %s into %s (%s): quantized loading will not find it",
-                           gguf_path, out_dir, e)
+            logger.warning(
+                "cannot link %s into %s (%s): quantized loading will not find it",
+                gguf_path,
+                out_dir,
+                e,
+            )
         return out_dir
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
@@ -203,11 +213,15 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     try:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+        generation = {
+            "bos_token_id": config["bos_token_id"],
+            "eos_token_id": config["eos_token_id"],
+        }
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         _save_tokenizer(gguf_path, meta, config, tmp)
         link_source(tmp, gguf_path)
-        # mkdtemp and safetensors create owner-only entries; model directories are normally world-readable.
+        # mkdtemp and safetensors create owner-only entries; model directories are normally
+        # world-readable.
         for entry in tmp.iterdir():
             if not entry.is_symlink():  # chmod would follow the link to the source file
                 entry.chmod(0o644)

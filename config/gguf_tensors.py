@@ -87,6 +87,12 @@ def read_gguf_tensors(path: Path) -> list[GGUFTensor]:
         row_bytes = shape[0] // block * type_size
         rows = int(np.prod(shape[1:], dtype=np.int64))
         at = start + offset
-        tensors.append(GGUFTensor(name, tuple(int(d) for d in shape), tensor_type,
-                                  data[at : at + rows * row_bytes].reshape(rows, row_bytes)))
+        tensors.append(
+            GGUFTensor(
+                name,
+                tuple(int(d) for d in shape),
+                tensor_type,
+                data[at : at + rows * row_bytes].reshape(rows, row_bytes),
+            )
+        )
     return tensors

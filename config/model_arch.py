@@ -39,7 +39,9 @@ class ModelArchConfig:
         """Parse a Hugging Face config dict; raises ValueError naming the source on bad input."""
         archs = cfg.get("architectures") or []
         if not archs:
-            raise ValueError(f"{source}: no 'architectures' entry; cannot tell which model to build")
+            raise ValueError(
+                f"{source}: no 'architectures' entry; cannot tell which model to build"
+            )
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])

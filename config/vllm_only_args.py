@@ -14,23 +14,44 @@ ANY = "*"  # every value is a no-op
 
 # name (vLLM's, as a keyword argument) -> (takes a value, values accepted as a no-op, why)
 ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
-    "swap_space": (True, (ANY,), "preempted requests are recomputed, never swapped (vLLM V1 "
-                                 "ignores it too)"),
+    "swap_space": (
+        True,
+        (ANY,),
+        "preempted requests are recomputed, never swapped (vLLM V1 ignores it too)",
+    ),
     "max_seq_len_to_capture": (True, (ANY,), "no CUDA graphs are captured"),
-    "disable_custom_all_reduce": (False, (ANY,), "tensor-parallel all-reduce is always the "
-                                                 "collective library's (NCCL, gloo)"),
-    "tokenizer_mode": (True, ("auto", "hf"), "the tokenizer is always the model's Hugging "
-                                             "Face tokenizer"),
-    "kv_cache_dtype": (True, ("auto",), "the KV cache is kept in the model's dtype (no fp8 KV "
-                                        "cache)"),
+    "disable_custom_all_reduce": (
+        False,
+        (ANY,),
+        "tensor-parallel all-reduce is always the collective library's (NCCL, gloo)",
+    ),
+    "tokenizer_mode": (
+        True,
+        ("auto", "hf"),
+        "the tokenizer is always the model's Hugging Face tokenizer",
+    ),
+    "kv_cache_dtype": (
+        True,
+        ("auto",),
+        "the KV cache is kept in the model's dtype (no fp8 KV cache)",
+    ),
     "calculate_kv_scales": (False, (), "there is no fp8 KV cache to scale"),
     "cpu_offload_gb": (True, ("0",), "weights are never offloaded to the CPU"),
-    "pipeline_parallel_size": (True, ("1",), "there is no pipeline parallelism; use "
-                                             "--tensor-parallel-size"),
-    "enable_chunked_prefill": (False, (ANY,), "prefills are always chunked by the step's token "
-                                              "budget"),
-    "no_enable_chunked_prefill": (False, (), "prefills are always chunked by the step's token "
-                                             "budget"),
+    "pipeline_parallel_size": (
+        True,
+        ("1",),
+        "there is no pipeline parallelism; use --tensor-parallel-size",
+    ),
+    "enable_chunked_prefill": (
+        False,
+        (ANY,),
+        "prefills are always chunked by the step's token budget",
+    ),
+    "no_enable_chunked_prefill": (
+        False,
+        (),
+        "prefills are always chunked by the step's token budget",
+    ),
     "max_num_partial_prefills": (True, ("1",), "one prompt is chunked at a time"),
     "max_long_partial_prefills": (True, ("1",), "one prompt is chunked at a time"),
     "stream_interval": (True, ("1",), "every token is streamed as it comes"),
@@ -59,8 +80,7 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "collect_detailed_traces": (True, (), "there is no OpenTelemetry tracing; see /metrics"),
     "long_prefill_token_threshold": (True, ("0",), "one prompt is chunked at a time"),
     "disable_chunked_mm_input": (False, (ANY,), "the engine runs text-only models"),
-    "disable_hybrid_kv_cache_manager": (False, (ANY,), "one KV cache manager serves every "
-                                                       "layer"),
+    "disable_hybrid_kv_cache_manager": (False, (ANY,), "one KV cache manager serves every layer"),
     "disable_cascade_attn": (False, (ANY,), "there is no cascade attention"),
     "max_parallel_loading_workers": (True, (ANY,), "each worker loads its own shard"),
     "use_tqdm_on_load": (False, (ANY,), "loading shows no progress bar"),
@@ -81,14 +101,27 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "kv_offloading_backend": (True, (), "the KV cache is not offloaded"),
     "kv_sharing_fast_prefill": (False, (), "layers do not share KV caches"),
     "kv_events_config": (True, (), "there are no KV cache events"),
-    "nnodes": (True, ("1",), "tensor-parallel ranks span hosts only as Ray actors "
-                             "(--distributed-executor-backend ray); or run --headless hosts"),
-    "node_rank": (True, ("0",), "tensor-parallel ranks span hosts only as Ray actors "
-                                "(--distributed-executor-backend ray)"),
-    "master_addr": (True, (), "tensor-parallel ranks span hosts only as Ray actors "
-                              "(--distributed-executor-backend ray)"),
-    "master_port": (True, (), "tensor-parallel ranks span hosts only as Ray actors "
-                              "(--distributed-executor-backend ray)"),
+    "nnodes": (
+        True,
+        ("1",),
+        "tensor-parallel ranks span hosts only as Ray actors "
+        "(--distributed-executor-backend ray); or run --headless hosts",
+    ),
+    "node_rank": (
+        True,
+        ("0",),
+        "tensor-parallel ranks span hosts only as Ray actors (--distributed-executor-backend ray)",
+    ),
+    "master_addr": (
+        True,
+        (),
+        "tensor-parallel ranks span hosts only as Ray actors (--distributed-executor-backend ray)",
+    ),
+    "master_port": (
+        True,
+        (),
+        "tensor-parallel ranks span hosts only as Ray actors (--distributed-executor-backend ray)",
+    ),
     "enable_eplb": (False, (), "the engine runs dense models (no MoE)"),
     "decode_context_parallel_size": (True, ("1",), "there is no context parallelism"),
     "enable_mfu_metrics": (False, (), "there are no MFU metrics"),
@@ -103,21 +136,32 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_vllm_only_args(parser: argparse.ArgumentParser,
-                       table: dict[str, tuple[bool, tuple[str, ...], str]]) -> None:
+def add_vllm_only_args(
+    parser: argparse.ArgumentParser, table: dict[str, tuple[bool, tuple[str, ...], str]]
+) -> None:
     """Accept table's flags (hidden from --help), so refuse_vllm_only can say why."""
     group = parser.add_argument_group("vLLM options this engine does not have (docs/serve.md)")
     for name, (takes_value, _, _) in table.items():
         if takes_value:
-            group.add_argument(flag_name(name), dest=f"vllm_only_{name}", default=None,
-                               help=argparse.SUPPRESS)
+            group.add_argument(
+                flag_name(name), dest=f"vllm_only_{name}", default=None, help=argparse.SUPPRESS
+            )
         else:
-            group.add_argument(flag_name(name), dest=f"vllm_only_{name}", action="store_const",
-                               const="true", default=None, help=argparse.SUPPRESS)
+            group.add_argument(
+                flag_name(name),
+                dest=f"vllm_only_{name}",
+                action="store_const",
+                const="true",
+                default=None,
+                help=argparse.SUPPRESS,
+            )
 
 
-def refusals(given: dict[str, Any], table: dict[str, tuple[bool, tuple[str, ...], str]],
-             as_flags: bool = True) -> list[str]:
+def refusals(
+    given: dict[str, Any],
+    table: dict[str, tuple[bool, tuple[str, ...], str]],
+    as_flags: bool = True,
+) -> list[str]:
     """One message per argument of table in given (name -> value) that is not a no-op."""
     out = []
     for name, value in given.items():
@@ -125,8 +169,11 @@ def refusals(given: dict[str, Any], table: dict[str, tuple[bool, tuple[str, ...]
             continue
         takes_value, accepted, why = table[name]
         text = str(value).lower()
-        if ANY in accepted or text in accepted or (not takes_value and not accepted
-                                                   and text in ("false", "0")):
+        if (
+            ANY in accepted
+            or text in accepted
+            or (not takes_value and not accepted and text in ("false", "0"))
+        ):
             continue
         shown = flag_name(name) if as_flags else name
         if takes_value:
@@ -137,8 +184,9 @@ def refusals(given: dict[str, Any], table: dict[str, tuple[bool, tuple[str, ...]
     return out
 
 
-def refuse_vllm_only(args: argparse.Namespace,
-                     table: dict[str, tuple[bool, tuple[str, ...], str]]) -> None:
+def refuse_vllm_only(
+    args: argparse.Namespace, table: dict[str, tuple[bool, tuple[str, ...], str]]
+) -> None:
     """ValueError naming every flag of table given with a value this engine cannot honour."""
     given = {name: getattr(args, f"vllm_only_{name}", None) for name in table}
     messages = refusals(given, table)

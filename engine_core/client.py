@@ -21,10 +21,20 @@ import zmq.asyncio
 from config.engine import EngineConfig
 from engine_core.core_launcher import CoreProcess
 from engine_core.frames import INLINE_MAX_BYTES, FrameEncoder
+from engine_core.protocol import (
+    PROTOCOL_VERSION,
+    ClientHello,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    OutputType,
+    RequestError,
+    RequestType,
+    UtilityOutput,
+    UtilityRequest,
+    output_decoders,
+)
 from engine_core.resolve import resolved_config
-from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutputs,
-                                  EngineCoreReady, EngineCoreRequest, OutputType, RequestError,
-                                  RequestType, UtilityOutput, UtilityRequest, output_decoders)
 from ipc.curve import HandshakeWatch, key_from_env
 from ipc.handshake import ready_or_refused
 from ipc.sockets import connect_dealer
@@ -53,28 +63,41 @@ class UtilityCallError(RuntimeError):
 class _ClientBase:
     """What both clients share: the child process, the codec and the liveness check."""
 
-    def __init__(self, ctx: zmq.Context, address: str | None,
-                 engine_args: EngineConfig | dict[str, Any] | None, auth_key: str | None = None,
-                 fail_on_disconnect: bool = False) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        address: str | None,
+        engine_args: EngineConfig | dict[str, Any] | None,
+        auth_key: str | None = None,
+        fail_on_disconnect: bool = False,
+    ) -> None:
         auth_key = auth_key or key_from_env()
         self.process = None
         if address is None:  # the child gets the configuration resolved here
-            config = engine_args if isinstance(engine_args, EngineConfig) else \
-                resolved_config(**(engine_args or {}))
+            config = (
+                engine_args
+                if isinstance(engine_args, EngineConfig)
+                else resolved_config(**(engine_args or {}))
+            )
             self.process = CoreProcess(config)
         self.address = self.process.address if self.process is not None else address
         self.ready: EngineCoreReady | None = None
         self._ctx = ctx
         # Given an address, a refused key shows up here, not as a silent server.
         self._socket, self._handshake = connect_dealer(
-            ctx, self.address, auth_key, peer="the engine core" if address is not None else None,
-            disconnects=fail_on_disconnect)
+            ctx,
+            self.address,
+            auth_key,
+            peer="the engine core" if address is not None else None,
+            disconnects=fail_on_disconnect,
+        )
         self._encoder = FrameEncoder()
         self._decoders = output_decoders()
         self._call_ids = itertools.count()
         self._dead: str | None = None
-        self._finalizer = weakref.finalize(self, _close, self._socket, ctx, self.process,
-                                           self._handshake)
+        self._finalizer = weakref.finalize(
+            self, _close, self._socket, ctx, self.process, self._handshake
+        )
 
     def shutdown(self) -> None:
         """Close the socket and stop the child engine core, if this client started one."""
@@ -103,13 +126,18 @@ class _ClientBase:
             code = self.process.exit_code()
             if code is not None:
                 self._dead = f"the engine core process exited with code {code}" + (
-                    "" if self.ready else " during start-up (its log is above)")
+                    "" if self.ready else " during start-up (its log is above)"
+                )
         if self._dead is not None:
             raise EngineDeadError(self._dead)
 
 
-def _close(socket: zmq.Socket, ctx: zmq.Context, process: CoreProcess | None,
-           handshake: HandshakeWatch | None) -> None:
+def _close(
+    socket: zmq.Socket,
+    ctx: zmq.Context,
+    process: CoreProcess | None,
+    handshake: HandshakeWatch | None,
+) -> None:
     if handshake is not None:
         handshake.close()
     socket.close(linger=0)
@@ -128,8 +156,12 @@ def _with_prompt_array(request: EngineCoreRequest) -> EngineCoreRequest:
         array = np.asarray(ids)
     except ValueError:  # ragged nesting
         return request
-    if array.dtype != np.int64 or array.ndim != 1 or array.min() < _INT32.min or \
-            array.max() > _INT32.max:
+    if (
+        array.dtype != np.int64
+        or array.ndim != 1
+        or array.min() < _INT32.min
+        or array.max() > _INT32.max
+    ):
         return request
     return msgspec.structs.replace(request, prompt_token_ids=array.astype(np.int32))
 
@@ -143,10 +175,15 @@ class EngineCoreClient(_ClientBase):
     """Blocking client: connects to address, or starts a child engine core given engine_args
     (a resolved EngineConfig, or keyword arguments to resolve)."""
 
-    def __init__(self, address: str | None = None,
-                 engine_args: EngineConfig | dict[str, Any] | None = None, *,
-                 startup_timeout: float = 300.0, client_name: str = "",
-                 auth_key: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        engine_args: EngineConfig | dict[str, Any] | None = None,
+        *,
+        startup_timeout: float = 300.0,
+        client_name: str = "",
+        auth_key: str | None = None,
+    ) -> None:
         super().__init__(zmq.Context(), address, engine_args, auth_key)
         self._outputs: collections.deque[EngineCoreOutputs | RequestError] = collections.deque()
         self._results: dict[int, UtilityOutput] = {}
@@ -155,8 +192,10 @@ class EngineCoreClient(_ClientBase):
             deadline = time.monotonic() + startup_timeout
             while self.ready is None:
                 if not self._pump(deadline):
-                    raise TimeoutError(f"the engine core at {self.address} did not answer "
-                                       f"within {startup_timeout} s")
+                    raise TimeoutError(
+                        f"the engine core at {self.address} did not answer "
+                        f"within {startup_timeout} s"
+                    )
                 if self._outputs:
                     _handshake_answer(OutputType.ERROR, self._outputs[0])
         except BaseException:
@@ -208,8 +247,11 @@ class EngineCoreClient(_ClientBase):
     def _pump(self, deadline: float | None) -> bool:
         """Receive and file one message; False when none came before deadline (monotonic)."""
         while True:
-            wait = _LIVENESS_POLL_S if deadline is None else \
-                min(_LIVENESS_POLL_S, deadline - time.monotonic())
+            wait = (
+                _LIVENESS_POLL_S
+                if deadline is None
+                else min(_LIVENESS_POLL_S, deadline - time.monotonic())
+            )
             if self._socket.poll(max(0, int(wait * 1000))):
                 kind, msg = self._decode(self._socket.recv_multipart(copy=False))
                 if kind == OutputType.READY:
@@ -227,24 +269,33 @@ class EngineCoreClient(_ClientBase):
 class AsyncEngineCoreClient(_ClientBase):
     """asyncio client; build it with `await AsyncEngineCoreClient.create(...)`."""
 
-    def __init__(self, address: str | None = None,
-                 engine_args: EngineConfig | dict[str, Any] | None = None,
-                 auth_key: str | None = None, fail_on_disconnect: bool = False) -> None:
-        super().__init__(zmq.asyncio.Context(), address, engine_args, auth_key,
-                         fail_on_disconnect)
-        self._outputs: asyncio.Queue[EngineCoreOutputs | RequestError | BaseException] = \
+    def __init__(
+        self,
+        address: str | None = None,
+        engine_args: EngineConfig | dict[str, Any] | None = None,
+        auth_key: str | None = None,
+        fail_on_disconnect: bool = False,
+    ) -> None:
+        super().__init__(zmq.asyncio.Context(), address, engine_args, auth_key, fail_on_disconnect)
+        self._outputs: asyncio.Queue[EngineCoreOutputs | RequestError | BaseException] = (
             asyncio.Queue()
+        )
         self._calls: dict[int, asyncio.Future[UtilityOutput]] = {}
         self._ready: asyncio.Future[EngineCoreReady] = asyncio.get_running_loop().create_future()
         self._failure: BaseException | None = None
         self._reader = asyncio.create_task(self._read_loop())
 
     @classmethod
-    async def create(cls, address: str | None = None,
-                     engine_args: EngineConfig | dict[str, Any] | None = None,
-                     *, startup_timeout: float = 300.0, client_name: str = "",
-                     auth_key: str | None = None,
-                     fail_on_disconnect: bool = False) -> AsyncEngineCoreClient:
+    async def create(
+        cls,
+        address: str | None = None,
+        engine_args: EngineConfig | dict[str, Any] | None = None,
+        *,
+        startup_timeout: float = 300.0,
+        client_name: str = "",
+        auth_key: str | None = None,
+        fail_on_disconnect: bool = False,
+    ) -> AsyncEngineCoreClient:
         """Connect (or start a child engine core) and wait for its READY. auth_key (default:
         $ENGINE_CORE_KEY) is the engine core's shared secret, when it has one.
         fail_on_disconnect: an engine core at address that closes the connection after READY
@@ -255,8 +306,9 @@ class AsyncEngineCoreClient(_ClientBase):
             try:
                 client.ready = await asyncio.wait_for(client._ready, startup_timeout)
             except asyncio.TimeoutError:
-                raise TimeoutError(f"the engine core at {client.address} did not answer "
-                                   f"within {startup_timeout} s") from None
+                raise TimeoutError(
+                    f"the engine core at {client.address} did not answer within {startup_timeout} s"
+                ) from None
         except BaseException:
             client.shutdown()
             raise

@@ -20,14 +20,29 @@ class CoreProcess:
     stops its children in its own order.
     """
 
-    def __init__(self, config: EngineConfig, *, own_process_group: bool = False,
-                 address: str | None = None, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        own_process_group: bool = False,
+        address: str | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self._dir = tempfile.mkdtemp(prefix="engine-core-")
         self.address = address or f"ipc://{self._dir}/core.sock"
         self.popen = spawn_module(
-            "engine_core.core_proc", ["--listen", self.address, "--parent-pid", str(os.getpid()),
-                                      "--config", config.encode()],
-            extra_env=extra_env, own_session=own_process_group)
+            "engine_core.core_proc",
+            [
+                "--listen",
+                self.address,
+                "--parent-pid",
+                str(os.getpid()),
+                "--config",
+                config.encode(),
+            ],
+            extra_env=extra_env,
+            own_session=own_process_group,
+        )
 
     @property
     def pid(self) -> int:

@@ -29,11 +29,23 @@ import zmq
 from config.engine import EngineConfig, decode_config
 from engine_core.engine_core import EngineCore
 from engine_core.frames import INLINE_MAX_BYTES, FrameDecoder, FrameEncoder, tolist
-from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, EngineCoreOutput,
-                                  EngineCoreOutputs, EngineCoreReady, EngineCoreRequest,
-                                  EngineDead, Logprobs, OutputType, RequestError, RequestType,
-                                  SchedulerStats, UtilityOutput, UtilityRequest,
-                                  request_decoders)
+from engine_core.protocol import (
+    PROTOCOL_VERSION,
+    ClientHello,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    EngineDead,
+    Logprobs,
+    OutputType,
+    RequestError,
+    RequestType,
+    SchedulerStats,
+    UtilityOutput,
+    UtilityRequest,
+    request_decoders,
+)
 from engine_core.utilities import engine_utilities
 from ipc.curve import key_from_env
 from ipc.handshake import READY, HandshakeServer
@@ -50,25 +62,44 @@ _BROADCAST = b""  # ZeroMQ routing ids are never empty, so b"" can mean "every k
 class EngineCoreProc:
     """Serves one EngineCore to any number of DEALER clients on a bound ROUTER socket."""
 
-    def __init__(self, engine: EngineCore, address: str,
-                 on_stats: Callable[[SchedulerStats], None] | None = None,
-                 auth_key: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: EngineCore,
+        address: str,
+        on_stats: Callable[[SchedulerStats], None] | None = None,
+        auth_key: str | None = None,
+    ) -> None:
         self.engine = engine
         self._on_stats = on_stats
         config = engine.config
         assert config.arch is not None
         self.ready = EngineCoreReady(
-            PROTOCOL_VERSION, config.model.served_model_name or "", config.max_model_len,
-            engine.num_blocks, config.cache.block_size, config.arch.vocab_size,
-            list(config.arch.eos_token_ids))
-        self._handshake = HandshakeServer(PROTOCOL_VERSION, "the engine core", OutputType.ERROR,
-                                          lambda message: RequestError("", message))
+            PROTOCOL_VERSION,
+            config.model.served_model_name or "",
+            config.max_model_len,
+            engine.num_blocks,
+            config.cache.block_size,
+            config.arch.vocab_size,
+            list(config.arch.eos_token_ids),
+        )
+        self._handshake = HandshakeServer(
+            PROTOCOL_VERSION,
+            "the engine core",
+            OutputType.ERROR,
+            lambda message: RequestError("", message),
+        )
         self._ctx = zmq.Context()
         # With a shared secret only its holders pass the handshake, and the wire is encrypted.
         self._server = RouterServer(
-            self._ctx, address, auth_key, linger_ms=2000, log=logger, name="the engine core",
+            self._ctx,
+            address,
+            auth_key,
+            linger_ms=2000,
+            log=logger,
+            name="the engine core",
             exposes="submit requests, read stats and reset the cache",
-            peers="its clients set the same")
+            peers="its clients set the same",
+        )
         self._router = self._server.socket
         self.address = self._server.address
         wake = f"inproc://engine-core-out-{id(self)}"
@@ -88,8 +119,10 @@ class EngineCoreProc:
 
     def run(self) -> int:
         """Serve until shutdown() (exit code 0) or a fatal engine error (exit code 1)."""
-        threads = [threading.Thread(target=self._io_loop, name="engine-core-io", daemon=True),
-                   threading.Thread(target=self._output_loop, name="engine-core-out", daemon=True)]
+        threads = [
+            threading.Thread(target=self._io_loop, name="engine-core-io", daemon=True),
+            threading.Thread(target=self._output_loop, name="engine-core-out", daemon=True),
+        ]
         for t in threads:
             t.start()
         logger.info("engine core serving on %s", self.address)
@@ -131,8 +164,13 @@ class EngineCoreProc:
             self._clients.add(identity)
         elif kind == RequestType.ADD:
             if msg.request_id in self._owners:
-                self._send(identity, OutputType.ERROR, RequestError(
-                    msg.request_id, f"request id {msg.request_id!r} is already in use"))
+                self._send(
+                    identity,
+                    OutputType.ERROR,
+                    RequestError(
+                        msg.request_id, f"request id {msg.request_id!r} is already in use"
+                    ),
+                )
                 return
             try:
                 self.engine.add_request(msg)
@@ -149,8 +187,11 @@ class EngineCoreProc:
     def _call_utility(self, call: UtilityRequest) -> UtilityOutput:
         fn = self._utilities.get(call.method)
         if fn is None:
-            return UtilityOutput(call.call_id, error=f"unknown utility method {call.method!r}; "
-                                 f"known: {', '.join(sorted(self._utilities))}")
+            return UtilityOutput(
+                call.call_id,
+                error=f"unknown utility method {call.method!r}; "
+                f"known: {', '.join(sorted(self._utilities))}",
+            )
         try:
             return UtilityOutput(call.call_id, result=fn(*call.args))
         except Exception as e:
@@ -162,13 +203,19 @@ class EngineCoreProc:
             self._on_stats(step.scheduler_stats)
         per_client: dict[bytes, list[EngineCoreOutput]] = {}
         for out in step.outputs:
-            owner = self._owners.pop(out.request_id, None) if out.finished else \
-                self._owners.get(out.request_id)
+            owner = (
+                self._owners.pop(out.request_id, None)
+                if out.finished
+                else self._owners.get(out.request_id)
+            )
             if owner is not None:
                 per_client.setdefault(owner, []).append(out)
         for identity, outs in per_client.items():
-            self._send(identity, OutputType.OUTPUTS,
-                       EngineCoreOutputs(outs, step.scheduler_stats, step.timestamp))
+            self._send(
+                identity,
+                OutputType.OUTPUTS,
+                EngineCoreOutputs(outs, step.scheduler_stats, step.timestamp),
+            )
         if self._publish_load and step.scheduler_stats is not None:
             load = EngineCoreOutputs([], step.scheduler_stats, step.timestamp)
             for identity in self._clients.difference(per_client):
@@ -226,21 +273,26 @@ class EngineCoreProc:
                     continue
                 if reply is not None:
                     kind, msg = reply
-                    self._router.send_multipart([frames[0], bytes([kind]), *encoder.encode(msg)],
-                                                copy=False)
+                    self._router.send_multipart(
+                        [frames[0], bytes([kind]), *encoder.encode(msg)], copy=False
+                    )
         self._pull.close()
         self._router.close()
 
-    def _receive(self, frames: list[zmq.Frame], decoders: dict[int, FrameDecoder],
-                 clients: set[bytes]) -> tuple[OutputType, Any] | None:
+    def _receive(
+        self, frames: list[zmq.Frame], decoders: dict[int, FrameDecoder], clients: set[bytes]
+    ) -> tuple[OutputType, Any] | None:
         """Decode and check one client message; returns the reply to send at once, if any."""
         identity, body = frames[0].bytes, frames[1:]
         if len(body) < 2 or len(body[0]) != 1 or body[0].bytes[0] not in decoders:
-            logger.warning("client %r sent a message that is not [type byte, payload, buffers]",
-                           identity)
+            logger.warning(
+                "client %r sent a message that is not [type byte, payload, buffers]", identity
+            )
             return OutputType.ERROR, RequestError(
-                "", "malformed message: expected frames [type byte 0-3, msgpack payload, "
-                "array buffers...]")
+                "",
+                "malformed message: expected frames [type byte 0-3, msgpack payload, "
+                "array buffers...]",
+            )
         kind, payload = RequestType(body[0].bytes[0]), body[1].buffer
         try:
             msg = decoders[kind].decode(payload, [f.buffer for f in body[2:]])
@@ -268,8 +320,9 @@ class EngineCoreProc:
         return None
 
 
-def _malformed_reply(kind: RequestType, payload: memoryview,
-                     message: str) -> tuple[OutputType, Any]:
+def _malformed_reply(
+    kind: RequestType, payload: memoryview, message: str
+) -> tuple[OutputType, Any]:
     """An error for a payload that did not decode, naming its request or call when it can."""
     try:
         raw = msgspec.msgpack.decode(payload)
@@ -295,8 +348,11 @@ def _logprob_arrays(lp: Logprobs) -> Logprobs:
     # Every position of a request has the same number of candidates (the rows are rectangular).
     if not lp.token_ids or len(lp.token_ids) * len(lp.token_ids[0]) * 4 < INLINE_MAX_BYTES:
         return lp
-    return Logprobs(np.array(lp.token_ids, np.int32), np.array(lp.logprobs, np.float32),
-                    np.array(lp.ranks, np.int32))
+    return Logprobs(
+        np.array(lp.token_ids, np.int32),
+        np.array(lp.logprobs, np.float32),
+        np.array(lp.ranks, np.int32),
+    )
 
 
 def _drain(q: queue.SimpleQueue[Any]) -> list[Any]:
@@ -308,8 +364,9 @@ def _drain(q: queue.SimpleQueue[Any]) -> list[Any]:
             return items
 
 
-def run_engine_core(address: str, config: EngineConfig | dict[str, Any],
-                    parent_pid: int | None = None) -> int:
+def run_engine_core(
+    address: str, config: EngineConfig | dict[str, Any], parent_pid: int | None = None
+) -> int:
     """Load the model, serve on address until SIGTERM/SIGINT or parent death; the exit code.
     config: resolved by whoever started us, or vLLM-style keyword arguments to resolve here
     (an engine core started on its own)."""
@@ -357,8 +414,11 @@ def run_engine_core(address: str, config: EngineConfig | dict[str, Any],
     logger.info("engine core: configuration resolved in %.2f s", time.perf_counter() - began)
     began = time.perf_counter()
     engine = EngineCore(config)
-    logger.info("engine core: engine built in %.2f s (model, %d KV blocks, warm-up)",
-                time.perf_counter() - began, engine.num_blocks)
+    logger.info(
+        "engine core: engine built in %.2f s (model, %d KV blocks, warm-up)",
+        time.perf_counter() - began,
+        engine.num_blocks,
+    )
     recorder = EngineStatsRecorder(config.model.served_model_name or "", engine=rank or 0)
     recorder.record_cache_config(config.cache, engine.num_blocks)
     proc = EngineCoreProc(engine, address, on_stats=recorder.record, auth_key=key_from_env())
@@ -389,10 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", required=True, help="ZeroMQ address to bind, e.g. ipc:///tmp/x")
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument("--config", help="the resolved configuration (EngineConfig.encode())")
-    given.add_argument("--engine-args", help="EngineConfig keyword arguments as JSON, resolved "
-                       "here")
-    parser.add_argument("--parent-pid", type=int,
-                        help="exit when this process is no longer our parent")
+    given.add_argument(
+        "--engine-args", help="EngineConfig keyword arguments as JSON, resolved here"
+    )
+    parser.add_argument(
+        "--parent-pid", type=int, help="exit when this process is no longer our parent"
+    )
     args = parser.parse_args(argv)
     config = decode_config(args.config) if args.config else json.loads(args.engine_args)
     return run_engine_core(args.listen, config, args.parent_pid)

@@ -44,18 +44,28 @@ class DPEngineCoreClient:
         self.ready: EngineCoreReady | None = engines[0].ready
         self._loads = [_Load() for _ in engines]
         self._engine_of: dict[str, int] = {}  # live engine request id -> rank
-        self._outputs: asyncio.Queue[tuple[int, EngineCoreOutputs | BaseException]] = \
+        self._outputs: asyncio.Queue[tuple[int, EngineCoreOutputs | BaseException]] = (
             asyncio.Queue()
+        )
         self._readers = [asyncio.create_task(self._read(rank)) for rank in range(len(engines))]
 
     @classmethod
-    async def create(cls, addresses: list[str], *, startup_timeout: float = 300.0,
-                     client_name: str = "") -> DPEngineCoreClient:
+    async def create(
+        cls, addresses: list[str], *, startup_timeout: float = 300.0, client_name: str = ""
+    ) -> DPEngineCoreClient:
         """Connect to every engine core (rank i at addresses[i]) and check they serve one model."""
         # A rank whose connection closes is gone (its host may have no pid to watch).
-        tasks = [asyncio.create_task(AsyncEngineCoreClient.create(
-            a, startup_timeout=startup_timeout, client_name=client_name,
-            fail_on_disconnect=True)) for a in addresses]
+        tasks = [
+            asyncio.create_task(
+                AsyncEngineCoreClient.create(
+                    a,
+                    startup_timeout=startup_timeout,
+                    client_name=client_name,
+                    fail_on_disconnect=True,
+                )
+            )
+            for a in addresses
+        ]
         try:
             engines = await asyncio.gather(*tasks)
         except BaseException:
@@ -68,15 +78,19 @@ class DPEngineCoreClient:
         first = engines[0].ready
         for rank, engine in enumerate(engines[1:], 1):
             ready = engine.ready
-            if (ready.model_name, ready.max_model_len, ready.vocab_size) != \
-                    (first.model_name, first.max_model_len, first.vocab_size):
+            if (ready.model_name, ready.max_model_len, ready.vocab_size) != (
+                first.model_name,
+                first.max_model_len,
+                first.vocab_size,
+            ):
                 for e in engines:
                     e.shutdown()
                 raise ConnectionError(
                     f"engine core rank {rank} at {addresses[rank]} serves {ready.model_name!r} "
                     f"(max_model_len {ready.max_model_len}, vocab {ready.vocab_size}), rank 0 "
                     f"{first.model_name!r} ({first.max_model_len}, {first.vocab_size}): every "
-                    "rank of a data-parallel group must load the same model and limits")
+                    "rank of a data-parallel group must load the same model and limits"
+                )
         return cls(engines)
 
     def pick_engine(self) -> int:

@@ -24,7 +24,12 @@ ARRAY_EXT_CODE = 1
 # Below this many bytes an array stays an inline list: a frame costs more than it saves.
 INLINE_MAX_BYTES = 256
 # The only dtypes on the wire, always little-endian.
-WIRE_DTYPES: dict[str, np.dtype] = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8"), "float32": np.dtype("<f4")}
+WIRE_DTYPES: dict[str, np.dtype] = {
+    "int32": np.dtype("<i4"),
+    "int64": np.dtype("<i8"),
+    "float32": np.dtype("<f4"),
+}
+
 
 class WireArray(abc.ABC):
     """A msgspec field type: a (nested) list, or a numpy array that travels as an array Ext.
@@ -47,6 +52,7 @@ if TYPE_CHECKING:  # what a field of these types holds, for the type checker
     IntMatrix = list[list[int]] | np.ndarray
     FloatMatrix = list[list[float]] | np.ndarray
 else:
+
     class IntVector(WireArray):
         """Ints of one dimension, e.g. token ids."""
 
@@ -116,8 +122,7 @@ class FrameDecoder:
 
     def __init__(self, type_: Any) -> None:
         self._buffers: list[memoryview] = []
-        self._decoder = msgspec.msgpack.Decoder(type_, ext_hook=self._ext_hook,
-                                                dec_hook=_dec_hook)
+        self._decoder = msgspec.msgpack.Decoder(type_, ext_hook=self._ext_hook, dec_hook=_dec_hook)
 
     def decode(self, payload: Any, buffers: list[Any] | tuple[Any, ...] = ()) -> Any:
         """Decode payload (any buffer); buffers are the frames after it (any buffers)."""
@@ -136,18 +141,23 @@ class FrameDecoder:
             raise ValueError(f"malformed array extension: {e}") from None
         dtype = WIRE_DTYPES.get(header.dtype)
         if dtype is None:
-            raise ValueError(f"array dtype {header.dtype!r} is not allowed; use one of "
-                             f"{', '.join(WIRE_DTYPES)}")
+            raise ValueError(
+                f"array dtype {header.dtype!r} is not allowed; use one of {', '.join(WIRE_DTYPES)}"
+            )
         if not 0 <= header.buffer < len(self._buffers):
-            raise ValueError(f"array buffer frame {header.buffer} does not exist; the message "
-                             f"has {len(self._buffers)} buffer frames")
+            raise ValueError(
+                f"array buffer frame {header.buffer} does not exist; the message "
+                f"has {len(self._buffers)} buffer frames"
+            )
         if any(n < 0 for n in header.shape):
             raise ValueError(f"array shape {header.shape} has a negative dimension")
         buffer = self._buffers[header.buffer]
         if math.prod(header.shape) * dtype.itemsize != buffer.nbytes:
-            raise ValueError(f"a {header.dtype} array of shape {header.shape} needs "
-                             f"{math.prod(header.shape) * dtype.itemsize} bytes; its buffer "
-                             f"frame has {buffer.nbytes}")
+            raise ValueError(
+                f"a {header.dtype} array of shape {header.shape} needs "
+                f"{math.prod(header.shape) * dtype.itemsize} bytes; its buffer "
+                f"frame has {buffer.nbytes}"
+            )
         return np.frombuffer(buffer, dtype).reshape(header.shape)
 
 
@@ -158,6 +168,8 @@ def _dec_hook(type_: Any, obj: Any) -> Any:
     if not isinstance(obj, np.ndarray):
         return msgspec.convert(obj, spec.list_type)
     if not np.issubdtype(obj.dtype, spec.kind) or obj.ndim != spec.ndim:
-        raise ValueError(f"expected a {spec.ndim}-dimensional {spec.kind.__name__} array, got "
-                         f"a {obj.ndim}-dimensional {obj.dtype} array")
+        raise ValueError(
+            f"expected a {spec.ndim}-dimensional {spec.kind.__name__} array, got "
+            f"a {obj.ndim}-dimensional {obj.dtype} array"
+        )
     return obj

@@ -30,5 +30,6 @@ def cap_unset_max_tokens(request: EngineCoreRequest, config: EngineConfig) -> En
     if cap is None:
         return request
     room = config.max_model_len - len(request.prompt_token_ids)
-    return msgspec.structs.replace(request, sampling_params=msgspec.structs.replace(
-        params, max_tokens=min(cap, room)))
+    return msgspec.structs.replace(
+        request, sampling_params=msgspec.structs.replace(params, max_tokens=min(cap, room))
+    )

@@ -8,8 +8,16 @@ from config.engine import ObservabilityConfig
 
 # The project's top-level loggers: levels are set on these, never on the root logger, so an
 # application that runs LLM in its own process keeps its logging as it was.
-_LOGGERS = ("api_server", "engine_core", "executor", "frontend", "gpu_worker", "kernels",
-            "metrics", "tokenizer_proc")
+_LOGGERS = (
+    "api_server",
+    "engine_core",
+    "executor",
+    "frontend",
+    "gpu_worker",
+    "kernels",
+    "metrics",
+    "tokenizer_proc",
+)
 _LEVELS = {"trace": logging.DEBUG}
 
 

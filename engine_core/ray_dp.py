@@ -35,32 +35,45 @@ class EngineCoreActor:
         self.rank = rank
         self.core: CoreProcess | None = None
 
-    def start(self, engine_args: dict[str, Any], auth_key: str,
-              timeout_s: float) -> tuple[str, str, str, int]:
+    def start(
+        self, engine_args: dict[str, Any], auth_key: str, timeout_s: float
+    ) -> tuple[str, str, str, int]:
         """Start the engine core on tcp://<this node's IP>:<a free port> and wait until it
         answers READY (the shared secret auth_key guards its socket); (address, node id, node
         IP, engine core pid). RuntimeError when it exits first, TimeoutError after timeout_s."""
         address = free_tcp_address()
         # Resolved on this node: the model directory and the kernels are this node's.
-        self.core = CoreProcess(resolved_config(**engine_args), address=address,
-                                extra_env={ENV_KEY: auth_key})
+        self.core = CoreProcess(
+            resolved_config(**engine_args), address=address, extra_env={ENV_KEY: auth_key}
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             code = self.core.exit_code()
             if code is not None:
-                raise RuntimeError(f"the engine core exited during start-up with code {code} "
-                                   f"(its log: the lines prefixed (EngineCoreActor "
-                                   f"pid={os.getpid()}))")
+                raise RuntimeError(
+                    f"the engine core exited during start-up with code {code} "
+                    f"(its log: the lines prefixed (EngineCoreActor "
+                    f"pid={os.getpid()}))"
+                )
             try:
-                EngineCoreClient(address, startup_timeout=_READY_POLL_S, auth_key=auth_key,
-                                 client_name=f"ray-actor-{self.rank}").shutdown()
+                EngineCoreClient(
+                    address,
+                    startup_timeout=_READY_POLL_S,
+                    auth_key=auth_key,
+                    client_name=f"ray-actor-{self.rank}",
+                ).shutdown()
                 break
             except TimeoutError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the engine core at {address} was not ready within "
-                                       f"{timeout_s:.0f} s") from None
-        return (address, ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(),
-                self.core.pid)
+                    raise TimeoutError(
+                        f"the engine core at {address} was not ready within {timeout_s:.0f} s"
+                    ) from None
+        return (
+            address,
+            ray.get_runtime_context().get_node_id(),
+            ray.util.get_node_ip_address(),
+            self.core.pid,
+        )
 
     def wait(self) -> int:
         """Block until the engine core exits; its exit status."""

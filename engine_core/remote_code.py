@@ -19,9 +19,11 @@ def remote_code_notice(model_path: str, trust_remote_code: bool) -> str | None:
     if not auto_map:
         return None
     asked = "--trust-remote-code was given, but " if trust_remote_code else ""
-    return (f"{config} names the model's own code (auto_map: {', '.join(sorted(auto_map))}); "
-            f"{asked}this engine never runs remote code: it loads the architecture with its "
-            f"own implementation")
+    return (
+        f"{config} names the model's own code (auto_map: {', '.join(sorted(auto_map))}); "
+        f"{asked}this engine never runs remote code: it loads the architecture with its "
+        f"own implementation"
+    )
 
 
 def log_remote_code_notice(model_path: str, trust_remote_code: bool) -> None:

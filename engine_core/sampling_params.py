@@ -37,11 +37,14 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     def __post_init__(self) -> None:
         kinds = [k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) not in (None, False)]
         if len(kinds) != 1:
-            raise ValueError("structured_outputs must set exactly one of "
-                             f"{', '.join(STRUCTURED_OUTPUT_KINDS)}; got "
-                             f"{', '.join(kinds) if kinds else 'none'}")
-        if self.choice is not None and (not self.choice
-                                        or not all(isinstance(c, str) for c in self.choice)):
+            raise ValueError(
+                "structured_outputs must set exactly one of "
+                f"{', '.join(STRUCTURED_OUTPUT_KINDS)}; got "
+                f"{', '.join(kinds) if kinds else 'none'}"
+            )
+        if self.choice is not None and (
+            not self.choice or not all(isinstance(c, str) for c in self.choice)
+        ):
             raise ValueError("structured_outputs.choice must be a non-empty list of strings")
 
     @property
@@ -93,11 +96,19 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         self._validate()
 
     def _validate(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
-        if self.logit_bias is not None and not all(math.isfinite(b) for b in self.logit_bias.values()):
+        if self.logit_bias is not None and not all(
+            math.isfinite(b) for b in self.logit_bias.values()
+        ):
             raise ValueError("logit_bias values must be finite numbers")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
@@ -126,7 +137,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and value < -1:
-                raise ValueError(f"{name} must be -1 (whole vocabulary) or non-negative, got {value}")
+                raise ValueError(
+                    f"{name} must be -1 (whole vocabulary) or non-negative, got {value}"
+                )
         if self.stop is not None and any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
@@ -137,10 +150,13 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise ValueError("bad_words must be non-empty strings")
         if self.bad_words_token_ids is not None and any(not w for w in self.bad_words_token_ids):
             raise ValueError("bad_words_token_ids must hold non-empty token id lists")
-        if self.truncate_prompt_tokens is not None and not (self.truncate_prompt_tokens == -1
-                                                            or self.truncate_prompt_tokens >= 1):
-            raise ValueError("truncate_prompt_tokens must be -1 (the model's context length) or "
-                             f"at least 1, got {self.truncate_prompt_tokens}")
+        if self.truncate_prompt_tokens is not None and not (
+            self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1
+        ):
+            raise ValueError(
+                "truncate_prompt_tokens must be -1 (the model's context length) or "
+                f"at least 1, got {self.truncate_prompt_tokens}"
+            )
 
     @property
     def greedy(self) -> bool:

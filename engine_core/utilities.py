@@ -13,9 +13,11 @@ def engine_utilities(engine: EngineCore) -> dict[str, Callable[..., Any]]:
     """The utility methods by name; each returns a msgpack-encodable result."""
 
     def get_stats() -> dict[str, Any]:
-        return {**dataclasses.asdict(engine.totals),
-                "num_unfinished_requests": engine.scheduler.get_num_unfinished_requests(),
-                "num_blocks": engine.num_blocks}
+        return {
+            **dataclasses.asdict(engine.totals),
+            "num_unfinished_requests": engine.scheduler.get_num_unfinished_requests(),
+            "num_blocks": engine.num_blocks,
+        }
 
     return {
         "ping": lambda: "pong",

@@ -17,8 +17,18 @@ import torch
 from config.engine import EngineConfig
 from executor.base import Executor, StepFuture, WorkerError
 from executor.shm_broadcast import ShmRingWriter
-from executor.worker_messages import (AllocateKVCache, Command, Failed, KVCacheReady, Loaded,
-                                      Reply, RunStep, Shutdown, StepDone, WorkerArgs)
+from executor.worker_messages import (
+    AllocateKVCache,
+    Command,
+    Failed,
+    KVCacheReady,
+    Loaded,
+    Reply,
+    RunStep,
+    Shutdown,
+    StepDone,
+    WorkerArgs,
+)
 from executor.worker_proc import worker_main
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 
@@ -69,13 +79,22 @@ class MultiprocExecutor(Executor):
         self._ring = ShmRingWriter(num_readers=self.world_size, ctx=ctx)
         init_method = f"tcp://127.0.0.1:{_free_port()}" if self.world_size > 1 else ""
         for rank in range(self.world_size):
-            args = WorkerArgs(rank, self.config, self._ring.handle, init_method, self.num_threads,
-                              os.getpid())
+            args = WorkerArgs(
+                rank, self.config, self._ring.handle, init_method, self.num_threads, os.getpid()
+            )
             replies, replies_child = ctx.Pipe(duplex=False)
             lifeline_child, lifeline = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=worker_main, name=f"engine-worker-{rank}", daemon=True,
-                               args=(msgspec.msgpack.encode(args), replies_child, lifeline_child,
-                                     self._ring.doorbells[rank]))
+            proc = ctx.Process(
+                target=worker_main,
+                name=f"engine-worker-{rank}",
+                daemon=True,
+                args=(
+                    msgspec.msgpack.encode(args),
+                    replies_child,
+                    lifeline_child,
+                    self._ring.doorbells[rank],
+                ),
+            )
             proc.start()
             # Only the child may hold these ends: EOF on them must mean that one process is gone.
             replies_child.close()
@@ -173,13 +192,17 @@ class MultiprocExecutor(Executor):
             if isinstance(reply, Failed):
                 reported.append(f"engine worker rank {rank} failed:\n{reply.traceback}")
             elif reply is not None:
-                reported.append(f"engine worker rank {rank} sent an unexpected "
-                                f"{type(reply).__name__}")
+                reported.append(
+                    f"engine worker rank {rank} sent an unexpected {type(reply).__name__}"
+                )
             elif wait([proc.sentinel], timeout=0):  # is_alive() may lag the sentinel
                 proc.join(1.0)
                 code = proc.exitcode
-                how = (f"was killed by {signal.Signals(-code).name}"
-                       if code is not None and code < 0 else f"exited with code {code}")
+                how = (
+                    f"was killed by {signal.Signals(-code).name}"
+                    if code is not None and code < 0
+                    else f"exited with code {code}"
+                )
                 silent.append(f"engine worker rank {rank} (pid {proc.pid}) {how}")
         return WorkerError("; ".join(silent + reported) or "engine workers failed")
 

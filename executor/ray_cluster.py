@@ -57,30 +57,45 @@ def free_tcp_address() -> str:
     return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
 
 
-def reserve(world_size: int, resource: str, timeout_s: float = PLACEMENT_TIMEOUT_S, *,
-            per_bundle: int = 1, strategy: str = "PACK", need: str | None = None
-            ) -> PlacementGroup:
+def reserve(
+    world_size: int,
+    resource: str,
+    timeout_s: float = PLACEMENT_TIMEOUT_S,
+    *,
+    per_bundle: int = 1,
+    strategy: str = "PACK",
+    need: str | None = None,
+) -> PlacementGroup:
     """A placement group of world_size bundles of per_bundle `resource` ("CPU" or "GPU") each,
     placed by strategy (PACK: on as few nodes as hold them; SPREAD: over as many as can).
     RayResourcesError at once when the whole cluster has too few, or no node holds a bundle;
     else after timeout_s if the bundles cannot be placed (others hold the resources, or they
     are split so that no placement fits). need: what the message says is needed (default: the
     tensor-parallel ranks')."""
-    need = need or (f"tensor_parallel_size {world_size} needs {world_size} {resource} bundles "
-                    f"(one {resource} per rank)")
+    need = need or (
+        f"tensor_parallel_size {world_size} needs {world_size} {resource} bundles "
+        f"(one {resource} per rank)"
+    )
     per_node = [node["Resources"].get(resource, 0.0) for node in ray.nodes() if node.get("Alive")]
     total = ray.cluster_resources().get(resource, 0.0)
     if total < world_size * per_bundle or max(per_node, default=0.0) < per_bundle:
         raise RayResourcesError(_missing(need, resource))
     free = ray.available_resources().get(resource, 0.0)
     if free < world_size * per_bundle:
-        logger.warning("%g %s of the Ray cluster's %g are free, %d needed: waiting up to %g s "
-                       "for them", free, resource, total, world_size * per_bundle, timeout_s)
+        logger.warning(
+            "%g %s of the Ray cluster's %g are free, %d needed: waiting up to %g s for them",
+            free,
+            resource,
+            total,
+            world_size * per_bundle,
+            timeout_s,
+        )
     group = placement_group([{resource: per_bundle}] * world_size, strategy=strategy)
     if not group.wait(timeout_s):
         remove_placement_group(group)
-        raise RayResourcesError(_missing(need, resource)
-                                + f"; the bundles could not be placed in {timeout_s:g} s")
+        raise RayResourcesError(
+            _missing(need, resource) + f"; the bundles could not be placed in {timeout_s:g} s"
+        )
     return group
 
 
@@ -88,17 +103,23 @@ def _missing(need: str, resource: str) -> str:
     nodes = [node for node in ray.nodes() if node.get("Alive")]
     free = ray.available_resources().get(resource, 0.0)
     total = sum(node["Resources"].get(resource, 0.0) for node in nodes)
-    per_node = ", ".join(f"node {node['NodeID'][:12]} at {node['NodeManagerAddress']}: "
-                         f"{node['Resources'].get(resource, 0.0):g} {resource}"
-                         for node in nodes)
-    return (f"{need}; the Ray cluster has {free:g} {resource} free of {total:g} on "
-            f"{len(nodes)} node(s) ({per_node})")
+    per_node = ", ".join(
+        f"node {node['NodeID'][:12]} at {node['NodeManagerAddress']}: "
+        f"{node['Resources'].get(resource, 0.0):g} {resource}"
+        for node in nodes
+    )
+    return (
+        f"{need}; the Ray cluster has {free:g} {resource} free of {total:g} on "
+        f"{len(nodes)} node(s) ({per_node})"
+    )
 
 
 def death_reason(error: RayError) -> str:
     """Ray's reason for an actor's death: the first sentence of its "The actor is dead
     because ..." line (killed by ray.kill, its process died, its node died)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    why = next((line for line in lines if line.startswith("The actor is dead")),
-               lines[-1] if lines else type(error).__name__)
+    why = next(
+        (line for line in lines if line.startswith("The actor is dead")),
+        lines[-1] if lines else type(error).__name__,
+    )
     return why.split(". ")[0].rstrip(".")

@@ -39,8 +39,9 @@ FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others' news is awai
 class RayExecutor(Executor):
     """Workers as Ray actors, one per rank, in a placement group of one bundle per rank."""
 
-    def __init__(self, config: EngineConfig,
-                 placement_timeout_s: float = PLACEMENT_TIMEOUT_S) -> None:
+    def __init__(
+        self, config: EngineConfig, placement_timeout_s: float = PLACEMENT_TIMEOUT_S
+    ) -> None:
         super().__init__(config)
         self.world_size = config.parallel.tensor_parallel_size
         self.placement_timeout_s = placement_timeout_s
@@ -67,11 +68,15 @@ class RayExecutor(Executor):
             self._group = reserve(self.world_size, resource, self.placement_timeout_s)
             self._start_actors(resource)
             self.locations = self._gather_all(lambda actor: actor.where.remote())
-            init_method = (self._gather({0: self.actors[0].free_tcp_address.remote()})[0]
-                           if self.world_size > 1 else "")
+            init_method = (
+                self._gather({0: self.actors[0].free_tcp_address.remote()})[0]
+                if self.world_size > 1
+                else ""
+            )
             config = msgspec.msgpack.encode(self.config)
-            num_blocks = min(self._gather_all(
-                lambda actor: actor.load_model.remote(config, init_method)))
+            num_blocks = min(
+                self._gather_all(lambda actor: actor.load_model.remote(config, init_method))
+            )
             self._gather_all(lambda actor: actor.initialize_kv_cache.remote(num_blocks))
             self._start_ring()
         except BaseException:
@@ -89,12 +94,17 @@ class RayExecutor(Executor):
         remote_cls = ray.remote(EngineWorker)
         ring_cls = ray.remote(concurrency_groups={RING_GROUP: 1})(EngineWorker)
         for rank in range(self.world_size):
-            strategy = PlacementGroupSchedulingStrategy(placement_group=self._group,
-                                                        placement_group_bundle_index=rank)
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self._group, placement_group_bundle_index=rank
+            )
             cls = ring_cls if rank in self.ring_ranks else remote_cls
-            self.actors.append(cls.options(
-                num_cpus=1 if resource == "CPU" else 0, num_gpus=1 if resource == "GPU" else 0,
-                scheduling_strategy=strategy).remote(rank))
+            self.actors.append(
+                cls.options(
+                    num_cpus=1 if resource == "CPU" else 0,
+                    num_gpus=1 if resource == "GPU" else 0,
+                    scheduling_strategy=strategy,
+                ).remote(rank)
+            )
 
     def _start_ring(self) -> None:
         """The ring, and one serve_ring() call per ring rank, which returns only at Shutdown."""
@@ -112,9 +122,11 @@ class RayExecutor(Executor):
             self._replies_bell = HostDoorbell(bell)
             self._replies = ShmRingReader(replies, 0, self._replies_bell)
         for index, rank in enumerate(self.ring_ranks):
-            self._readers[rank] = self.actors[rank].serve_ring.options(
-                concurrency_group=RING_GROUP).remote(self._ring.handle, index,
-                                                     self._ring.doorbell_handles[index])
+            self._readers[rank] = (
+                self.actors[rank]
+                .serve_ring.options(concurrency_group=RING_GROUP)
+                .remote(self._ring.handle, index, self._ring.doorbell_handles[index])
+            )
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step on every rank and return rank 0's output; WorkerError if any fails."""
@@ -125,8 +137,11 @@ class RayExecutor(Executor):
         step = self._encoder.encode(RunStep(scheduler_output))
         if self._ring is not None:
             self._ring.write(step, on_wait=lambda: self._check({}))
-        refs = {rank: actor.execute_model.remote(step) for rank, actor in enumerate(self.actors)
-                if rank not in self._readers}
+        refs = {
+            rank: actor.execute_model.remote(step)
+            for rank, actor in enumerate(self.actors)
+            if rank not in self._readers
+        }
         future = _RayStep(self, refs)
         if self._replies is not None:
             self._pending.append(future)
@@ -139,7 +154,8 @@ class RayExecutor(Executor):
             return self._decoder.decode(self._gather(step.refs)[0])
         while step.output is None:
             self._pending.popleft().output = self._replies.read(
-                self._decoder.decode, on_sleep=lambda: self._check(step.refs))
+                self._decoder.decode, on_sleep=lambda: self._check(step.refs)
+            )
         self._gather(step.refs)
         return step.output
 
@@ -169,8 +185,9 @@ class RayExecutor(Executor):
         """WorkerError if a ring rank's thread has ended or a call in refs has failed (checked
         while waiting on a ring: ray.wait cannot wake on shared memory)."""
         watched = list(self._readers.values())
-        ready, _ = ray.wait(watched + list(refs.values()), num_returns=len(watched) + len(refs),
-                            timeout=0)
+        ready, _ = ray.wait(
+            watched + list(refs.values()), num_returns=len(watched) + len(refs), timeout=0
+        )
         if any(ref in watched for ref in ready):
             raise self._failure(refs)
         try:
@@ -190,8 +207,9 @@ class RayExecutor(Executor):
             try:
                 ray.get(ref, timeout=0)
             except RayActorError as e:
-                dead.append(f"engine worker rank {rank} ({self._where(rank)}) died: "
-                            f"{death_reason(e)}")
+                dead.append(
+                    f"engine worker rank {rank} ({self._where(rank)}) died: {death_reason(e)}"
+                )
             except GetTimeoutError:
                 pass
             except RayError as e:  # RayTaskError: the actor's method raised; its traceback
@@ -213,8 +231,9 @@ class RayExecutor(Executor):
                 if self._ring is not None:
                     self._ring.write(self._encoder.encode(Shutdown()), SHUTDOWN_TIMEOUT_S)
                     ray.get(list(self._readers.values()), timeout=SHUTDOWN_TIMEOUT_S)
-                ray.get([actor.shutdown.remote() for actor in self.actors],
-                        timeout=SHUTDOWN_TIMEOUT_S)
+                ray.get(
+                    [actor.shutdown.remote() for actor in self.actors], timeout=SHUTDOWN_TIMEOUT_S
+                )
             except (RayError, TimeoutError):
                 pass
         for actor in self.actors:

@@ -89,9 +89,12 @@ class RingHandle(msgspec.Struct, frozen=True):
         return self.header_bytes + _aligned(self.slot_bytes)
 
 
-def wait_until(ready: Callable[[], bool], timeout: float | None = None,
-               on_sleep: Callable[[], None] | None = None,
-               doorbell: Doorbell | None = None) -> None:
+def wait_until(
+    ready: Callable[[], bool],
+    timeout: float | None = None,
+    on_sleep: Callable[[], None] | None = None,
+    doorbell: Doorbell | None = None,
+) -> None:
     """Poll ready(): spin for SPIN_S, then sleep with backoff (or on the doorbell); TimeoutError
     after timeout seconds.
 
@@ -229,8 +232,14 @@ class _HostDoorbells:
 class ShmRingWriter:
     """The writing end; creates and finally unlinks the block."""
 
-    def __init__(self, num_readers: int, num_slots: int = 8, slot_bytes: int = 1 << 20,
-                 ctx: Any = None, host_doorbells: bool = False) -> None:
+    def __init__(
+        self,
+        num_readers: int,
+        num_slots: int = 8,
+        slot_bytes: int = 1 << 20,
+        ctx: Any = None,
+        host_doorbells: bool = False,
+    ) -> None:
         """ctx (a multiprocessing context): make a Doorbell per reader (self.doorbells), so
         readers given theirs sleep until a message comes instead of polling. host_doorbells:
         make HostDoorbells instead, for readers in processes this one did not start; reader i
@@ -240,8 +249,12 @@ class ShmRingWriter:
         self._host_doorbells = _HostDoorbells(num_readers) if host_doorbells else None
         self.doorbell_handles = self._host_doorbells.handles if self._host_doorbells else []
         self.doorbells: list[Doorbell] = (
-            self._host_doorbells.doorbells if self._host_doorbells
-            else [Doorbell(ctx) for _ in range(num_readers)] if ctx is not None else [])
+            self._host_doorbells.doorbells
+            if self._host_doorbells
+            else [Doorbell(ctx) for _ in range(num_readers)]
+            if ctx is not None
+            else []
+        )
         stride = RingHandle("", num_slots, slot_bytes, num_readers).stride
         self._shm = SharedMemory(create=True, size=num_slots * stride)  # zero-filled
         self.handle = RingHandle(self._shm.name, num_slots, slot_bytes, num_readers)
@@ -249,14 +262,16 @@ class ShmRingWriter:
         self._count = 0
         self._overflow: dict[int, SharedMemory] = {}
 
-    def write(self, data: bytes, timeout: float | None = None,
-              on_wait: Callable[[], None] | None = None) -> None:
+    def write(
+        self, data: bytes, timeout: float | None = None, on_wait: Callable[[], None] | None = None
+    ) -> None:
         """Publish data to every reader; waits while the next slot is still being read."""
         h, buf = self.handle, self._shm.buf
         slot = self._count % h.num_slots
         base = slot * h.stride
         previous = _INT.unpack_from(buf, base)[0]
         if previous:
+
             def all_read() -> bool:
                 return all(s == previous for s in self._read_seqs.unpack_from(buf, base + 24))
 
@@ -314,8 +329,12 @@ class ShmRingReader:
         base = (self._count % self.handle.num_slots) * self.handle.stride
         return _INT.unpack_from(self._shm.buf, base)[0] == self._count + 1
 
-    def read(self, decode: Callable[[memoryview], T] = bytes, timeout: float | None = None,
-             on_sleep: Callable[[], None] | None = None) -> T:
+    def read(
+        self,
+        decode: Callable[[memoryview], T] = bytes,
+        timeout: float | None = None,
+        on_sleep: Callable[[], None] | None = None,
+    ) -> T:
         """The next message, passed through decode while it still lies in shared memory.
         on_sleep runs before each sleep while it waits (a liveness check that raises)."""
         h, buf = self.handle, self._shm.buf

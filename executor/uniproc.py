@@ -29,8 +29,9 @@ class UniProcExecutor(Executor):
     def submit(self, scheduler_output: SchedulerOutput) -> StepFuture:
         if self._model_thread is None:
             self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="engine-model")
-        return _LaunchedStep(self._model_thread.submit(self.worker.execute_model_async,
-                                                       scheduler_output))
+        return _LaunchedStep(
+            self._model_thread.submit(self.worker.execute_model_async, scheduler_output)
+        )
 
     def shutdown(self) -> None:
         if self._model_thread is not None:

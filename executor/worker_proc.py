@@ -12,8 +12,16 @@ import msgspec
 import torch
 
 from executor.shm_broadcast import Doorbell, ShmRingReader
-from executor.worker_messages import (AllocateKVCache, Command, Failed, KVCacheReady, Loaded,
-                                      RunStep, StepDone, WorkerArgs)
+from executor.worker_messages import (
+    AllocateKVCache,
+    Command,
+    Failed,
+    KVCacheReady,
+    Loaded,
+    RunStep,
+    StepDone,
+    WorkerArgs,
+)
 from gpu_worker.async_output import AsyncOutput, ReadyOutput
 from gpu_worker.worker import Worker
 from ipc.process import set_process_name, watch_parent
@@ -21,8 +29,9 @@ from ipc.process import set_process_name, watch_parent
 _POLL_S = 50e-6  # between checks of the ring and the device while a step's output is pending
 
 
-def worker_main(encoded_args: bytes, replies: Connection, lifeline: Connection,
-                doorbell: Doorbell | None = None) -> None:
+def worker_main(
+    encoded_args: bytes, replies: Connection, lifeline: Connection, doorbell: Doorbell | None = None
+) -> None:
     """Entry point of a spawned worker: serve commands from the ring until Shutdown."""
     args = msgspec.msgpack.decode(encoded_args, type=WorkerArgs)
     # Exit when the executor's process dies, even by SIGKILL: the kernel's parent-death signal
@@ -51,8 +60,9 @@ def worker_main(encoded_args: bytes, replies: Connection, lifeline: Connection,
         reader.close()
 
 
-def _serve(args: WorkerArgs, reader: ShmRingReader, replies: Connection,
-           encoder: msgspec.msgpack.Encoder) -> None:
+def _serve(
+    args: WorkerArgs, reader: ShmRingReader, replies: Connection, encoder: msgspec.msgpack.Encoder
+) -> None:
     worker = Worker(args.config, args.rank, args.distributed_init_method)
     worker.load_model()
     replies.send_bytes(encoder.encode(Loaded(worker.determine_num_blocks())))
@@ -81,4 +91,3 @@ def _serve(args: WorkerArgs, reader: ShmRingReader, replies: Connection,
         else:
             worker.shutdown()
             return
-

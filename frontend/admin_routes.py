@@ -45,8 +45,10 @@ ADMIN = web.AppKey("admin", AdminState)
 async def count_load(request: web.Request, handler) -> web.StreamResponse:
     """Count the requests of LOADED_PATHS until their answer is complete (streams included)."""
     state = request.app[ADMIN]
-    if request.match_info.route.resource is None or \
-            request.match_info.route.resource.canonical not in LOADED_PATHS:
+    if (
+        request.match_info.route.resource is None
+        or request.match_info.route.resource.canonical not in LOADED_PATHS
+    ):
         return await handler(request)
     state.in_flight += 1
     try:
@@ -68,16 +70,20 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
     refused = [rank for rank, done in enumerate(results) if not done]
     if refused:
         ranks = "" if len(addresses) == 1 else f" (engine cores {refused})"
-        raise ApiError(409, f"the prefix cache was not reset{ranks}: running requests hold "
-                            "KV blocks; retry when they have finished")
+        raise ApiError(
+            409,
+            f"the prefix cache was not reset{ranks}: running requests hold "
+            "KV blocks; retry when they have finished",
+        )
     return web.Response(status=200)
 
 
 async def _call_utility(address: str, method: str) -> Any:
     # A connection per call: an engine core in a data-parallel group sends its load to every
     # client after each step, which a connection kept open would have to read.
-    client = await AsyncEngineCoreClient.create(address, client_name="api-admin",
-                                                startup_timeout=10.0)
+    client = await AsyncEngineCoreClient.create(
+        address, client_name="api-admin", startup_timeout=10.0
+    )
     try:
         return await client.call_utility(method)
     finally:

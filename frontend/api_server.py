@@ -40,10 +40,17 @@ from frontend.cors import CorsPolicy, cors_middleware
 from frontend.errors import ApiError, bad_request, error_response, from_decode_error
 from frontend.http_options import HttpOptions, add_http_args
 from frontend.json_limits import check_depth, check_int64
-from frontend.openai_protocol import (ChatCompletionRequest, CompletionRequest,
-                                      DetokenizeRequest, DetokenizeResponse, ModelCard,
-                                      ModelList, TokenizeRequest, TokenizeResponse,
-                                      VersionResponse)
+from frontend.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
 from frontend.openapi import DOCS_HTML, openapi_schema
 from frontend.root_path import serve_under, strip_root
 from frontend.serving import REQUEST_ID, ServingContext, json_response
@@ -62,8 +69,9 @@ OPEN_PATHS = frozenset({"/health", "/version", "/metrics", *ui.PAGE_PATHS})
 
 # vLLM's key guards its /v1 routes only; these others are open there too. (Not /invocations,
 # which vLLM leaves open by an oversight, vllm-project/vllm#58144, nor the admin routes.)
-VLLM_OPEN_PATHS = frozenset({"/ping", "/load", "/tokenize", "/detokenize", "/openapi.json",
-                             "/docs"})
+VLLM_OPEN_PATHS = frozenset(
+    {"/ping", "/load", "/tokenize", "/detokenize", "/openapi.json", "/docs"}
+)
 
 # A 503's Retry-After: by then a load balancer has another server, or this one is back.
 RETRY_AFTER_S = 5
@@ -98,8 +106,10 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     except ApiError as e:
         return error_response(e.status, e.message, e.param, e.headers)
     except RequestPayloadError as e:  # e.g. a gzip body that does not decompress
-        response = error_response(400, f"the request body could not be read: "
-                                       f"{str(e.__cause__ or e).splitlines()[-1].strip()}")
+        response = error_response(
+            400,
+            f"the request body could not be read: {str(e.__cause__ or e).splitlines()[-1].strip()}",
+        )
         response.force_close()  # the rest of the body cannot be read either
         return response
     except RecursionError:  # a shape no check foresaw; the client's doing, not the server's
@@ -110,12 +120,14 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        message = {404: f"no route for {request.method} {request.path}",
-                   405: f"method {request.method} is not allowed on {request.path}"}
+        message = {
+            404: f"no route for {request.method} {request.path}",
+            405: f"method {request.method} is not allowed on {request.path}",
+        }
         return error_response(e.status, message.get(e.status, e.reason))
     except asyncio.CancelledError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         logger.exception("%s %s failed", request.method, request.path)
         return error_response(500, f"internal error: {e}")
 
@@ -124,8 +136,7 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 async def _auth(request: web.Request, handler) -> web.StreamResponse:
     key: str | None = request.app[STATE]["api_key"]
     path = strip_root(request.path, request.app[STATE]["http"].root_path)
-    if key is None or path in OPEN_PATHS or path in VLLM_OPEN_PATHS or \
-            request.method == "OPTIONS":
+    if key is None or path in OPEN_PATHS or path in VLLM_OPEN_PATHS or request.method == "OPTIONS":
         return await handler(request)
     given = request.headers.get("Authorization", "")
     scheme, _, token = given.partition(" ")
@@ -134,8 +145,7 @@ async def _auth(request: web.Request, handler) -> web.StreamResponse:
     given_key = token.strip().encode("utf-8", "surrogateescape")
     matches = [hmac.compare_digest(given_key, k.encode()) for k in key.split("\n")]
     if scheme.lower() != "bearer" or not any(matches):
-        return error_response(401, "invalid or missing API key (send Authorization: Bearer "
-                                   "<key>)")
+        return error_response(401, "invalid or missing API key (send Authorization: Bearer <key>)")
     return await handler(request)
 
 
@@ -144,8 +154,11 @@ async def _expect_within_limit(request: web.Request) -> web.StreamResponse | Non
     limit, else aiohttp's 100 Continue."""
     limit = request.app[STATE]["max_body"]
     if request.content_length is not None and request.content_length > limit:
-        response = error_response(413, f"the request body ({request.content_length} bytes) is "
-                                       f"larger than the limit of {limit} bytes")
+        response = error_response(
+            413,
+            f"the request body ({request.content_length} bytes) is "
+            f"larger than the limit of {limit} bytes",
+        )
         response.force_close()  # the body was never sent: nothing to read after it
         return response
     return await _default_expect_handler(request)
@@ -202,9 +215,14 @@ async def version(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     names = ctx.served_model_names or (ctx.model_name,)
-    return json_response(ModelList(data=[ModelCard(id=name, root=ctx.model_root,
-                                                   max_model_len=ctx.max_model_len)
-                                         for name in names]))
+    return json_response(
+        ModelList(
+            data=[
+                ModelCard(id=name, root=ctx.model_root, max_model_len=ctx.max_model_len)
+                for name in names
+            ]
+        )
+    )
 
 
 def apply_generation_defaults(req: Any, defaults: dict[str, Any]) -> None:
@@ -217,8 +235,11 @@ def apply_generation_defaults(req: Any, defaults: dict[str, Any]) -> None:
     cap = defaults.get("max_tokens")
     if cap is None:
         return
-    field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None \
+    field = (
+        "max_completion_tokens"
+        if getattr(req, "max_completion_tokens", None) is not None
         else "max_tokens"
+    )
     if getattr(req, field) is not None:
         setattr(req, field, min(getattr(req, field), cap))
 
@@ -239,8 +260,12 @@ async def prepared(request: web.Request, req: Any, prefix: str) -> AsyncIterator
     log = state["log_requests"]
     if log is not None:
         body = (await request.read()).decode(errors="replace")
-        logger.info("Received request %s: %s %s", live, request.path,
-                    body if log.max_log_len is None else body[:log.max_log_len])
+        logger.info(
+            "Received request %s: %s %s",
+            live,
+            request.path,
+            body if log.max_log_len is None else body[: log.max_log_len],
+        )
     state["live_ids"].add(live)
     try:
         yield
@@ -273,12 +298,16 @@ async def tokenize(request: web.Request) -> web.Response:
         ids, strs = await asyncio.to_thread(_tokenize, ctx, req, messages)
     except ValueError as e:
         raise bad_request(str(e)) from None
-    return json_response(TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len,
-                                          tokens=ids, token_strs=strs))
+    return json_response(
+        TokenizeResponse(
+            count=len(ids), max_model_len=ctx.max_model_len, tokens=ids, token_strs=strs
+        )
+    )
 
 
-def _tokenize(ctx: ServingContext, req: TokenizeRequest, messages: list[dict[str, Any]] | None
-              ) -> tuple[list[int], list[str] | None]:
+def _tokenize(
+    ctx: ServingContext, req: TokenizeRequest, messages: list[dict[str, Any]] | None
+) -> tuple[list[int], list[str] | None]:
     """/tokenize's token ids and (with return_token_strs) their strings."""
     from tokenizer_proc.tokenizer import apply_chat_template
 
@@ -286,12 +315,15 @@ def _tokenize(ctx: ServingContext, req: TokenizeRequest, messages: list[dict[str
         ids = ctx.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
     else:
         tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
-        ids = apply_chat_template(ctx.tokenizer, messages,
-                                  add_generation_prompt=req.add_generation_prompt,
-                                  continue_final_message=req.continue_final_message,
-                                  chat_template=req.chat_template or ctx.chat_template,
-                                  tools=tools,
-                                  chat_template_kwargs=template_kwargs(req.chat_template_kwargs))
+        ids = apply_chat_template(
+            ctx.tokenizer,
+            messages,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            chat_template=req.chat_template or ctx.chat_template,
+            tools=tools,
+            chat_template_kwargs=template_kwargs(req.chat_template_kwargs),
+        )
     return ids, ctx.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
 
 
@@ -319,8 +351,10 @@ async def invocations(request: web.Request) -> web.StreamResponse:
         return await chat_completions(request)
     if isinstance(body, dict) and "prompt" in body:
         return await completions(request)
-    raise bad_request("/invocations takes a chat completion request (with messages) or a "
-                      "completion request (with prompt)")
+    raise bad_request(
+        "/invocations takes a chat completion request (with messages) or a "
+        "completion request (with prompt)"
+    )
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -331,29 +365,43 @@ async def docs(request: web.Request) -> web.Response:
     return web.Response(text=DOCS_HTML, content_type="text/html")
 
 
-def build_app(ctx: ServingContext, *, api_key: str | None = None,
-              max_body: int = DEFAULT_MAX_REQUEST_BODY,
-              engine_alive=lambda: True, unavailable=lambda: None,
-              http: HttpOptions = HttpOptions(),
-              admin: AdminState | None = None,
-              log_requests: ObservabilityConfig | None = None,
-              generation_defaults: dict[str, Any] | None = None) -> web.Application:
+def build_app(
+    ctx: ServingContext,
+    *,
+    api_key: str | None = None,
+    max_body: int = DEFAULT_MAX_REQUEST_BODY,
+    engine_alive=lambda: True,
+    unavailable=lambda: None,
+    http: HttpOptions = HttpOptions(),
+    admin: AdminState | None = None,
+    log_requests: ObservabilityConfig | None = None,
+    generation_defaults: dict[str, Any] | None = None,
+) -> web.Application:
     """The aiohttp application of one API server. engine_alive() false, or unavailable() giving
     a reason, make /health and new requests 503. log_requests: log each generation request
     (--enable-log-requests), cut at its max_log_len. generation_defaults: sampling defaults
     for requests that leave a field unset (engine_core.generation_config)."""
-    cors = CorsPolicy(http.allowed_origins, http.allowed_methods, http.allowed_headers,
-                      http.allow_credentials)
-    app = web.Application(middlewares=[cors_middleware(cors), _errors, _auth, count_load],
-                          client_max_size=max_body)
+    cors = CorsPolicy(
+        http.allowed_origins, http.allowed_methods, http.allowed_headers, http.allow_credentials
+    )
+    app = web.Application(
+        middlewares=[cors_middleware(cors), _errors, _auth, count_load], client_max_size=max_body
+    )
     serve_under(app, http.root_path)
     app[CTX] = ctx
-    app[STATE] = {"api_key": api_key, "max_body": max_body, "draining": False,
-                  "engine_alive": engine_alive, "unavailable": unavailable, "http": http,
-                  "cors": cors,
-                  "log_requests": log_requests, "defaults": generation_defaults or {},
-                  "live_ids": set(),
-                  "openapi": openapi_schema(http.root_path, _version())}
+    app[STATE] = {
+        "api_key": api_key,
+        "max_body": max_body,
+        "draining": False,
+        "engine_alive": engine_alive,
+        "unavailable": unavailable,
+        "http": http,
+        "cors": cors,
+        "log_requests": log_requests,
+        "defaults": generation_defaults or {},
+        "live_ids": set(),
+        "openapi": openapi_schema(http.root_path, _version()),
+    }
     app.router.add_get("/health", health)
     app.router.add_get("/ping", health)  # SageMaker's health check
     app.router.add_post("/ping", health)
@@ -381,8 +429,9 @@ async def _mark_server(request: web.Request, response: web.StreamResponse) -> No
     state = request.app[STATE]
     state["cors"].add_headers(request, response)
     if state["http"].enable_request_id_headers:
-        response.headers["X-Request-Id"] = request.get(REQUEST_ID) or \
-            request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        response.headers["X-Request-Id"] = (
+            request.get(REQUEST_ID) or request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -429,9 +478,14 @@ async def run_api_server(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
     # Started beside the engine core, we wait for the tokenizer processes as long as the model
     # loads (the launcher enforces --startup-timeout); a stop signal meanwhile ends us cleanly.
-    connect = asyncio.create_task(TokenizerClient.create(
-        args.tokenizer_address, client_name=process_name(args.index),
-        pids=args.tokenizer_pid or None, timeout=None))
+    connect = asyncio.create_task(
+        TokenizerClient.create(
+            args.tokenizer_address,
+            client_name=process_name(args.index),
+            pids=args.tokenizer_pid or None,
+            timeout=None,
+        )
+    )
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait([connect, stopping], return_when=asyncio.FIRST_COMPLETED)
     if not connect.done():
@@ -441,40 +495,59 @@ async def run_api_server(args: argparse.Namespace) -> int:
     client = connect.result()
     ready = client.ready[0]
     chat = ChatOptions.from_args(args)
-    ctx = ServingContext(ready.model_name, ready.max_model_len, ready.vocab_size, client,
-                         tokenizer, args.index, str(config.model_path), chat.response_role,
-                         chat.chat_template, chat.auto_tool_parser,
-                         served_model_names=tuple(config.model.served_model_names),
-                         enable_prompt_tokens_details=chat.enable_prompt_tokens_details)
-    info = ServerInfoResponse(version=_version(),
-                              served_model_names=config.model.served_model_names,
-                              engine_config=dataclasses.asdict(config))
+    ctx = ServingContext(
+        ready.model_name,
+        ready.max_model_len,
+        ready.vocab_size,
+        client,
+        tokenizer,
+        args.index,
+        str(config.model_path),
+        chat.response_role,
+        chat.chat_template,
+        chat.auto_tool_parser,
+        served_model_names=tuple(config.model.served_model_names),
+        enable_prompt_tokens_details=chat.enable_prompt_tokens_details,
+    )
+    info = ServerInfoResponse(
+        version=_version(),
+        served_model_names=config.model.served_model_names,
+        engine_config=dataclasses.asdict(config),
+    )
     obs = config.observability
-    app = build_app(ctx, api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
-                    max_body=args.max_request_body,
-                    engine_alive=lambda: args.engine_pid is None or pid_alive(args.engine_pid),
-                    unavailable=lambda: starting(args.serving_file) or client.unavailable(),
-                    http=http, admin=AdminState(args.engine_address or [], info),
-                    log_requests=obs if obs.enable_log_requests else None,
-                    generation_defaults=defaults)
+    app = build_app(
+        ctx,
+        api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
+        max_body=args.max_request_body,
+        engine_alive=lambda: args.engine_pid is None or pid_alive(args.engine_pid),
+        unavailable=lambda: starting(args.serving_file) or client.unavailable(),
+        http=http,
+        admin=AdminState(args.engine_address or [], info),
+        log_requests=obs if obs.enable_log_requests else None,
+        generation_defaults=defaults,
+    )
     if not args.disable_ui:
         ui.register(app, ctx, config)
     # Requests have finished or failed (drain) before cleanup waits this long for handlers.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=_CLOSE_S)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=_CLOSE_S
+    )
     await runner.setup()
     if http.uds:
         site: web.BaseSite = web.UnixSite(runner, http.uds, ssl_context=http.ssl_context())
     else:
         # The launcher's listening socket, shared by every API server (else one of our own).
-        sock = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else \
-            listening_socket(args.host, args.port)
+        sock = (
+            socket.socket(fileno=args.listen_fd)
+            if args.listen_fd is not None
+            else listening_socket(args.host, args.port)
+        )
         sock.setblocking(False)
         site = web.SockSite(runner, sock, ssl_context=http.ssl_context())
     await site.start()
     logger.info("API server %d serving on %s", args.index, http.url(args.host, args.port))
     if args.ready_file:
-        with open(args.ready_file, "w") as f:
+        with open(args.ready_file, "w") as f:  # noqa: ASYNC230 (a few bytes, a local file)
             f.write(str(os.getpid()))
     await stop.wait()
     cut = await drain(app, StopOrder.read(args.stop_file, args.shutdown_timeout))
@@ -502,8 +575,9 @@ async def drain(app: web.Application, order: StopOrder) -> int:
         await asyncio.sleep(0.05)
     cut = len(live)
     if cut:
-        logger.warning("%d requests still running at the drain deadline; failing them: %s", cut,
-                       order.reason)
+        logger.warning(
+            "%d requests still running at the drain deadline; failing them: %s", cut, order.reason
+        )
         app[CTX].client.fail_all(order.reason)
         deadline = time.monotonic() + _CLOSE_S  # time for their handlers to send the error
         while live and time.monotonic() < deadline:
@@ -517,27 +591,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--listen-fd", type=int,
-                        help="an inherited listening socket to serve on (the launcher's)")
+    parser.add_argument(
+        "--listen-fd", type=int, help="an inherited listening socket to serve on (the launcher's)"
+    )
     parser.add_argument("--tokenizer-address", action="append", required=True)
-    parser.add_argument("--config", required=True,
-                        help="the resolved configuration (EngineConfig.encode())")
+    parser.add_argument(
+        "--config", required=True, help="the resolved configuration (EngineConfig.encode())"
+    )
     parser.add_argument("--engine-pid", type=int)
     parser.add_argument("--parent-pid", type=int)
     parser.add_argument("--api-key")
     parser.add_argument("--max-request-body", type=int, default=DEFAULT_MAX_REQUEST_BODY)
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
     parser.add_argument("--ready-file")
-    parser.add_argument("--serving-file", help="answer 503 until the launcher writes this file "
-                        "(once every process is ready)")
-    parser.add_argument("--stop-file", help="where the launcher writes why and until when to "
-                        "drain, before it sends SIGTERM")
-    parser.add_argument("--tokenizer-pid", type=int, action="append", default=[],
-                        help="fail the requests of a tokenizer process when this pid exits (once "
-                        "per --tokenizer-address, in the same order)")
-    parser.add_argument("--engine-address", action="append",
-                        help="an engine core's address, for POST /reset_prefix_cache (once per "
-                             "data-parallel rank)")
+    parser.add_argument(
+        "--serving-file",
+        help="answer 503 until the launcher writes this file (once every process is ready)",
+    )
+    parser.add_argument(
+        "--stop-file",
+        help="where the launcher writes why and until when to drain, before it sends SIGTERM",
+    )
+    parser.add_argument(
+        "--tokenizer-pid",
+        type=int,
+        action="append",
+        default=[],
+        help="fail the requests of a tokenizer process when this pid exits (once "
+        "per --tokenizer-address, in the same order)",
+    )
+    parser.add_argument(
+        "--engine-address",
+        action="append",
+        help="an engine core's address, for POST /reset_prefix_cache (once per data-parallel rank)",
+    )
     add_http_args(parser)
     parser.add_argument("--disable-ui", action="store_true")
     add_chat_args(parser)

@@ -55,21 +55,23 @@ class BeamSearchOutput:
     sequences: list[BeamSearchSequence]
 
 
-def beam_search_score(tokens: list[int], cum_logprob: float, eos_token_id: int | None,
-                      length_penalty: float = 1.0) -> float:
+def beam_search_score(
+    tokens: list[int], cum_logprob: float, eos_token_id: int | None, length_penalty: float = 1.0
+) -> float:
     """vLLM's (and transformers') score: cumulative logprob / length ** length_penalty, the
     length counting the prompt and not a final EOS."""
     seq_len = len(tokens)
     if tokens and tokens[-1] == eos_token_id:
         seq_len -= 1
-    return cum_logprob / (seq_len ** length_penalty)
+    return cum_logprob / (seq_len**length_penalty)
 
 
 class BeamSearch:
     """The beams of several prompts, advanced one token per step."""
 
-    def __init__(self, prompts: list[list[int]], params: BeamSearchParams,
-                 eos_token_id: int | None) -> None:
+    def __init__(
+        self, prompts: list[list[int]], params: BeamSearchParams, eos_token_id: int | None
+    ) -> None:
         self.params = params
         self.eos_token_id = eos_token_id
         self.prompt_lens = [len(p) for p in prompts]
@@ -77,12 +79,18 @@ class BeamSearch:
         self.completed: list[list[BeamSearchSequence]] = [[] for _ in prompts]
         self.steps = 0
         # One token per request; 2 * beam_width candidates, as transformers takes.
-        self.step_params = SamplingParams(n=1, max_tokens=1, temperature=params.temperature,
-                                          logprobs=2 * params.beam_width, ignore_eos=True)
+        self.step_params = SamplingParams(
+            n=1,
+            max_tokens=1,
+            temperature=params.temperature,
+            logprobs=2 * params.beam_width,
+            ignore_eos=True,
+        )
 
     def _score(self, beam: BeamSearchSequence) -> float:
-        return beam_search_score(beam.tokens, beam.cum_logprob, self.eos_token_id,
-                                 self.params.length_penalty)
+        return beam_search_score(
+            beam.tokens, beam.cum_logprob, self.eos_token_id, self.params.length_penalty
+        )
 
     def pending(self) -> list[list[int]]:
         """The token ids of every live beam, prompt by prompt; empty once the search is over."""
@@ -102,9 +110,11 @@ class BeamSearch:
                 if options is None:
                     continue
                 for token_id, logprob in options.items():
-                    new = BeamSearchSequence(beam.tokens + [token_id],
-                                             beam.cum_logprob + logprob,
-                                             beam.logprobs + [options])
+                    new = BeamSearchSequence(
+                        beam.tokens + [token_id],
+                        beam.cum_logprob + logprob,
+                        beam.logprobs + [options],
+                    )
                     if token_id == eos and not self.params.ignore_eos:
                         new.finish_reason, new.stop_reason = "stop", token_id
                         self.completed[i].append(new)
@@ -116,8 +126,9 @@ class BeamSearch:
         if not any(self.beams):
             self.steps = self.params.max_tokens
 
-    def results(self, decode: Callable[[list[int]], str], include_prompt: bool = False
-                ) -> list[BeamSearchOutput]:
+    def results(
+        self, decode: Callable[[list[int]], str], include_prompt: bool = False
+    ) -> list[BeamSearchOutput]:
         """The beam_width best beams of each prompt, best first, with their text: the generated
         tokens decoded (the prompt's too with include_prompt, as vLLM's LLM.beam_search does),
         without a final EOS unless include_stop_str_in_output."""
@@ -128,7 +139,7 @@ class BeamSearch:
             best = sorted(self.completed[i] + beams, key=self._score, reverse=True)
             best = best[: self.params.beam_width]
             for beam in best:
-                generated = beam.tokens[0 if include_prompt else self.prompt_lens[i]:]
+                generated = beam.tokens[0 if include_prompt else self.prompt_lens[i] :]
                 if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:
                     generated = generated[:-1]
                 beam.text = decode(generated)

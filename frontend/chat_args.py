@@ -14,20 +14,34 @@ from frontend.tool_parsers import TOOL_PARSERS
 
 def add_chat_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Add the chat flags to parser."""
-    parser.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
-                        help="chat template for requests that give none: a file, or an inline "
-                             "Jinja template (default: the model's)")
-    parser.add_argument("--response-role", default="assistant",
-                        help="role of chat answers when add_generation_prompt is set (default "
-                             "assistant)")
-    parser.add_argument("--enable-auto-tool-choice", action="store_true",
-                        help='serve tool_choice "auto" (the default when tools are given): the '
-                             "model writes calls as it likes and --tool-call-parser reads them")
-    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS),
-                        help="how the model writes tool calls (with --enable-auto-tool-choice)")
-    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
-                        help="answer usage.prompt_tokens_details.cached_tokens: the prompt "
-                             "tokens the prefix cache served")
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEMPLATE",
+        help="chat template for requests that give none: a file, or an inline "
+        "Jinja template (default: the model's)",
+    )
+    parser.add_argument(
+        "--response-role",
+        default="assistant",
+        help="role of chat answers when add_generation_prompt is set (default assistant)",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='serve tool_choice "auto" (the default when tools are given): the '
+        "model writes calls as it likes and --tool-call-parser reads them",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        help="how the model writes tool calls (with --enable-auto-tool-choice)",
+    )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="answer usage.prompt_tokens_details.cached_tokens: the prompt "
+        "tokens the prefix cache served",
+    )
 
 
 @dataclass(frozen=True)
@@ -46,11 +60,16 @@ class ChatOptions:
         from tokenizer_proc.tokenizer import load_chat_template
 
         if args.enable_auto_tool_choice and args.tool_call_parser is None:
-            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
-                             f"{', '.join(sorted(TOOL_PARSERS))})")
-        return cls(load_chat_template(args.chat_template), args.response_role,
-                   args.tool_call_parser if args.enable_auto_tool_choice else None,
-                   args.enable_prompt_tokens_details)
+            raise ValueError(
+                "--enable-auto-tool-choice needs --tool-call-parser (one of "
+                f"{', '.join(sorted(TOOL_PARSERS))})"
+            )
+        return cls(
+            load_chat_template(args.chat_template),
+            args.response_role,
+            args.tool_call_parser if args.enable_auto_tool_choice else None,
+            args.enable_prompt_tokens_details,
+        )
 
     def argv(self, chat_template_file: str | None) -> list[str]:
         """The flags for a child's command line, the template given as a file."""

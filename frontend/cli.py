@@ -7,21 +7,32 @@ import sys
 
 from config.args import add_engine_args, engine_kwargs
 from frontend.chat_args import ChatOptions, add_chat_args
-from frontend.http_options import (HttpOptions, add_http_args, add_vllm_frontend_args,
-                                   refuse_vllm_serve_flags)
+from frontend.http_options import (
+    HttpOptions,
+    add_http_args,
+    add_vllm_frontend_args,
+    refuse_vllm_serve_flags,
+)
 
 
 def _generate(args: argparse.Namespace) -> int:
     from engine_core.sampling_params import SamplingParams
     from frontend.llm import LLM
 
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                            top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed,
-                            stop=args.stop or None, ignore_eos=args.ignore_eos)
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.sampling_seed,
+        stop=args.stop or None,
+        ignore_eos=args.ignore_eos,
+    )
     llm = LLM(**engine_kwargs(args))
     if args.chat:
-        outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params,
-                           use_tqdm=False)
+        outputs = llm.chat(
+            [[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False
+        )
     else:
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
     for out in outputs:
@@ -44,13 +55,26 @@ def _serve(args: argparse.Namespace) -> int:
     chat = ChatOptions.from_args(args)  # a bad flag fails before anything starts
     http = HttpOptions.from_args(args)
     if http.uds and args.api_server_count > 1:
-        raise ValueError(f"--uds serves one API server; --api-server-count "
-                         f"{args.api_server_count} needs --host/--port")
-    return serve(engine_kwargs(args), args.tokenizer_workers, args.tokenizer_listen,
-                 args.shutdown_timeout, args.startup_timeout, args.api_server_count, args.host,
-                 args.port, "\n".join(args.api_key) if args.api_key else None,
-                 args.max_request_body, chat,
-                 disable_ui=args.disable_ui, headless=args.headless, http=http)
+        raise ValueError(
+            f"--uds serves one API server; --api-server-count "
+            f"{args.api_server_count} needs --host/--port"
+        )
+    return serve(
+        engine_kwargs(args),
+        args.tokenizer_workers,
+        args.tokenizer_listen,
+        args.shutdown_timeout,
+        args.startup_timeout,
+        args.api_server_count,
+        args.host,
+        args.port,
+        "\n".join(args.api_key) if args.api_key else None,
+        args.max_request_body,
+        chat,
+        disable_ui=args.disable_ui,
+        headless=args.headless,
+        http=http,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,49 +99,98 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
 
-    core = sub.add_parser("core", help="run the engine core alone (headless) on a ZeroMQ address; "
-                                       "protocol: docs/protocol.md")
-    core.add_argument("--listen", required=True,
-                      help="address to bind: tcp://HOST:PORT (port * picks a free one) or "
-                           "ipc:///path/to/socket")
+    core = sub.add_parser(
+        "core",
+        help="run the engine core alone (headless) on a ZeroMQ address; protocol: docs/protocol.md",
+    )
+    core.add_argument(
+        "--listen",
+        required=True,
+        help="address to bind: tcp://HOST:PORT (port * picks a free one) or ipc:///path/to/socket",
+    )
     add_engine_args(core)
     core.set_defaults(func=_core)
 
-    srv = sub.add_parser("serve", help="run the OpenAI-compatible HTTP API servers, the "
-                                       "tokenizer processes and the engine core (docs/serve.md)")
+    srv = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible HTTP API servers, the "
+        "tokenizer processes and the engine core (docs/serve.md)",
+    )
     http = srv.add_argument_group("HTTP server options")
     procs = srv.add_argument_group("process options")
     add_chat_args(srv.add_argument_group("chat and tool calling options"))
-    http.add_argument("--host", default="127.0.0.1", help="address the API servers listen on "
-                     "(default 127.0.0.1; 0.0.0.0 for every interface)")
-    http.add_argument("--port", type=int, default=8000,
-                     help="HTTP port (default 8000; 0 picks a free one)")
-    http.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
-                     help="require 'Authorization: Bearer KEY' with one of these keys on the "
-                          "/v1 routes and a few others (default: from $ENGINE_API_KEY, keys "
-                          "one per line; docs/serve.md names the open routes)")
-    http.add_argument("--api-server-count", type=int, default=1, metavar="N",
-                     help="API server processes sharing the launcher's listening socket "
-                          "(default 1; "
-                          "0: none, clients speak to the tokenizer processes)")
-    http.add_argument("--max-request-body", type=int, default=16 * 1024 * 1024, metavar="BYTES",
-                     help="largest request body; larger ones get 413 (default 16 MiB)")
-    http.add_argument("--disable-ui", action="store_true",
-                     help="do not serve the built-in page at / and /ui (docs/ui.md)")
-    procs.add_argument("--headless", action="store_true",
-                       help="run only this host's data-parallel engine cores (ranks "
-                            "--data-parallel-start-rank on) and register them with the first "
-                            "host at --data-parallel-address:--data-parallel-rpc-port; no API "
-                            "server (docs/scale-out.md)")
-    procs.add_argument("--tokenizer-workers", type=int, default=1, metavar="M",
-                     help="tokenizer processes (default 1)")
-    procs.add_argument("--tokenizer-listen", action="append", metavar="ADDR",
-                     help="address a tokenizer process binds, once per worker (default: "
-                          "ipc:// sockets in a temporary directory)")
-    procs.add_argument("--shutdown-timeout", type=float, default=10.0,
-                     help="seconds in-flight requests may take to finish on SIGTERM/SIGINT")
-    procs.add_argument("--startup-timeout", type=float, default=600.0,
-                     help="seconds every process may take to report ready")
+    http.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the API servers listen on (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    http.add_argument(
+        "--port", type=int, default=8000, help="HTTP port (default 8000; 0 picks a free one)"
+    )
+    http.add_argument(
+        "--api-key",
+        nargs="+",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' with one of these keys on the "
+        "/v1 routes and a few others (default: from $ENGINE_API_KEY, keys "
+        "one per line; docs/serve.md names the open routes)",
+    )
+    http.add_argument(
+        "--api-server-count",
+        type=int,
+        default=1,
+        metavar="N",
+        help="API server processes sharing the launcher's listening socket "
+        "(default 1; "
+        "0: none, clients speak to the tokenizer processes)",
+    )
+    http.add_argument(
+        "--max-request-body",
+        type=int,
+        default=16 * 1024 * 1024,
+        metavar="BYTES",
+        help="largest request body; larger ones get 413 (default 16 MiB)",
+    )
+    http.add_argument(
+        "--disable-ui",
+        action="store_true",
+        help="do not serve the built-in page at / and /ui (docs/ui.md)",
+    )
+    procs.add_argument(
+        "--headless",
+        action="store_true",
+        help="run only this host's data-parallel engine cores (ranks "
+        "--data-parallel-start-rank on) and register them with the first "
+        "host at --data-parallel-address:--data-parallel-rpc-port; no API "
+        "server (docs/scale-out.md)",
+    )
+    procs.add_argument(
+        "--tokenizer-workers",
+        type=int,
+        default=1,
+        metavar="M",
+        help="tokenizer processes (default 1)",
+    )
+    procs.add_argument(
+        "--tokenizer-listen",
+        action="append",
+        metavar="ADDR",
+        help="address a tokenizer process binds, once per worker (default: "
+        "ipc:// sockets in a temporary directory)",
+    )
+    procs.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests may take to finish on SIGTERM/SIGINT",
+    )
+    procs.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        help="seconds every process may take to report ready",
+    )
     add_http_args(http)
     add_engine_args(srv, model_positional=True)
     add_vllm_frontend_args(srv)

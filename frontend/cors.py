@@ -42,10 +42,13 @@ class CorsPolicy:
         if request.method != "OPTIONS" or origin is None or method is None:
             return None
         explicit = not self.any_origin or self.credentials
-        headers = {"Access-Control-Allow-Methods": ", ".join(self.allowed_methods),
-                   "Access-Control-Max-Age": str(MAX_AGE_S)}
-        headers["Vary" if explicit else "Access-Control-Allow-Origin"] = \
+        headers = {
+            "Access-Control-Allow-Methods": ", ".join(self.allowed_methods),
+            "Access-Control-Max-Age": str(MAX_AGE_S),
+        }
+        headers["Vary" if explicit else "Access-Control-Allow-Origin"] = (
             "Origin" if explicit else "*"
+        )
         if self.credentials:
             headers["Access-Control-Allow-Credentials"] = "true"
         failures = []
@@ -63,19 +66,24 @@ class CorsPolicy:
         else:
             allowed = SAFELISTED_HEADERS | {h.lower() for h in self.headers}
             headers["Access-Control-Allow-Headers"] = ", ".join(sorted(allowed))
-            if asked is not None and any(h.strip().lower() not in allowed
-                                         for h in asked.split(",") if h.strip()):
+            if asked is not None and any(
+                h.strip().lower() not in allowed for h in asked.split(",") if h.strip()
+            ):
                 failures.append("headers")
         if failures:
-            return web.Response(status=400, text=f"Disallowed CORS {', '.join(failures)}",
-                                headers=headers)
+            return web.Response(
+                status=400, text=f"Disallowed CORS {', '.join(failures)}", headers=headers
+            )
         return web.Response(status=200, text="OK", headers=headers)
 
     def add_headers(self, request: web.Request, response: web.StreamResponse) -> None:
         """Give the answer to a cross-origin request the headers the browser checks."""
         origin = request.headers.get("Origin")
-        if origin is None or request.method == "OPTIONS" and \
-                "Access-Control-Allow-Methods" in response.headers:
+        if (
+            origin is None
+            or request.method == "OPTIONS"
+            and "Access-Control-Allow-Methods" in response.headers
+        ):
             return
         if self.any_origin and not ("Cookie" in request.headers or self.credentials):
             response.headers["Access-Control-Allow-Origin"] = "*"

@@ -85,8 +85,9 @@ class FirstHost:
     """The first host's side: collects registrations of ranks first_remote..size-1, then
     watches the hosts that sent them."""
 
-    def __init__(self, ctx: zmq.Context, address: str, port: int, size: int,
-                 first_remote: int) -> None:
+    def __init__(
+        self, ctx: zmq.Context, address: str, port: int, size: int, first_remote: int
+    ) -> None:
         self.size = size
         self.first_remote = first_remote
         self.address = tcp_address(address, port)
@@ -100,8 +101,10 @@ class FirstHost:
             self._socket.bind(self.address)
         except zmq.ZMQError as e:
             self._socket.close(linger=0)
-            raise RendezvousError(f"cannot bind {self.address} (--data-parallel-address, "
-                                  f"--data-parallel-rpc-port): {e}") from None
+            raise RendezvousError(
+                f"cannot bind {self.address} (--data-parallel-address, "
+                f"--data-parallel-rpc-port): {e}"
+            ) from None
 
     def missing(self) -> list[int]:
         """Ranks no headless host has registered yet."""
@@ -129,8 +132,10 @@ class FirstHost:
         now = time.monotonic()
         for ranks, heard in self._hosts.values():
             if now - heard > PEER_TIMEOUT_S:
-                raise RendezvousError(f"the host of headless ranks {_span(ranks)} sent nothing "
-                                      f"for {PEER_TIMEOUT_S:.0f} s")
+                raise RendezvousError(
+                    f"the host of headless ranks {_span(ranks)} sent nothing "
+                    f"for {PEER_TIMEOUT_S:.0f} s"
+                )
 
     def _register(self, identity: bytes, msg: Register) -> None:
         ranks = range(msg.start_rank, msg.start_rank + len(msg.addresses))
@@ -138,8 +143,10 @@ class FirstHost:
         if msg.version != RENDEZVOUS_VERSION:
             problem = f"rendezvous version {msg.version}, this host speaks {RENDEZVOUS_VERSION}"
         elif not ranks or ranks.start < self.first_remote or ranks.stop > self.size:
-            problem = (f"ranks {_span(ranks)} are not among the ranks this host waits for "
-                       f"({_span(range(self.first_remote, self.size))})")
+            problem = (
+                f"ranks {_span(ranks)} are not among the ranks this host waits for "
+                f"({_span(range(self.first_remote, self.size))})"
+            )
         elif any(r in self.addresses for r in ranks):
             problem = f"ranks {_span(ranks)} overlap ranks already registered"
         if problem is not None:
@@ -174,8 +181,9 @@ class HeadlessHost:
         self._socket.connect(self.address)
         self._last_sent = self._last_heard = time.monotonic()
 
-    def register(self, start_rank: int, addresses: list[str], timeout_s: float,
-                 check: Callable[[], None]) -> None:
+    def register(
+        self, start_rank: int, addresses: list[str], timeout_s: float, check: Callable[[], None]
+    ) -> None:
         """Register and wait for the answer (calling check() between polls; it may raise);
         RendezvousError when refused or unanswered within timeout_s."""
         self._send(Register(RENDEZVOUS_VERSION, start_rank, addresses))
@@ -185,13 +193,14 @@ class HeadlessHost:
                 msg = _DECODER.decode(self._socket.recv())
                 self._last_heard = time.monotonic()
                 if isinstance(msg, Refused):
-                    raise RendezvousError(f"{self.address} refused the registration: "
-                                          f"{msg.message}")
+                    raise RendezvousError(f"{self.address} refused the registration: {msg.message}")
                 if isinstance(msg, Accepted):
                     return
             check()
-        raise RendezvousError(f"no answer from {self.address} within {timeout_s:.0f} s: is "
-                              "`engine serve` running there with these --data-parallel-* flags?")
+        raise RendezvousError(
+            f"no answer from {self.address} within {timeout_s:.0f} s: is "
+            "`engine serve` running there with these --data-parallel-* flags?"
+        )
 
     def poll(self, timeout_s: float) -> Stop | None:
         """Heartbeat when due; the first host's Stop when it sent one; RendezvousError when it
@@ -205,8 +214,9 @@ class HeadlessHost:
             if isinstance(msg, Stop):
                 return msg
         if time.monotonic() - self._last_heard > PEER_TIMEOUT_S:
-            raise RendezvousError(f"the first host at {self.address} sent nothing for "
-                                  f"{PEER_TIMEOUT_S:.0f} s")
+            raise RendezvousError(
+                f"the first host at {self.address} sent nothing for {PEER_TIMEOUT_S:.0f} s"
+            )
         return None
 
     def fail(self, message: str) -> None:

@@ -8,17 +8,28 @@ import re
 import msgspec
 from aiohttp import web
 
-_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-          405: "MethodNotAllowedError", 413: "RequestEntityTooLargeError",
-          500: "InternalServerError", 503: "ServiceUnavailableError"}
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestEntityTooLargeError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
 
 
 class ApiError(Exception):
     """A request the API server refuses; param names the offending field when there is one,
     headers go with the response (e.g. a 503's Retry-After)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -31,14 +42,25 @@ class ApiError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
     """The JSON object of an error response."""
-    return {"error": {"message": message, "type": _TYPES.get(status, "Error"), "param": param,
-                      "code": status}}
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "Error"),
+            "param": param,
+            "code": status,
+        }
+    }
 
 
-def error_response(status: int, message: str, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=msgspec.json.encode(error_body(status, message, param)),
-                        content_type="application/json", headers=headers)
+def error_response(
+    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        status=status,
+        body=msgspec.json.encode(error_body(status, message, param)),
+        content_type="application/json",
+        headers=headers,
+    )
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
@@ -61,8 +83,9 @@ def from_decode_error(e: msgspec.MsgspecError) -> ApiError:
     if u:
         field = u.group(1)
         param = f"{param}.{field}" if param else field
-        return ApiError(400, f"unsupported field `{param}`: this server does not implement it",
-                        param)
+        return ApiError(
+            400, f"unsupported field `{param}`: this server does not implement it", param
+        )
     missing = _MISSING.search(text)
     if missing:
         param = f"{param}.{missing.group(1)}" if param else missing.group(1)

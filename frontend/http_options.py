@@ -14,30 +14,50 @@ from config.vllm_only_args import ANY, ENGINE_ONLY, add_vllm_only_args, refuse_v
 # vLLM's frontend flags this server has no setting for (see config.vllm_only_args).
 FRONTEND_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "disable_uvicorn_access_log": (False, (ANY,), "the API servers write no access log"),
-    "enable_server_load_tracking": (False, (ANY,), "GET /load always counts requests in "
-                                                   "flight"),
-    "disable_frontend_multiprocessing": (False, (), "the API servers always run in their own "
-                                                    "processes"),
-    "enable_ssl_refresh": (False, (), "certificates are read once at start-up; restart to "
-                                      "change them"),
+    "enable_server_load_tracking": (False, (ANY,), "GET /load always counts requests in flight"),
+    "disable_frontend_multiprocessing": (
+        False,
+        (),
+        "the API servers always run in their own processes",
+    ),
+    "enable_ssl_refresh": (
+        False,
+        (),
+        "certificates are read once at start-up; restart to change them",
+    ),
     "middleware": (True, (), "the API servers take no extra middleware"),
     "lora_modules": (True, (), "there are no LoRA adapters"),
     "tool_server": (True, (), "there is no Responses API with built-in tools"),
     "tool_parser_plugin": (True, (), "tool parsers are built in (--tool-call-parser)"),
     "log_config_file": (True, (), "logging is configured with --log-level"),
     "enable_log_outputs": (False, (), "generated text is not logged"),
-    "enable_tokenizer_info_endpoint": (False, (), "there is no /tokenizer_info route; "
-                                                  "POST /tokenize gives the tokens"),
+    "enable_tokenizer_info_endpoint": (
+        False,
+        (),
+        "there is no /tokenizer_info route; POST /tokenize gives the tokens",
+    ),
     "tokens_only": (False, (), "there is no tokens-only mode"),
-    "chat_template_content_format": (True, ("auto", "string"), "message content reaches the "
-                                                               "template as a string"),
-    "exclude_tools_when_tool_choice_none": (False, (), "tools reach the template also with "
-                                                       'tool_choice "none"'),
-    "h11_max_incomplete_event_size": (True, (), "the HTTP server is aiohttp, with its own "
-                                                "limits (and --max-request-body)"),
+    "chat_template_content_format": (
+        True,
+        ("auto", "string"),
+        "message content reaches the template as a string",
+    ),
+    "exclude_tools_when_tool_choice_none": (
+        False,
+        (),
+        'tools reach the template also with tool_choice "none"',
+    ),
+    "h11_max_incomplete_event_size": (
+        True,
+        (),
+        "the HTTP server is aiohttp, with its own limits (and --max-request-body)",
+    ),
     "h11_max_header_count": (True, (), "the HTTP server is aiohttp, with its own limits"),
-    "log_error_stack": (False, (), "internal errors (500) are logged with their stack; "
-                                   "request errors are not"),
+    "log_error_stack": (
+        False,
+        (),
+        "internal errors (500) are logged with their stack; request errors are not",
+    ),
     "trust_request_chat_template": (False, (ANY,), "a request's chat_template is always used"),
 }
 
@@ -47,8 +67,9 @@ def _json_list(value: str) -> list[str]:
     try:
         parsed = json.loads(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a JSON list: {value!r} (e.g. "
-                                         "'[\"https://example.com\"]')") from None
+        raise argparse.ArgumentTypeError(
+            f"not a JSON list: {value!r} (e.g. '[\"https://example.com\"]')"
+        ) from None
     if not isinstance(parsed, list) or not all(isinstance(v, str) for v in parsed):
         raise argparse.ArgumentTypeError(f"not a JSON list of strings: {value!r}")
     return parsed
@@ -56,32 +77,65 @@ def _json_list(value: str) -> list[str]:
 
 def add_http_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Add the HTTP flags to parser (defaults as vLLM's)."""
-    parser.add_argument("--uds", metavar="PATH",
-                        help="serve on this Unix domain socket instead of --host/--port")
-    parser.add_argument("--root-path", default="",
-                        help="path prefix a proxy serves the API under, e.g. /llm: routes "
-                             "answer with and without it; /openapi.json names it")
-    parser.add_argument("--allowed-origins", type=_json_list, default=["*"], metavar="JSON",
-                        help='CORS: origins a browser page may call from (default \'["*"]\')')
-    parser.add_argument("--allowed-methods", type=_json_list, default=["*"], metavar="JSON",
-                        help="CORS: methods allowed (default '[\"*\"]')")
-    parser.add_argument("--allowed-headers", type=_json_list, default=["*"], metavar="JSON",
-                        help="CORS: request headers allowed (default '[\"*\"]')")
-    parser.add_argument("--allow-credentials", action="store_true",
-                        help="CORS: allow cookies and Authorization from browser pages")
+    parser.add_argument(
+        "--uds", metavar="PATH", help="serve on this Unix domain socket instead of --host/--port"
+    )
+    parser.add_argument(
+        "--root-path",
+        default="",
+        help="path prefix a proxy serves the API under, e.g. /llm: routes "
+        "answer with and without it; /openapi.json names it",
+    )
+    parser.add_argument(
+        "--allowed-origins",
+        type=_json_list,
+        default=["*"],
+        metavar="JSON",
+        help="CORS: origins a browser page may call from (default '[\"*\"]')",
+    )
+    parser.add_argument(
+        "--allowed-methods",
+        type=_json_list,
+        default=["*"],
+        metavar="JSON",
+        help="CORS: methods allowed (default '[\"*\"]')",
+    )
+    parser.add_argument(
+        "--allowed-headers",
+        type=_json_list,
+        default=["*"],
+        metavar="JSON",
+        help="CORS: request headers allowed (default '[\"*\"]')",
+    )
+    parser.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="CORS: allow cookies and Authorization from browser pages",
+    )
     parser.add_argument("--ssl-keyfile", help="TLS: the private key file (PEM)")
-    parser.add_argument("--ssl-certfile", help="TLS: the certificate chain file (PEM); serves "
-                                               "https")
-    parser.add_argument("--ssl-ca-certs", help="TLS: CA certificates to check client "
-                                               "certificates with")
-    parser.add_argument("--ssl-cert-reqs", type=int, default=int(ssl.CERT_NONE),
-                        choices=(0, 1, 2), help="TLS: client certificates: 0 none (default), "
-                                                "1 optional, 2 required")
-    parser.add_argument("--enable-request-id-headers", action="store_true",
-                        help="answer with an X-Request-Id header: the client's, else the "
-                             "request's id")
-    parser.add_argument("--disable-fastapi-docs", action="store_true",
-                        help="do not serve /docs and /openapi.json (vLLM's name)")
+    parser.add_argument(
+        "--ssl-certfile", help="TLS: the certificate chain file (PEM); serves https"
+    )
+    parser.add_argument(
+        "--ssl-ca-certs", help="TLS: CA certificates to check client certificates with"
+    )
+    parser.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=int(ssl.CERT_NONE),
+        choices=(0, 1, 2),
+        help="TLS: client certificates: 0 none (default), 1 optional, 2 required",
+    )
+    parser.add_argument(
+        "--enable-request-id-headers",
+        action="store_true",
+        help="answer with an X-Request-Id header: the client's, else the request's id",
+    )
+    parser.add_argument(
+        "--disable-fastapi-docs",
+        action="store_true",
+        help="do not serve /docs and /openapi.json (vLLM's name)",
+    )
 
 
 def add_vllm_frontend_args(parser: argparse.ArgumentParser) -> None:
@@ -115,8 +169,9 @@ class HttpOptions:
     def __post_init__(self) -> None:
         root = self.root_path
         if root and (not root.startswith("/") or root.endswith("/")):
-            raise ValueError(f"--root-path must start with / and not end with one, e.g. "
-                             f"/llm; got {root!r}")
+            raise ValueError(
+                f"--root-path must start with / and not end with one, e.g. /llm; got {root!r}"
+            )
         if self.ssl_keyfile and not self.ssl_certfile:
             raise ValueError("--ssl-keyfile needs --ssl-certfile")
         if (self.ssl_ca_certs or self.ssl_cert_reqs) and not self.ssl_certfile:

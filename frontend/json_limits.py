@@ -14,7 +14,7 @@ from frontend.errors import bad_request
 
 # Deeper than any real request: a body's own structure is ~5 levels, a JSON schema rarely 20.
 MAX_JSON_DEPTH = 64
-INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _STRING = re.compile(rb'"[^"]*"')
@@ -41,8 +41,9 @@ def check_depth(body: bytes) -> None:
     except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
         pass
     where = f" (in `{param}`)" if param else ""
-    raise bad_request(f"the request body's JSON nests deeper than {MAX_JSON_DEPTH} levels{where}",
-                      param)
+    raise bad_request(
+        f"the request body's JSON nests deeper than {MAX_JSON_DEPTH} levels{where}", param
+    )
 
 
 def check_int64(body: bytes, request: Any) -> None:
@@ -53,8 +54,9 @@ def check_int64(body: bytes, request: Any) -> None:
     path = _oversized(request, "")
     if path is not None:
         name = path.lstrip(".") or "body"
-        raise bad_request(f"`{name}` is out of the 64-bit integer range "
-                          f"[{INT64_MIN}, {INT64_MAX}]", name)
+        raise bad_request(
+            f"`{name}` is out of the 64-bit integer range [{INT64_MIN}, {INT64_MAX}]", name
+        )
 
 
 def _oversized(value: Any, path: str) -> str | None:

@@ -39,17 +39,21 @@ from engine_core.frames import FrameDecoder
 from engine_core.protocol import PROTOCOL_VERSION, ClientHello, output_decoders
 from engine_core.resolve import resolved_config
 from frontend import api_server
-from frontend.dp_rendezvous import (FirstHost, HeadlessHost, RendezvousError,
-                                    local_address_towards, tcp_address)
 from frontend.chat_args import ChatOptions
+from frontend.dp_rendezvous import (
+    FirstHost,
+    HeadlessHost,
+    RendezvousError,
+    local_address_towards,
+    tcp_address,
+)
 from frontend.http_options import HttpOptions
-from metrics.exposition import setup_multiprocess_dir
-from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, TokenizerHello,
-                                     api_output_decoders)
 from ipc.curve import key_from_env
 from ipc.handshake import hello_frames, ready_or_refused
 from ipc.process import EXIT_REQUESTS_CUT, StopOrder, spawn_module
 from ipc.sockets import connect_dealer
+from metrics.exposition import setup_multiprocess_dir
+from tokenizer_proc.protocol import TOKENIZER_PROTOCOL_VERSION, TokenizerHello, api_output_decoders
 from tokenizer_proc.tokenizer_proc import process_name
 
 if TYPE_CHECKING:  # Ray is optional: imported only with --data-parallel-backend ray
@@ -89,22 +93,34 @@ class DataParallelPlan:
         if size < 1:
             raise ValueError(f"--data-parallel-size must be at least 1, got {size}")
         if engine_args.get("data_parallel_backend") == "ray":
-            if headless or any(f"data_parallel_{name}" in engine_args for name in
-                               ("size_local", "start_rank", "address", "rpc_port")):
-                raise ValueError("--data-parallel-backend ray places every rank on the Ray "
-                                 "cluster: --headless and --data-parallel-size-local, "
-                                 "-start-rank, -address and -rpc-port are for the mp backend")
+            if headless or any(
+                f"data_parallel_{name}" in engine_args
+                for name in ("size_local", "start_rank", "address", "rpc_port")
+            ):
+                raise ValueError(
+                    "--data-parallel-backend ray places every rank on the Ray "
+                    "cluster: --headless and --data-parallel-size-local, "
+                    "-start-rank, -address and -rpc-port are for the mp backend"
+                )
             return cls(size, range(0), False, "", 0, ray=True)
         if not headless and start != 0:
-            raise ValueError("--data-parallel-start-rank is for --headless hosts: the first host "
-                             "runs ranks 0 to --data-parallel-size-local - 1")
+            raise ValueError(
+                "--data-parallel-start-rank is for --headless hosts: the first host "
+                "runs ranks 0 to --data-parallel-size-local - 1"
+            )
         if not 1 <= count <= size - start or start < 0:
-            raise ValueError(f"--data-parallel-size-local {count} from --data-parallel-start-rank "
-                             f"{start} does not fit --data-parallel-size {size} (each host runs at "
-                             "least one rank)")
-        return cls(size, range(start, start + count), headless,
-                   engine_args.get("data_parallel_address", "127.0.0.1"),
-                   engine_args.get("data_parallel_rpc_port", 29550))
+            raise ValueError(
+                f"--data-parallel-size-local {count} from --data-parallel-start-rank "
+                f"{start} does not fit --data-parallel-size {size} (each host runs at "
+                "least one rank)"
+            )
+        return cls(
+            size,
+            range(start, start + count),
+            headless,
+            engine_args.get("data_parallel_address", "127.0.0.1"),
+            engine_args.get("data_parallel_rpc_port", 29550),
+        )
 
     @property
     def remote(self) -> range:
@@ -128,13 +144,22 @@ class Child:
 class Launcher:
     """Starts, supervises and stops the processes of `engine serve`."""
 
-    def __init__(self, engine_args: dict[str, Any], tokenizer_workers: int = 1,
-                 tokenizer_listen: list[str] | None = None,
-                 shutdown_timeout: float = 10.0, api_server_count: int = 1,
-                 host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                 max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
-                 chat: ChatOptions = ChatOptions(), disable_ui: bool = False,
-                 headless: bool = False, http: HttpOptions = HttpOptions()) -> None:
+    def __init__(
+        self,
+        engine_args: dict[str, Any],
+        tokenizer_workers: int = 1,
+        tokenizer_listen: list[str] | None = None,
+        shutdown_timeout: float = 10.0,
+        api_server_count: int = 1,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_key: str | None = None,
+        max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
+        chat: ChatOptions = ChatOptions(),
+        disable_ui: bool = False,
+        headless: bool = False,
+        http: HttpOptions = HttpOptions(),
+    ) -> None:
         self.dp = DataParallelPlan.from_args(engine_args, headless)
         self.http = http
         if headless:
@@ -144,8 +169,10 @@ class Launcher:
         if tokenizer_workers < 1:
             raise ValueError(f"--tokenizer-workers must be at least 1, got {tokenizer_workers}")
         if tokenizer_listen and len(tokenizer_listen) != tokenizer_workers:
-            raise ValueError(f"--tokenizer-listen was given {len(tokenizer_listen)} times for "
-                             f"{tokenizer_workers} tokenizer workers; give it once per worker")
+            raise ValueError(
+                f"--tokenizer-listen was given {len(tokenizer_listen)} times for "
+                f"{tokenizer_workers} tokenizer workers; give it once per worker"
+            )
         if any(a.endswith(":*") for a in tokenizer_listen or ()):
             raise ValueError("--tokenizer-listen needs explicit ports (API servers must know them)")
         self.engine_args = engine_args
@@ -157,7 +184,8 @@ class Launcher:
         # it goes away with self._dir.
         setup_multiprocess_dir(os.path.join(self._dir, "metrics"))
         self.tokenizer_addresses = tokenizer_listen or [
-            f"ipc://{self._dir}/tokenizer-{i}.sock" for i in range(tokenizer_workers)]
+            f"ipc://{self._dir}/tokenizer-{i}.sock" for i in range(tokenizer_workers)
+        ]
         self.api_server_count = api_server_count
         self.host = host
         self.port = port
@@ -185,15 +213,18 @@ class Launcher:
 
     # ---- start-up ----
 
-    def start(self, timeout: float = 600.0,
-              stop_requested: Callable[[], bool] = lambda: False) -> None:
+    def start(
+        self, timeout: float = 600.0, stop_requested: Callable[[], bool] = lambda: False
+    ) -> None:
         """Start every tier and wait until each child is READY; LaunchError names a failure."""
         if self.api_server_count and not self.http.uds:  # first: a port in use fails early
             try:
                 self._port_socket = api_server.listening_socket(self.host, self.port)
             except OSError as e:
-                raise LaunchError(f"cannot listen on {self.host}:{self.port}: {e.strerror} "
-                                  "(is another server using this port?)") from None
+                raise LaunchError(
+                    f"cannot listen on {self.host}:{self.port}: {e.strerror} "
+                    "(is another server using this port?)"
+                ) from None
             self.port = self._port_socket.getsockname()[1]
         deadline = time.monotonic() + timeout
         try:
@@ -204,10 +235,16 @@ class Launcher:
             try:
                 if self.dp.ray:  # Ray actors register as headless hosts' ranks do
                     from frontend.ray_dp_launch import RayEngineCores
+
                     self._first_host = RayEngineCores(self.engine_args, self.dp.size, timeout)
                 else:
-                    self._first_host = FirstHost(self._ctx, self.dp.address, self.dp.rpc_port,
-                                                 self.dp.size, self.dp.remote.start)
+                    self._first_host = FirstHost(
+                        self._ctx,
+                        self.dp.address,
+                        self.dp.rpc_port,
+                        self.dp.size,
+                        self.dp.remote.start,
+                    )
             except RendezvousError as e:
                 raise LaunchError(str(e)) from None
         self.tiers.append(self._start_cores())
@@ -221,19 +258,29 @@ class Launcher:
         engine_pids = [c.popen.pid for c in self.tiers[0]]
         # Tokenizer processes and API servers import and load their tokenizer while the engine
         # cores load the model; the API servers then wait for the tokenizer processes' READY.
-        self.tiers.append([self._start_tokenizer(i, a, engine_pids)
-                           for i, a in enumerate(self.tokenizer_addresses)])
+        self.tiers.append(
+            [
+                self._start_tokenizer(i, a, engine_pids)
+                for i, a in enumerate(self.tokenizer_addresses)
+            ]
+        )
         if self.api_server_count:
-            self.tiers.append([self._start_api_server(i, engine_pids[0] if engine_pids else None)
-                               for i in range(self.api_server_count)])
+            self.tiers.append(
+                [
+                    self._start_api_server(i, engine_pids[0] if engine_pids else None)
+                    for i in range(self.api_server_count)
+                ]
+            )
             if self._port_socket is not None:  # theirs now: the port closes when they stop
                 self._port_socket.close()
                 self._port_socket = None
-        self._await_ready([c for tier in self.tiers[:2] for c in tier],
-                          max(1.0, deadline - time.monotonic()), stop_requested)
+        self._await_ready(
+            [c for tier in self.tiers[:2] for c in tier],
+            max(1.0, deadline - time.monotonic()),
+            stop_requested,
+        )
         if self.api_server_count:
-            self._await_files(self.tiers[-1], max(1.0, deadline - time.monotonic()),
-                              stop_requested)
+            self._await_files(self.tiers[-1], max(1.0, deadline - time.monotonic()), stop_requested)
             Path(self._serving_file).touch()  # /health answers 200 from now on
 
     def _start_cores(self) -> list[Child]:
@@ -242,35 +289,54 @@ class Launcher:
         host = local_address_towards(self.dp.address) if self.dp.headless else ""
         # Engine cores of one host share its cores: each gets its part of the threads (as the
         # mp executor splits them among TP ranks), unless the user chose a number.
-        env = {} if len(self.dp.local) <= 1 or "OMP_NUM_THREADS" in os.environ else \
-            {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // len(self.dp.local)))}
+        env = (
+            {}
+            if len(self.dp.local) <= 1 or "OMP_NUM_THREADS" in os.environ
+            else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // len(self.dp.local)))}
+        )
         assert self.config is not None
         for rank in self.dp.local:
             config = self.config if self.dp.size == 1 else self.config.for_rank(rank)
-            core = CoreProcess(config, own_process_group=True, extra_env=env,
-                               address=tcp_address(host, _free_port(host)) if host else None)
+            core = CoreProcess(
+                config,
+                own_process_group=True,
+                extra_env=env,
+                address=tcp_address(host, _free_port(host)) if host else None,
+            )
             self._cores.append(core)
             self.engine_addresses.append(core.address)
             name = "engine-core" if self.dp.size == 1 else f"engine-core-{rank}"
-            children.append(Child(name, core.popen, core.address,
-                                  hello_frames(ClientHello(PROTOCOL_VERSION, "launcher")),
-                                  output_decoders()))
+            children.append(
+                Child(
+                    name,
+                    core.popen,
+                    core.address,
+                    hello_frames(ClientHello(PROTOCOL_VERSION, "launcher")),
+                    output_decoders(),
+                )
+            )
         return children
 
-    def _await_registrations(self, deadline: float, timeout: float,
-                             stop_requested: Callable[[], bool]) -> None:
+    def _await_registrations(
+        self, deadline: float, timeout: float, stop_requested: Callable[[], bool]
+    ) -> None:
         """Wait until headless hosts registered every rank this host does not run."""
         assert self._first_host is not None
-        print(f"engine serve: waiting for ranks {self.dp.remote.start}-{self.dp.size - 1} to "
-              f"register at {self._first_host.address}", flush=True)
+        print(
+            f"engine serve: waiting for ranks {self.dp.remote.start}-{self.dp.size - 1} to "
+            f"register at {self._first_host.address}",
+            flush=True,
+        )
         while self._first_host.missing():
             try:
                 self._first_host.poll(_POLL_S)
             except RendezvousError as e:
                 raise LaunchError(str(e)) from None
             if time.monotonic() > deadline:
-                raise LaunchError(f"data-parallel ranks {self._first_host.missing()} did not "
-                                  f"register within {timeout:.0f} s")
+                raise LaunchError(
+                    f"data-parallel ranks {self._first_host.missing()} did not "
+                    f"register within {timeout:.0f} s"
+                )
             self._check_start_up([], deadline, timeout, stop_requested)
 
     def _register(self, timeout: float, stop_requested: Callable[[], bool]) -> None:
@@ -281,20 +347,36 @@ class Launcher:
             self._check_start_up([], float("inf"), timeout, stop_requested)
 
         try:
-            self._headless_host.register(self.dp.local.start, self.engine_addresses, timeout,
-                                         check)
+            self._headless_host.register(self.dp.local.start, self.engine_addresses, timeout, check)
         except RendezvousError as e:
             raise LaunchError(str(e)) from None
 
     def _start_api_server(self, index: int, engine_pid: int | None) -> Child:
         ready_file = f"{self._dir}/api-{index}.ready"
-        args = ["--index", str(index), "--host", self.host,
-                "--port", str(self.port), "--config", self._encoded_config(),
-                *(["--engine-pid", str(engine_pid)] if engine_pid else []),
-                "--parent-pid", str(os.getpid()),
-                "--shutdown-timeout", str(self.shutdown_timeout), "--stop-file", self._stop_file,
-                "--max-request-body", str(self.max_request_body), "--ready-file", ready_file,
-                "--serving-file", self._serving_file, *self.chat.argv(self.chat_template_file)]
+        args = [
+            "--index",
+            str(index),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--config",
+            self._encoded_config(),
+            *(["--engine-pid", str(engine_pid)] if engine_pid else []),
+            "--parent-pid",
+            str(os.getpid()),
+            "--shutdown-timeout",
+            str(self.shutdown_timeout),
+            "--stop-file",
+            self._stop_file,
+            "--max-request-body",
+            str(self.max_request_body),
+            "--ready-file",
+            ready_file,
+            "--serving-file",
+            self._serving_file,
+            *self.chat.argv(self.chat_template_file),
+        ]
         if self.disable_ui:
             args.append("--disable-ui")
         for address, tokenizer in zip(self.tokenizer_addresses, self.tiers[1]):
@@ -309,12 +391,14 @@ class Launcher:
         # The key travels in the environment, not on the command line that ps shows.
         env = {"ENGINE_API_KEY": self.api_key} if self.api_key else {}
         # Each child in its own session, so Ctrl-C reaches only the launcher.
-        popen = spawn_module("frontend.api_server", args, extra_env=env, own_session=True,
-                             pass_fds=fds)
+        popen = spawn_module(
+            "frontend.api_server", args, extra_env=env, own_session=True, pass_fds=fds
+        )
         return Child(api_server.process_name(index), popen, ready_file, [], {})
 
-    def _await_files(self, children: list[Child], timeout: float,
-                     stop_requested: Callable[[], bool]) -> None:
+    def _await_files(
+        self, children: list[Child], timeout: float, stop_requested: Callable[[], bool]
+    ) -> None:
         deadline = time.monotonic() + timeout
         while any(c.ready is None for c in children):
             for child in children:
@@ -329,20 +413,40 @@ class Launcher:
         pids = [a for pid in engine_pids for a in ("--engine-pid", str(pid))]
         popen = spawn_module(
             "tokenizer_proc.tokenizer_proc",
-            ["--index", str(index), "--listen", address, *engines, "--config",
-             self._encoded_config(), *pids, "--parent-pid", str(os.getpid()), "--stop-file",
-             self._stop_file, "--shutdown-timeout", str(self.shutdown_timeout), *template],
-            own_session=True)
-        return Child(process_name(index), popen, address,
-                     hello_frames(TokenizerHello(TOKENIZER_PROTOCOL_VERSION, "launcher")),
-                     api_output_decoders())
+            [
+                "--index",
+                str(index),
+                "--listen",
+                address,
+                *engines,
+                "--config",
+                self._encoded_config(),
+                *pids,
+                "--parent-pid",
+                str(os.getpid()),
+                "--stop-file",
+                self._stop_file,
+                "--shutdown-timeout",
+                str(self.shutdown_timeout),
+                *template,
+            ],
+            own_session=True,
+        )
+        return Child(
+            process_name(index),
+            popen,
+            address,
+            hello_frames(TokenizerHello(TOKENIZER_PROTOCOL_VERSION, "launcher")),
+            api_output_decoders(),
+        )
 
     def _encoded_config(self) -> str:
         assert self.config is not None, "start() resolves the configuration first"
         return self.config.encode()
 
-    def _await_ready(self, children: list[Child], timeout: float,
-                     stop_requested: Callable[[], bool]) -> None:
+    def _await_ready(
+        self, children: list[Child], timeout: float, stop_requested: Callable[[], bool]
+    ) -> None:
         sockets = {}
         auth_key = key_from_env()
         for child in children:
@@ -361,8 +465,10 @@ class Launcher:
                     kind, payload = sock.recv_multipart()
                     try:
                         child.ready = ready_or_refused(
-                            kind[0], child.decoders[kind[0]].decode(payload),
-                            f"{child.name} refused the launcher")
+                            kind[0],
+                            child.decoders[kind[0]].decode(payload),
+                            f"{child.name} refused the launcher",
+                        )
                     except ConnectionError as e:
                         raise LaunchError(str(e)) from None
                     poller.unregister(sock)
@@ -371,8 +477,13 @@ class Launcher:
             for sock in sockets:
                 sock.close(linger=0)
 
-    def _check_start_up(self, children: list[Child], deadline: float, timeout: float,
-                        stop_requested: Callable[[], bool]) -> None:
+    def _check_start_up(
+        self,
+        children: list[Child],
+        deadline: float,
+        timeout: float,
+        stop_requested: Callable[[], bool],
+    ) -> None:
         """Raise LaunchError when a child died, a signal came, or the deadline passed."""
         self.check_children("during start-up")
         if self._first_host is not None:  # registered hosts wait for answers meanwhile
@@ -394,8 +505,9 @@ class Launcher:
             for child in tier:
                 code = child.popen.poll()
                 if code is not None:
-                    raise LaunchError(f"{child.name} (pid {child.popen.pid}) exited {when} "
-                                      f"with code {code}")
+                    raise LaunchError(
+                        f"{child.name} (pid {child.popen.pid}) exited {when} with code {code}"
+                    )
 
     def supervise(self, stop_requested: Callable[[], bool]) -> None:
         """Return when stop_requested() turns true, or a headless host's first host stops it
@@ -419,8 +531,7 @@ class Launcher:
             except RendezvousError as e:
                 raise LaunchError(str(e)) from None
 
-    def stop(self, drain: bool, failure: str | None = None,
-             reason: str | None = None) -> list[str]:
+    def stop(self, drain: bool, failure: str | None = None, reason: str | None = None) -> list[str]:
         """Stop the tiers in reverse start order; drain lets in-flight requests finish first, for
         up to --shutdown-timeout in all. reason: what clients whose requests are cut are told
         (by default, failure). failure (a child's death) goes to the other hosts of a
@@ -429,8 +540,9 @@ class Launcher:
             self._headless_host.fail(failure or "the headless host was stopped")
             self._headless_host.close()
         stopping = "the server is stopping" + (f": {failure}" if failure else "")
-        order = StopOrder(reason or stopping,
-                          time.time() + (self.shutdown_timeout if drain else 0.0))
+        order = StopOrder(
+            reason or stopping, time.time() + (self.shutdown_timeout if drain else 0.0)
+        )
         order.write(self._stop_file)
         cut = []
         for depth, tier in reversed(list(enumerate(self.tiers))):
@@ -446,8 +558,11 @@ class Launcher:
                 try:
                     code = child.popen.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    print(f"engine serve: {child.name} did not stop in {timeout:.0f} s; killing "
-                          "it", file=sys.stderr, flush=True)
+                    print(
+                        f"engine serve: {child.name} did not stop in {timeout:.0f} s; killing it",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     child.popen.kill()
                     code = child.popen.wait()
                 if depth and code in (EXIT_REQUESTS_CUT, -signal.SIGKILL):
@@ -470,13 +585,22 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
-          tokenizer_listen: list[str] | None = None, shutdown_timeout: float = 10.0,
-          startup_timeout: float = 600.0, api_server_count: int = 1, host: str = "127.0.0.1",
-          port: int = 8000, api_key: str | None = None,
-          max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
-          chat: ChatOptions = ChatOptions(), disable_ui: bool = False,
-          headless: bool = False, http: HttpOptions = HttpOptions()) -> int:
+def serve(
+    engine_args: dict[str, Any],
+    tokenizer_workers: int = 1,
+    tokenizer_listen: list[str] | None = None,
+    shutdown_timeout: float = 10.0,
+    startup_timeout: float = 600.0,
+    api_server_count: int = 1,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    max_request_body: int = api_server.DEFAULT_MAX_REQUEST_BODY,
+    chat: ChatOptions = ChatOptions(),
+    disable_ui: bool = False,
+    headless: bool = False,
+    http: HttpOptions = HttpOptions(),
+) -> int:
     """Run `engine serve` until SIGTERM/SIGINT, at any moment of start-up or serving (exit code
     0, or 1 when requests still running at the --shutdown-timeout deadline were cut), or a
     child's failure (1). headless: only this host's data-parallel engine cores, registered with
@@ -485,25 +609,46 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _frame: signals.append(s))
     began = time.monotonic()
-    launcher = Launcher(engine_args, tokenizer_workers, tokenizer_listen, shutdown_timeout,
-                        api_server_count, host, port, api_key, max_request_body, chat,
-                        disable_ui=disable_ui, headless=headless, http=http)
+    launcher = Launcher(
+        engine_args,
+        tokenizer_workers,
+        tokenizer_listen,
+        shutdown_timeout,
+        api_server_count,
+        host,
+        port,
+        api_key,
+        max_request_body,
+        chat,
+        disable_ui=disable_ui,
+        headless=headless,
+        http=http,
+    )
     try:
         launcher.start(startup_timeout, stop_requested=lambda: bool(signals))
         for rank, child in zip(launcher.dp.local, launcher.tiers[0]):
             core = child.ready
             name = "engine core" if launcher.dp.size == 1 else f"engine core rank {rank}"
-            print(f"{name} listening on {child.address}: model {core.model_name}, "
-                  f"max_model_len {core.max_model_len}, {core.num_blocks} KV blocks of "
-                  f"{core.block_size} tokens", flush=True)
+            print(
+                f"{name} listening on {child.address}: model {core.model_name}, "
+                f"max_model_len {core.max_model_len}, {core.num_blocks} KV blocks of "
+                f"{core.block_size} tokens",
+                flush=True,
+            )
         for rank in launcher.dp.remote:
-            print(f"engine core rank {rank} ({'Ray actor' if launcher.dp.ray else 'headless'}) at "
-                  f"{launcher.engine_addresses[rank]}", flush=True)
+            print(
+                f"engine core rank {rank} ({'Ray actor' if launcher.dp.ray else 'headless'}) at "
+                f"{launcher.engine_addresses[rank]}",
+                flush=True,
+            )
         for i, address in enumerate(launcher.tokenizer_addresses if not headless else ()):
             print(f"tokenizer {i} listening on {address}", flush=True)
         if launcher.api_server_count:
-            print(f"API server{'s' if api_server_count > 1 else ''} ({api_server_count}) "
-                  f"listening on {http.url(launcher.host, launcher.port)}", flush=True)
+            print(
+                f"API server{'s' if api_server_count > 1 else ''} ({api_server_count}) "
+                f"listening on {http.url(launcher.host, launcher.port)}",
+                flush=True,
+            )
         print(f"engine serve: ready in {time.monotonic() - began:.2f} s", flush=True)
         launcher.supervise(stop_requested=lambda: bool(signals))
     except StartUpInterrupted:
@@ -518,11 +663,18 @@ def serve(engine_args: dict[str, Any], tokenizer_workers: int = 1,
         return 0
     name = signal.Signals(signals[0]).name
     print(f"engine serve: got {name}; draining for up to {shutdown_timeout} s", flush=True)
-    cut = launcher.stop(drain=True, reason=f"the server is shutting down ({name}) and the "
-                        f"request did not finish within --shutdown-timeout {shutdown_timeout} s")
+    cut = launcher.stop(
+        drain=True,
+        reason=f"the server is shutting down ({name}) and the "
+        f"request did not finish within --shutdown-timeout {shutdown_timeout} s",
+    )
     if cut:
-        print(f"engine serve: error: {', '.join(cut)} cut requests still running at the "
-              "--shutdown-timeout deadline", file=sys.stderr, flush=True)
+        print(
+            f"engine serve: error: {', '.join(cut)} cut requests still running at the "
+            "--shutdown-timeout deadline",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     print("engine serve: stopped", flush=True)
     return 0

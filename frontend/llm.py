@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from engine_core.client import EngineCoreClient, EngineDeadError
-from engine_core.resolve import resolved_config
 from engine_core.engine_core import EngineCore
 from engine_core.frames import tolist
 from engine_core.inproc_client import InprocClient
 from engine_core.protocol import EngineCoreRequest
+from engine_core.resolve import resolved_config
 from engine_core.sampling_params import SamplingParams
 from engine_core.structured_output.grammar import check_grammar
 from engine_core.validation import validate_request
@@ -51,25 +51,27 @@ class LLM:
     The engine core runs in a child process (engine_process=True) or in this one (False).
     """
 
-    def __init__(self, model: str | None = None, *, engine_process: bool = True,
-                 **engine_args: Any) -> None:
+    def __init__(
+        self, model: str | None = None, *, engine_process: bool = True, **engine_args: Any
+    ) -> None:
         config = resolved_config(model=model, **engine_args)
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
         self.engine: EngineCoreClient | InprocClient = (
-            EngineCoreClient(engine_args=config) if engine_process
-            else InprocClient(config))
+            EngineCoreClient(engine_args=config) if engine_process else InprocClient(config)
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
-        self._stats = OfflineStatsRecorder(config.model.served_model_names[0],
-                                           config.max_model_len)
+        self._stats = OfflineStatsRecorder(config.model.served_model_names[0], config.max_model_len)
         self._ids = itertools.count()
 
     @property
     def engine_core(self) -> EngineCore:
         """The in-process EngineCore; only with LLM(engine_process=False)."""
         if not isinstance(self.engine, InprocClient):
-            raise AttributeError("the engine core runs in its own process; use "
-                                 "LLM(engine_process=False) to reach it, or get_engine_stats()")
+            raise AttributeError(
+                "the engine core runs in its own process; use "
+                "LLM(engine_process=False) to reach it, or get_engine_stats()"
+            )
         return self.engine.engine_core
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
@@ -81,10 +83,15 @@ class LLM:
         the model's generation config (--generation-config, --override-generation-config)."""
         return SamplingParams(**self.config.sampling_defaults)
 
-    def generate(self, prompts: PromptInput | Sequence[PromptInput] | None = None,
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 prompt_token_ids: list[int] | list[list[int]] | None = None, *,
-                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prompt_token_ids: list[int] | list[list[int]] | None = None,
+        *,
+        use_tqdm: bool = True,
+        priority: list[int] | None = None,
+    ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order.
 
         A prompt is a string, a list of token ids, or a dict (TextPrompt, TokensPrompt) with
@@ -107,38 +114,66 @@ class LLM:
         for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
             text, token_ids, salt = self._tokenize(prompt)
             params = with_bad_words_tokenized(self.tokenizer, params)
-            token_ids = truncate_prompt(token_ids, params.truncate_prompt_tokens,
-                                        self.config.max_model_len)
-            request = EngineCoreRequest(str(next(self._ids)), token_ids, params,
-                                        priority=priority[i] if priority else 0, cache_salt=salt)
+            token_ids = truncate_prompt(
+                token_ids, params.truncate_prompt_tokens, self.config.max_model_len
+            )
+            request = EngineCoreRequest(
+                str(next(self._ids)),
+                token_ids,
+                params,
+                priority=priority[i] if priority else 0,
+                cache_salt=salt,
+            )
             validate_request(request, self.config)
             if params.structured_outputs is not None:
                 check_grammar(params.structured_outputs)
             requests.append((text, request))
         return self._run(requests, use_tqdm)
 
-    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-             use_tqdm: bool = True, chat_template: str | None = None,
-             add_generation_prompt: bool = True, continue_final_message: bool = False,
-             tools: list[dict[str, Any]] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, through the chat template.
 
         tools (OpenAI's function definitions) are rendered by the template, as vLLM's LLM.chat
         does; to force a call, constrain the output (SamplingParams.structured_outputs)."""
-        conversations = cast(list[list[dict[str, Any]]], [messages] if messages and isinstance(
-            messages[0], dict) else messages)
-        prompts = [{"prompt_token_ids": apply_chat_template(
-            self.tokenizer, conv, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, chat_template=chat_template,
-            tools=tools, chat_template_kwargs=chat_template_kwargs)}
-            for conv in conversations]
+        conversations = cast(
+            list[list[dict[str, Any]]],
+            [messages] if messages and isinstance(messages[0], dict) else messages,
+        )
+        prompts = [
+            {
+                "prompt_token_ids": apply_chat_template(
+                    self.tokenizer,
+                    conv,
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message,
+                    chat_template=chat_template,
+                    tools=tools,
+                    chat_template_kwargs=chat_template_kwargs,
+                )
+            }
+            for conv in conversations
+        ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def beam_search(self, prompts: PromptInput | Sequence[PromptInput],
-                    params: BeamSearchParams, *, use_tqdm: bool = False,
-                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+    def beam_search(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        params: BeamSearchParams,
+        *,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
         """vLLM's LLM.beam_search: the params.beam_width best continuations of each prompt, best
         first (each sequence's tokens and text include the prompt, as vLLM's do).
 
@@ -150,16 +185,22 @@ class LLM:
         outputs: list[BeamSearchOutput] = []
         progress = _progress(len(prompt_list), use_tqdm)
         for start in range(0, len(prompt_list), limit):
-            chunk = [self._tokenize(p)[1] for p in prompt_list[start:start + limit]]
+            chunk = [self._tokenize(p)[1] for p in prompt_list[start : start + limit]]
             search = BeamSearch(chunk, params, self.tokenizer.eos_token_id)
             max_len = self.config.max_model_len
             while beams := search.pending():
                 # A beam at the context length cannot grow: it ends as it is.
                 live = [t for t in beams if len(t) < max_len]
-                steps = iter(self.generate([{"prompt_token_ids": t} for t in live],
-                                           search.step_params, use_tqdm=False) if live else [])
-                search.advance([_candidates(next(steps)) if len(t) < max_len else None
-                                for t in beams])
+                steps = iter(
+                    self.generate(
+                        [{"prompt_token_ids": t} for t in live], search.step_params, use_tqdm=False
+                    )
+                    if live
+                    else []
+                )
+                search.advance(
+                    [_candidates(next(steps)) if len(t) < max_len else None for t in beams]
+                )
             outputs += search.results(self._decode, include_prompt=True)
             if progress is not None:
                 progress.update(len(chunk))
@@ -177,19 +218,26 @@ class LLM:
         Counter, Gauge and Histogram values (metrics.reader)."""
         return get_metrics_snapshot()
 
-    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
         """Not supported: refused with NotImplementedError (see docs/generate.md)."""
         raise NotImplementedError(
             "collective_rpc is not supported: the executor carries only scheduled steps to the "
             "workers, not arbitrary calls; the engine core's utilities (get_engine_stats, "
-            "reset_prefix_cache) are what can be called")
+            "reset_prefix_cache) are what can be called"
+        )
 
     def sleep(self, level: int = 1) -> None:
         """Not supported: refused with NotImplementedError (see docs/generate.md)."""
         raise NotImplementedError(
             "sleep is not supported (vLLM's enable_sleep_mode): the engine cannot release its "
-            "weights and KV cache and restore them; shut the LLM down and create a new one")
+            "weights and KV cache and restore them; shut the LLM down and create a new one"
+        )
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Not supported, as sleep is not."""
@@ -203,21 +251,32 @@ class LLM:
         """Stop the engine core (its process, when it has one)."""
         self.engine.shutdown()
 
-    def _run(self, requests: list[tuple[str | None, EngineCoreRequest]],
-             use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self, requests: list[tuple[str | None, EngineCoreRequest]], use_tqdm: bool
+    ) -> list[RequestOutput]:
         order: dict[str, int] = {}
         for text, request in requests:
             params = request.sampling_params
             prompt_ids = tolist(request.prompt_token_ids)  # built from a list: that list
-            output = RequestOutput.empty(request.request_id, text, prompt_ids,
-                                         params.n, params.logprobs is not None)
+            output = RequestOutput.empty(
+                request.request_id, text, prompt_ids, params.n, params.logprobs is not None
+            )
             child_ids = self.output_processor.add_request(
-                request.request_id, prompt_ids, params, owner=output)
+                request.request_id, prompt_ids, params, owner=output
+            )
             self._stats.on_request(child_ids, params, len(prompt_ids))
             for index, child_id in enumerate(child_ids):
-                child = request if len(child_ids) == 1 else EngineCoreRequest(
-                    child_id, request.prompt_token_ids, child_sampling_params(params, index),
-                    priority=request.priority, cache_salt=request.cache_salt)
+                child = (
+                    request
+                    if len(child_ids) == 1
+                    else EngineCoreRequest(
+                        child_id,
+                        request.prompt_token_ids,
+                        child_sampling_params(params, index),
+                        priority=request.priority,
+                        cache_salt=request.cache_salt,
+                    )
+                )
                 self.engine.add_request(child)
             order[request.request_id] = len(order)
         results: list[RequestOutput | None] = [None] * len(order)
@@ -239,8 +298,11 @@ class LLM:
                             progress.update(1)
         except BaseException as e:
             # Leave no request running: a later generate() would wait for it forever.
-            children = [child for request_id in order
-                        for child in self.output_processor.abort_request(request_id)]
+            children = [
+                child
+                for request_id in order
+                for child in self.output_processor.abort_request(request_id)
+            ]
             self._stats.on_abort(children)
             if children and not isinstance(e, EngineDeadError):
                 self.engine.abort_requests(children)
@@ -267,8 +329,10 @@ class LLM:
             raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt), None
-        raise ValueError(f"unsupported prompt type {type(prompt).__name__}; use str, a list of "
-                         "token ids, or a dict with 'prompt' or 'prompt_token_ids'")
+        raise ValueError(
+            f"unsupported prompt type {type(prompt).__name__}; use str, a list of "
+            "token ids, or a dict with 'prompt' or 'prompt_token_ids'"
+        )
 
     @staticmethod
     def _as_prompt_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
@@ -278,8 +342,9 @@ class LLM:
             return [cast(list[int], prompts)]
         return list(cast(Sequence[PromptInput], prompts))
 
-    def _as_params_list(self, params: SamplingParams | Sequence[SamplingParams] | None,
-                        n: int) -> list[SamplingParams]:
+    def _as_params_list(
+        self, params: SamplingParams | Sequence[SamplingParams] | None, n: int
+    ) -> list[SamplingParams]:
         if params is None:
             params = self.get_default_sampling_params()
         if isinstance(params, SamplingParams):

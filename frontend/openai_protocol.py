@@ -435,11 +435,19 @@ class ErrorResponse(_Response, kw_only=True):
 def check_unsupported(req: _SamplingFields) -> None:
     """Refuse, with 400 naming the field, what is declared but not supported."""
     if req.best_of is not None and req.best_of != 1:
-        raise bad_request("best_of is not supported (only best_of=1 or unset), as in vLLM V1",
-                          "best_of")
+        raise bad_request(
+            "best_of is not supported (only best_of=1 or unset), as in vLLM V1", "best_of"
+        )
     if req.use_beam_search:
-        for name in ("logprobs", "prompt_logprobs", "response_format", "structured_outputs",
-                     "allowed_token_ids", "bad_words", "logit_bias"):
+        for name in (
+            "logprobs",
+            "prompt_logprobs",
+            "response_format",
+            "structured_outputs",
+            "allowed_token_ids",
+            "bad_words",
+            "logit_bias",
+        ):
             if getattr(req, name, None) not in (None, False):
                 raise bad_request(f"{name} is not supported with use_beam_search", name)
         if isinstance(req, CompletionRequest) and req.echo:
@@ -451,32 +459,49 @@ def check_unsupported(req: _SamplingFields) -> None:
             try:
                 int(key)
             except ValueError:
-                raise bad_request(f"logit_bias keys must be token ids, got {key!r}",
-                                  "logit_bias") from None
+                raise bad_request(
+                    f"logit_bias keys must be token ids, got {key!r}", "logit_bias"
+                ) from None
             if not -100.0 <= value <= 100.0:
-                raise bad_request(f"logit_bias values must be in [-100, 100], got {value} for "
-                                  f"token {key}", "logit_bias")
+                raise bad_request(
+                    f"logit_bias values must be in [-100, 100], got {value} for token {key}",
+                    "logit_bias",
+                )
     if req.prompt_logprobs is not None:
         if req.stream:  # vLLM's rule and wording
-            raise bad_request("`prompt_logprobs` are not available when `stream=True`.",
-                              "prompt_logprobs")
+            raise bad_request(
+                "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs"
+            )
         if req.prompt_logprobs < -1:
-            raise bad_request(f"prompt_logprobs must be -1 (the whole vocabulary) or at least "
-                              f"0, got {req.prompt_logprobs}", "prompt_logprobs")
+            raise bad_request(
+                f"prompt_logprobs must be -1 (the whole vocabulary) or at least "
+                f"0, got {req.prompt_logprobs}",
+                "prompt_logprobs",
+            )
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     if isinstance(req, ChatCompletionRequest):
         for name in ("functions", "function_call"):
             if getattr(req, name) is not None:
-                raise bad_request(f"{name} is deprecated and not supported; use tools and "
-                                  "tool_choice", name)
+                raise bad_request(
+                    f"{name} is deprecated and not supported; use tools and tool_choice", name
+                )
         if req.prediction is not None:
             raise bad_request("prediction (predicted outputs) is not supported", "prediction")
     if isinstance(req, CompletionRequest) and req.suffix is not None:
-        raise bad_request("suffix is not supported: the model has no fill-in-the-middle "
-                          "tokens", "suffix")
+        raise bad_request(
+            "suffix is not supported: the model has no fill-in-the-middle tokens", "suffix"
+        )
 
 
 REQUEST_STRUCTS = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest]
-RESPONSE_STRUCTS = [CompletionResponse, ChatCompletionResponse, ChatCompletionChunk, ModelList,
-                    TokenizeResponse, DetokenizeResponse, VersionResponse, ErrorResponse]
+RESPONSE_STRUCTS = [
+    CompletionResponse,
+    ChatCompletionResponse,
+    ChatCompletionChunk,
+    ModelList,
+    TokenizeResponse,
+    DetokenizeResponse,
+    VersionResponse,
+    ErrorResponse,
+]

@@ -13,27 +13,50 @@ from frontend.openai_protocol import REQUEST_STRUCTS, RESPONSE_STRUCTS
 # path -> method -> (summary, request Struct name or None, response Struct name or None, SSE)
 ROUTES: dict[str, dict[str, tuple[str, str | None, str | None, bool]]] = {
     "/health": {"get": ("200 while the engine serves, 503 otherwise", None, None, False)},
-    "/ping": {"get": ("SageMaker's health check: /health's answer", None, None, False),
-              "post": ("SageMaker's health check: /health's answer", None, None, False)},
+    "/ping": {
+        "get": ("SageMaker's health check: /health's answer", None, None, False),
+        "post": ("SageMaker's health check: /health's answer", None, None, False),
+    },
     "/version": {"get": ("the server's version", None, "VersionResponse", False)},
     "/v1/models": {"get": ("the served model names", None, "ModelList", False)},
-    "/v1/completions": {"post": ("OpenAI's completions", "CompletionRequest",
-                                 "CompletionResponse", True)},
-    "/v1/chat/completions": {"post": ("OpenAI's chat completions", "ChatCompletionRequest",
-                                      "ChatCompletionResponse", True)},
-    "/invocations": {"post": ("SageMaker: a chat completion when the body has messages, a "
-                              "completion when it has prompt",
-                              "ChatCompletionRequest|CompletionRequest",
-                              "ChatCompletionResponse|CompletionResponse", True)},
-    "/tokenize": {"post": ("a prompt or chat to token ids", "TokenizeRequest",
-                           "TokenizeResponse", False)},
-    "/detokenize": {"post": ("token ids to text", "DetokenizeRequest", "DetokenizeResponse",
-                             False)},
+    "/v1/completions": {
+        "post": ("OpenAI's completions", "CompletionRequest", "CompletionResponse", True)
+    },
+    "/v1/chat/completions": {
+        "post": (
+            "OpenAI's chat completions",
+            "ChatCompletionRequest",
+            "ChatCompletionResponse",
+            True,
+        )
+    },
+    "/invocations": {
+        "post": (
+            "SageMaker: a chat completion when the body has messages, a "
+            "completion when it has prompt",
+            "ChatCompletionRequest|CompletionRequest",
+            "ChatCompletionResponse|CompletionResponse",
+            True,
+        )
+    },
+    "/tokenize": {
+        "post": ("a prompt or chat to token ids", "TokenizeRequest", "TokenizeResponse", False)
+    },
+    "/detokenize": {
+        "post": ("token ids to text", "DetokenizeRequest", "DetokenizeResponse", False)
+    },
     "/load": {"get": ("requests in flight on this API server", None, "LoadResponse", False)},
-    "/reset_prefix_cache": {"post": ("drop the prefix cache; 409 while requests hold KV "
-                                     "blocks", None, None, False)},
-    "/server_info": {"get": ("version, served names and the resolved configuration", None,
-                             "ServerInfoResponse", False)},
+    "/reset_prefix_cache": {
+        "post": ("drop the prefix cache; 409 while requests hold KV blocks", None, None, False)
+    },
+    "/server_info": {
+        "get": (
+            "version, served names and the resolved configuration",
+            None,
+            "ServerInfoResponse",
+            False,
+        )
+    },
     "/metrics": {"get": ("Prometheus metrics", None, None, False)},
     "/openapi.json": {"get": ("this description", None, None, False)},
     "/docs": {"get": ("a page over this description", None, None, False)},
@@ -44,7 +67,8 @@ def openapi_schema(root_path: str = "", version: str = "") -> dict[str, Any]:
     """The OpenAPI 3.1 description of every route in ROUTES."""
     structs = [*REQUEST_STRUCTS, *RESPONSE_STRUCTS, LoadResponse, ServerInfoResponse]
     _, components = msgspec.json.schema_components(
-        structs, ref_template="#/components/schemas/{name}")
+        structs, ref_template="#/components/schemas/{name}"
+    )
 
     def ref(names: str) -> dict:
         """A schema reference; 'A|B': either."""
@@ -57,23 +81,29 @@ def openapi_schema(root_path: str = "", version: str = "") -> dict[str, Any]:
             ok["content"] = {"application/json": {"schema": ref(name)}}
             if sse:
                 ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
-        err = {"description": "error", "content": {"application/json": {
-            "schema": ref("ErrorResponse")}}}
-        return {"200": ok, **{code: err for code in ("400", "401", "404", "409", "413",
-                                                     "503")}}
+        err = {
+            "description": "error",
+            "content": {"application/json": {"schema": ref("ErrorResponse")}},
+        }
+        return {"200": ok, **{code: err for code in ("400", "401", "404", "409", "413", "503")}}
 
     paths: dict[str, dict[str, Any]] = {}
     for path, methods in ROUTES.items():
         for method, (summary, body, response, sse) in methods.items():
             operation: dict[str, Any] = {"summary": summary, "responses": answer(response, sse)}
             if body is not None:
-                operation["requestBody"] = {"required": True, "content": {
-                    "application/json": {"schema": ref(body)}}}
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": ref(body)}},
+                }
             paths.setdefault(path, {})[method] = operation
-    return {"openapi": "3.1.0",
-            "info": {"title": "engine OpenAI-compatible API", "version": version},
-            "servers": [{"url": root_path or "/"}],
-            "paths": paths, "components": {"schemas": components}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "engine OpenAI-compatible API", "version": version},
+        "servers": [{"url": root_path or "/"}],
+        "paths": paths,
+        "components": {"schemas": components},
+    }
 
 
 # Relative URLs only, so the page works under --root-path and behind a proxy.

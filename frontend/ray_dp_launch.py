@@ -47,8 +47,12 @@ class RayEngineCores:
         os.environ[ENV_KEY] = key
         tp = engine_args.get("tensor_parallel_size", 1)
         device = engine_args.get("device", "auto")
-        resource = "GPU" if device == "cuda" or (
-            device == "auto" and ray.cluster_resources().get("GPU", 0.0) > 0) else "CPU"
+        resource = (
+            "GPU"
+            if device == "cuda"
+            or (device == "auto" and ray.cluster_resources().get("GPU", 0.0) > 0)
+            else "CPU"
+        )
         self._actors: list[ray.actor.ActorHandle] = []
         self._where: dict[int, str] = {}  # rank -> "pid P on node N at IP", once started
         self._starting: dict[ray.ObjectRef, int] = {}
@@ -57,19 +61,27 @@ class RayEngineCores:
         self._group = None
         try:
             self._group = reserve(
-                size, resource, per_bundle=tp, strategy="SPREAD",
+                size,
+                resource,
+                per_bundle=tp,
+                strategy="SPREAD",
                 need=f"data_parallel_size {size} with tensor_parallel_size {tp} needs {size} "
-                     f"bundles of {tp} {resource} (one per engine core, one {resource} per "
-                     "tensor-parallel rank)")
+                f"bundles of {tp} {resource} (one per engine core, one {resource} per "
+                "tensor-parallel rank)",
+            )
         except RayResourcesError as e:
             self.stop(failed=True)
             raise RendezvousError(str(e)) from None
         actor_class = ray.remote(EngineCoreActor)
         for rank in range(size):
             actor = actor_class.options(
-                num_cpus=tp if resource == "CPU" else 0, num_gpus=tp if resource == "GPU" else 0,
-                max_concurrency=2, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._group, placement_group_bundle_index=rank)).remote(rank)
+                num_cpus=tp if resource == "CPU" else 0,
+                num_gpus=tp if resource == "GPU" else 0,
+                max_concurrency=2,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._group, placement_group_bundle_index=rank
+                ),
+            ).remote(rank)
             self._actors.append(actor)
             args = engine_args if size == 1 else {**engine_args, "data_parallel_rank": rank}
             self._starting[actor.start.remote(args, key, startup_timeout_s)] = rank
@@ -94,8 +106,9 @@ class RayEngineCores:
         try:
             address, node_id, ip, pid = ray.get(ref)
         except RayError as e:
-            raise RendezvousError(f"{self._name(rank)} (Ray actor) did not start: "
-                                  f"{_reason(e)}") from None
+            raise RendezvousError(
+                f"{self._name(rank)} (Ray actor) did not start: {_reason(e)}"
+            ) from None
         self.addresses[rank] = address
         self._where[rank] = f"pid {pid} on node {node_id[:12]} at {ip}"
         self._watching[self._actors[rank].wait.remote()] = rank
@@ -104,10 +117,13 @@ class RayEngineCores:
         try:
             code = ray.get(ref)
         except RayError as e:
-            raise RendezvousError(f"{self._name(rank)} ({self._where[rank]}): its Ray actor "
-                                  f"died: {_reason(e)}") from None
-        raise RendezvousError(f"{self._name(rank)} ({self._where[rank]}, in a Ray actor) exited "
-                              f"unexpectedly with code {code}")
+            raise RendezvousError(
+                f"{self._name(rank)} ({self._where[rank]}): its Ray actor died: {_reason(e)}"
+            ) from None
+        raise RendezvousError(
+            f"{self._name(rank)} ({self._where[rank]}, in a Ray actor) exited "
+            f"unexpectedly with code {code}"
+        )
 
     def _name(self, rank: int) -> str:
         return "engine-core" if self.size == 1 else f"engine-core-{rank}"
@@ -118,8 +134,11 @@ class RayEngineCores:
             return
         self._stopped = True
         if self._actors:
-            ray.wait([actor.stop.remote(_STOP_TIMEOUT_S) for actor in self._actors],
-                     num_returns=len(self._actors), timeout=_STOP_TIMEOUT_S + 5)
+            ray.wait(
+                [actor.stop.remote(_STOP_TIMEOUT_S) for actor in self._actors],
+                num_returns=len(self._actors),
+                timeout=_STOP_TIMEOUT_S + 5,
+            )
         for actor in self._actors:
             ray.kill(actor)
         if self._group is not None:

@@ -15,8 +15,12 @@ import msgspec
 
 from engine_core.sampling_params import STRUCTURED_OUTPUT_KINDS, StructuredOutputsParams
 from frontend.errors import bad_request
-from frontend.openai_protocol import (JsonObjectFormat, JsonSchemaResponseFormat,
-                                      StructuralTagFormat, _SamplingFields)
+from frontend.openai_protocol import (
+    JsonObjectFormat,
+    JsonSchemaResponseFormat,
+    StructuralTagFormat,
+    _SamplingFields,
+)
 
 
 class _Source(NamedTuple):
@@ -42,18 +46,25 @@ def checked(params: StructuredOutputsParams, param: str, what: str) -> Structure
     return params
 
 
-def requested_constraint(req: _SamplingFields,
-                         tool_constraint: StructuredOutputsParams | None = None,
-                         ) -> StructuredOutputsParams | None:
+def requested_constraint(
+    req: _SamplingFields,
+    tool_constraint: StructuredOutputsParams | None = None,
+) -> StructuredOutputsParams | None:
     """The constraint the request asks for (tool_constraint: its tool_choice's), checked."""
     source = _response_format(req)
     if tool_constraint is not None:
         if source is not None:
-            raise bad_request("tool_choice 'required' or a named function constrains the output "
-                              "itself; it cannot be combined with response_format",
-                              "tool_choice")
-        source = _Source(tool_constraint.kind, getattr(tool_constraint, tool_constraint.kind),
-                         "tools", "the tools' parameters")
+            raise bad_request(
+                "tool_choice 'required' or a named function constrains the output "
+                "itself; it cannot be combined with response_format",
+                "tool_choice",
+            )
+        source = _Source(
+            tool_constraint.kind,
+            getattr(tool_constraint, tool_constraint.kind),
+            "tools",
+            "the tools' parameters",
+        )
     given = msgspec.structs.asdict(req.structured_outputs) if req.structured_outputs else {}
     if source is None:
         if not given:
@@ -61,9 +72,12 @@ def requested_constraint(req: _SamplingFields,
         params = _params(given)
         return checked(params, "structured_outputs", f"structured_outputs.{params.kind}")
     if any(given[k] not in (None, False) for k in given if k in STRUCTURED_OUTPUT_KINDS):
-        raise bad_request("structured_outputs sets a constraint besides response_format or "
-                          "tool_choice; give it once (structured_outputs may add options such "
-                          "as disable_any_whitespace)", "structured_outputs")
+        raise bad_request(
+            "structured_outputs sets a constraint besides response_format or "
+            "tool_choice; give it once (structured_outputs may add options such "
+            "as disable_any_whitespace)",
+            "structured_outputs",
+        )
     return checked(_params({**given, source.kind: source.spec}), source.param, source.what)
 
 
@@ -80,17 +94,25 @@ def _response_format(req: _SamplingFields) -> _Source | None:
         return _Source("json_object", True, "response_format", "response_format")
     if isinstance(fmt, JsonSchemaResponseFormat):
         if fmt.json_schema.schema is None:
-            raise bad_request("response_format.json_schema.schema is required",
-                              "response_format")
-        return _Source("json", fmt.json_schema.schema, "response_format",
-                       "response_format.json_schema.schema")
+            raise bad_request("response_format.json_schema.schema is required", "response_format")
+        return _Source(
+            "json", fmt.json_schema.schema, "response_format", "response_format.json_schema.schema"
+        )
     if isinstance(fmt, StructuralTagFormat):
         if (fmt.format is None) == (fmt.structures is None):
-            raise bad_request("a structural_tag response_format gives either structures (with "
-                              "triggers) or format", "response_format")
+            raise bad_request(
+                "a structural_tag response_format gives either structures (with "
+                "triggers) or format",
+                "response_format",
+            )
         if fmt.structures is not None and fmt.triggers is None:
-            raise bad_request("a structural_tag response_format with structures needs "
-                              "triggers", "response_format")
-        return _Source("structural_tag", msgspec.to_builtins(fmt), "response_format",
-                       "response_format (structural_tag)")
+            raise bad_request(
+                "a structural_tag response_format with structures needs triggers", "response_format"
+            )
+        return _Source(
+            "structural_tag",
+            msgspec.to_builtins(fmt),
+            "response_format",
+            "response_format (structural_tag)",
+        )
     return None  # text, or none given

@@ -9,7 +9,7 @@ from aiohttp import web
 def strip_root(path: str, root: str) -> str:
     """path without the root prefix (itself when it does not start with it)."""
     if root and (path == root or path.startswith(root + "/")):
-        return path[len(root):] or "/"
+        return path[len(root) :] or "/"
     return path
 
 

@@ -15,8 +15,13 @@ from aiohttp import web
 
 from engine_core.sampling_params import SamplingParams, StructuredOutputsParams
 from frontend.errors import ApiError, bad_request, error_body
-from frontend.openai_protocol import (PromptLogprob, PromptLogprobs, PromptTokenUsageInfo,
-                                      UsageInfo, _SamplingFields)
+from frontend.openai_protocol import (
+    PromptLogprob,
+    PromptLogprobs,
+    PromptTokenUsageInfo,
+    UsageInfo,
+    _SamplingFields,
+)
 from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
 from tokenizer_proc.protocol import GenerateRequest, RequestDelta, TokenLogprob
 
@@ -49,20 +54,20 @@ class ServingContext:
     served_model_names: tuple[str, ...] = ()
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name and \
-                model not in self.served_model_names:
+        if model is not None and model != self.model_name and model not in self.served_model_names:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
 
 # The most choices one request may ask for (OpenAI's limit): each is a sequence in the engine.
 MAX_N = 128
-_INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # The id the API server chose for an HTTP request (api_server.prepare_request).
 REQUEST_ID = web.RequestKey("request_id", str)
 
 
-def request_id(prefix: str, http_request: web.Request | None = None,
-               field: str | None = None) -> str:
+def request_id(
+    prefix: str, http_request: web.Request | None = None, field: str | None = None
+) -> str:
     """'<prefix>-<id>' as vLLM builds it: the id the API server chose for the HTTP request (a
     client's X-Request-Id, see api_server.prepare_request), else the body's request_id field,
     else a random one."""
@@ -70,21 +75,41 @@ def request_id(prefix: str, http_request: web.Request | None = None,
     return f"{prefix}-{base or field or uuid.uuid4().hex}"
 
 
-def sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int | None = None,
-                    prompt_logprobs: int | None = None,
-                    structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+def sampling_params(
+    req: _SamplingFields,
+    max_tokens: int | None,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+    structured_outputs: StructuredOutputsParams | None = None,
+) -> SamplingParams:
     """SamplingParams from a request's fields; 400 naming the field on an invalid value."""
     kwargs: dict[str, Any] = dict(
-        n=req.n, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens,
+        n=req.n,
+        seed=req.seed,
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
         stop=[req.stop] if isinstance(req.stop, str) else (req.stop or None),
-        stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs, skip_special_tokens=req.skip_special_tokens,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
-        structured_outputs=structured_outputs, allowed_token_ids=req.allowed_token_ids,
-        bad_words=req.bad_words, truncate_prompt_tokens=req.truncate_prompt_tokens)
-    for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                 "frequency_penalty", "repetition_penalty"):
+        structured_outputs=structured_outputs,
+        allowed_token_ids=req.allowed_token_ids,
+        bad_words=req.bad_words,
+        truncate_prompt_tokens=req.truncate_prompt_tokens,
+    )
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    ):
         if getattr(req, name) is not None:
             kwargs[name] = getattr(req, name)
     if req.logit_bias:
@@ -92,8 +117,13 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int 
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"n must be in [1, {MAX_N}], got {req.n}", "n")
     for name, value in kwargs.items():  # the IPC encoder takes 64-bit integers only
-        values = value if isinstance(value, list) else \
-            list(value) if isinstance(value, dict) else [value]
+        values = (
+            value
+            if isinstance(value, list)
+            else list(value)
+            if isinstance(value, dict)
+            else [value]
+        )
         if any(type(v) is int and not _INT64_MIN <= v <= _INT64_MAX for v in values):
             raise bad_request(f"{name} is out of the 64-bit integer range", name)
     try:
@@ -104,8 +134,9 @@ def sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int 
         raise bad_request(message, param if param in kwargs else None) from None
 
 
-async def merged_deltas(ctx: ServingContext, requests: list[GenerateRequest]
-                        ) -> AsyncIterator[tuple[int, RequestDelta]]:
+async def merged_deltas(
+    ctx: ServingContext, requests: list[GenerateRequest]
+) -> AsyncIterator[tuple[int, RequestDelta]]:
     """(prompt index, delta) of every request, as they come; closing it aborts them all.
 
     A refusal by the tokenizer process raises ApiError with its status.
@@ -169,11 +200,14 @@ def prompt_logprobs_json(positions: list[list[TokenLogprob] | None], k: int) -> 
             continue
         chosen = position[0]
         entries = {str(chosen.token_id): chosen}
-        for e in (position[1:] if k == -1 else top_entries(position, k)):
+        for e in position[1:] if k == -1 else top_entries(position, k):
             entries.setdefault(str(e.token_id), e)
-        out.append({key: PromptLogprob(logprob=e.logprob, rank=e.rank,
-                                       decoded_token=e.decoded_token)
-                    for key, e in entries.items()})
+        out.append(
+            {
+                key: PromptLogprob(logprob=e.logprob, rank=e.rank, decoded_token=e.decoded_token)
+                for key, e in entries.items()
+            }
+        )
     return out
 
 
@@ -185,14 +219,18 @@ def widest_logprobs(*ks: int | None) -> int | None:
     return -1 if -1 in given else max(given)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
-          ) -> UsageInfo:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> UsageInfo:
     """OpenAI's usage; prompt_tokens_details when cached_tokens is given (the server's
     --enable-prompt-tokens-details)."""
     details = None if cached_tokens is None else PromptTokenUsageInfo(cached_tokens=cached_tokens)
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens,
-                     prompt_tokens_details=details)
+    return UsageInfo(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=details,
+    )
 
 
 def json_response(obj: Any, status: int = 200) -> web.Response:
@@ -208,8 +246,9 @@ async def stream_sse(http_request: web.Request, events: AsyncIterator[Any]) -> w
     """
     async with contextlib.aclosing(events):
         first = await anext(events, None)  # ApiError propagates: a normal error response
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await response.prepare(http_request)
         try:
             if first is not None:
@@ -220,7 +259,7 @@ async def stream_sse(http_request: web.Request, events: AsyncIterator[Any]) -> w
             await response.write(b"data: " + _ENCODER.encode(e.body()) + b"\n\n")
         except ConnectionError:  # the client went away; aclosing aborts the request
             return response
-        except Exception as e:  # noqa: BLE001 - the stream must end with an error event
+        except Exception as e:
             await response.write(b"data: " + _ENCODER.encode(error_body(500, str(e))) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

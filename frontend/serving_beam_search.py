@@ -20,8 +20,9 @@ from frontend.serving import ServingContext, merged_deltas
 from tokenizer_proc.protocol import GenerateRequest
 
 
-def beam_search_params(req: _SamplingFields, max_tokens: int | None,
-                       prompts: list[list[int]], max_model_len: int) -> BeamSearchParams:
+def beam_search_params(
+    req: _SamplingFields, max_tokens: int | None, prompts: list[list[int]], max_model_len: int
+) -> BeamSearchParams:
     """The request's BeamSearchParams; 400 when a prompt plus max_tokens exceeds the context
     (max_tokens unset: as many as the longest prompt leaves)."""
     if max_tokens is None:
@@ -33,29 +34,42 @@ def beam_search_params(req: _SamplingFields, max_tokens: int | None,
         except ValueError as e:
             raise bad_request(str(e), "max_tokens") from None
     try:
-        return BeamSearchParams(beam_width=req.n, max_tokens=max_tokens,
-                                ignore_eos=req.ignore_eos,
-                                temperature=0.0 if req.temperature is None else req.temperature,
-                                length_penalty=req.length_penalty,
-                                include_stop_str_in_output=req.include_stop_str_in_output)
+        return BeamSearchParams(
+            beam_width=req.n,
+            max_tokens=max_tokens,
+            ignore_eos=req.ignore_eos,
+            temperature=0.0 if req.temperature is None else req.temperature,
+            length_penalty=req.length_penalty,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+        )
     except ValueError as e:
         raise bad_request(str(e), "n" if "beam_width" in str(e) else None) from None
 
 
-async def run_beam_search(ctx: ServingContext, prompts: list[list[int]],
-                          params: BeamSearchParams, base_id: str, req: _SamplingFields
-                          ) -> list[BeamSearchOutput]:
+async def run_beam_search(
+    ctx: ServingContext,
+    prompts: list[list[int]],
+    params: BeamSearchParams,
+    base_id: str,
+    req: _SamplingFields,
+) -> list[BeamSearchOutput]:
     """The best beams of every prompt; ApiError when a step's request is refused."""
     search = BeamSearch(prompts, params, ctx.tokenizer.eos_token_id)
     step = 0
     while beams := search.pending():
         live = [i for i, t in enumerate(beams) if len(t) < ctx.max_model_len]
-        requests = [GenerateRequest(f"{base_id}-beam{step}-{i}", search.step_params,
-                                    prompt_token_ids=beams[i],
-                                    api_server_index=ctx.api_server_index,
-                                    cache_salt=req.cache_salt, priority=req.priority,
-                                    arrival_time=time.time())
-                    for i in live]
+        requests = [
+            GenerateRequest(
+                f"{base_id}-beam{step}-{i}",
+                search.step_params,
+                prompt_token_ids=beams[i],
+                api_server_index=ctx.api_server_index,
+                cache_salt=req.cache_salt,
+                priority=req.priority,
+                arrival_time=time.time(),
+            )
+            for i in live
+        ]
         found: dict[int, dict[int, float]] = {}
         if requests:
             async for index, delta in merged_deltas(ctx, requests):
@@ -67,10 +81,11 @@ async def run_beam_search(ctx: ServingContext, prompts: list[list[int]],
     return search.results(lambda ids: ctx.tokenizer.decode(ids, skip_special_tokens=skip))
 
 
-def beam_token_ids(outputs: list[BeamSearchOutput], prompts: list[list[int]]
-                   ) -> list[list[list[int]]]:
+def beam_token_ids(
+    outputs: list[BeamSearchOutput], prompts: list[list[int]]
+) -> list[list[list[int]]]:
     """Per prompt, per beam: the generated token ids."""
-    return [[s.tokens[len(p):] for s in out.sequences] for out, p in zip(outputs, prompts)]
+    return [[s.tokens[len(p) :] for s in out.sequences] for out, p in zip(outputs, prompts)]
 
 
 async def single_events(items: list[Any]) -> AsyncIterator[Any]:

@@ -12,20 +12,42 @@ import msgspec
 from aiohttp import web
 
 from frontend.errors import bad_request
-from frontend.openai_protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk,
-                                      ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
-                                      ChatLogprob, ChatMessage, ChatResponseMessage,
-                                      ChatStreamChoice, TopLogprob, check_unsupported)
+from frontend.openai_protocol import (
+    ChatChoice,
+    ChatChoiceLogprobs,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprob,
+    ChatMessage,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    TopLogprob,
+    check_unsupported,
+)
 from frontend.response_format import requested_constraint
-from frontend.serving_beam_search import (beam_search_params, beam_token_ids, run_beam_search,
-                                          single_events)
-from frontend.serving import (ServingContext, json_response, merged_deltas, request_id,
-                              prompt_logprobs_json, sampling_params, stream_sse, top_entries,
-                              usage)
+from frontend.serving import (
+    ServingContext,
+    json_response,
+    merged_deltas,
+    prompt_logprobs_json,
+    request_id,
+    sampling_params,
+    stream_sse,
+    top_entries,
+    usage,
+)
+from frontend.serving_beam_search import (
+    beam_search_params,
+    beam_token_ids,
+    run_beam_search,
+    single_events,
+)
 from frontend.tool_parsers.openai_calls import StreamedCalls, finish_reason, message_calls
 from frontend.tool_parsers.tool_choice import resolve_tool_choice
-from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 from tokenizer_proc.prompt_inputs import truncate_prompt
+from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 from tokenizer_proc.tokenizer import apply_chat_template, check_chat_template_kwargs
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -39,8 +61,10 @@ def chat_messages(messages: list[ChatMessage], field: str = "messages") -> list[
     for i, m in enumerate(messages):
         where = f"{field}[{i}]"
         if m.role not in ROLES:
-            raise bad_request(f"unsupported role {m.role!r} in {where}; supported: "
-                              f"{', '.join(ROLES)}", f"{where}.role")
+            raise bad_request(
+                f"unsupported role {m.role!r} in {where}; supported: {', '.join(ROLES)}",
+                f"{where}.role",
+            )
         if m.tool_calls is not None and m.role != "assistant":
             raise bad_request("only assistant messages carry tool_calls", f"{where}.tool_calls")
         if m.tool_call_id is not None and m.role != "tool":
@@ -50,8 +74,11 @@ def chat_messages(messages: list[ChatMessage], field: str = "messages") -> list[
             parts = []
             for j, part in enumerate(content):
                 if part.type != "text" or part.text is None:
-                    raise bad_request(f"unsupported content part type {part.type!r}; only "
-                                      "'text' parts are supported", f"{where}.content[{j}].type")
+                    raise bad_request(
+                        f"unsupported content part type {part.type!r}; only "
+                        "'text' parts are supported",
+                        f"{where}.content[{j}].type",
+                    )
                 parts.append({"type": "text", "text": part.text})
             content = parts
         msg: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
@@ -76,11 +103,21 @@ def _logprobs(positions: list[PositionLogprobs], k: int) -> ChatChoiceLogprobs:
     for position in positions:
         sampled = position[0]
         token = sampled.decoded_token or ""
-        content.append(ChatLogprob(
-            token=token, logprob=sampled.logprob, bytes=list(token.encode()),
-            top_logprobs=[TopLogprob(token=e.decoded_token or "", logprob=e.logprob,
-                                     bytes=list((e.decoded_token or "").encode()))
-                          for e in top_entries(position, k)]))
+        content.append(
+            ChatLogprob(
+                token=token,
+                logprob=sampled.logprob,
+                bytes=list(token.encode()),
+                top_logprobs=[
+                    TopLogprob(
+                        token=e.decoded_token or "",
+                        logprob=e.logprob,
+                        bytes=list((e.decoded_token or "").encode()),
+                    )
+                    for e in top_entries(position, k)
+                ],
+            )
+        )
     return ChatChoiceLogprobs(content=content)
 
 
@@ -89,42 +126,60 @@ def _message_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
     return ctx.response_role if req.add_generation_prompt else req.messages[-1].role
 
 
-async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest,
-                                 http_request: web.Request) -> web.StreamResponse:
+async def create_chat_completion(
+    ctx: ServingContext, req: ChatCompletionRequest, http_request: web.Request
+) -> web.StreamResponse:
     check_unsupported(req)
     ctx.check_model(req.model)
     messages = chat_messages(req.messages)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     if req.top_logprobs is not None and req.top_logprobs < 0:
-        raise bad_request(f"top_logprobs must be non-negative, got {req.top_logprobs}",
-                          "top_logprobs")
+        raise bad_request(
+            f"top_logprobs must be non-negative, got {req.top_logprobs}", "top_logprobs"
+        )
     if req.add_generation_prompt and req.continue_final_message:
-        raise bad_request("add_generation_prompt and continue_final_message are mutually "
-                          "exclusive; set add_generation_prompt to false", "continue_final_message")
-    tools = resolve_tool_choice(req.tools, req.tool_choice, req.parallel_tool_calls,
-                                ctx.tool_parser)
+        raise bad_request(
+            "add_generation_prompt and continue_final_message are mutually "
+            "exclusive; set add_generation_prompt to false",
+            "continue_final_message",
+        )
+    tools = resolve_tool_choice(
+        req.tools, req.tool_choice, req.parallel_tool_calls, ctx.tool_parser
+    )
     constraint = requested_constraint(req, tools.constraint)
     k = (req.top_logprobs or 0) if req.logprobs else None
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
-        else req.max_tokens
-    params = sampling_params(req, max_tokens, logprobs=k, prompt_logprobs=req.prompt_logprobs,
-                             structured_outputs=constraint)
+    max_tokens = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
+    params = sampling_params(
+        req,
+        max_tokens,
+        logprobs=k,
+        prompt_logprobs=req.prompt_logprobs,
+        structured_outputs=constraint,
+    )
     if tools.keep_special_tokens:
         params.skip_special_tokens = False
     if req.use_beam_search:
         return await _beam_search(ctx, req, http_request, messages, max_tokens)
     base_id = request_id("chatcmpl", http_request, req.request_id)
-    request = GenerateRequest(base_id, params, messages=messages,
-                              add_generation_prompt=req.add_generation_prompt,
-                              continue_final_message=req.continue_final_message,
-                              chat_template=req.chat_template,
-                              api_server_index=ctx.api_server_index, cache_salt=req.cache_salt,
-                              priority=req.priority, arrival_time=time.time(),
-                              tools=tools.tools,
-                              chat_template_kwargs=template_kwargs(req.chat_template_kwargs),
-                              add_special_tokens=req.add_special_tokens,
-                              return_prompt_token_ids=bool(req.return_token_ids))
+    request = GenerateRequest(
+        base_id,
+        params,
+        messages=messages,
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message,
+        chat_template=req.chat_template,
+        api_server_index=ctx.api_server_index,
+        cache_salt=req.cache_salt,
+        priority=req.priority,
+        arrival_time=time.time(),
+        tools=tools.tools,
+        chat_template_kwargs=template_kwargs(req.chat_template_kwargs),
+        add_special_tokens=req.add_special_tokens,
+        return_prompt_token_ids=bool(req.return_token_ids),
+    )
     role = _message_role(ctx, req)
     created = int(time.time())
     counts = {"prompt": 0, "completion": 0, "cached": 0}
@@ -138,8 +193,11 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
             prompt_ids.append(delta.prompt_token_ids)
 
     def current_usage():
-        return usage(counts["prompt"], counts["completion"],
-                     counts["cached"] if ctx.enable_prompt_tokens_details else None)
+        return usage(
+            counts["prompt"],
+            counts["completion"],
+            counts["cached"] if ctx.enable_prompt_tokens_details else None,
+        )
 
     def token_ids(ids: list[int]) -> list[int] | None:
         return list(ids) if req.return_token_ids else None
@@ -150,23 +208,34 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         streams: dict[int, StreamedCalls | None] = {}
 
         def chunk(choices: list[ChatStreamChoice], with_usage: bool = False):
-            return ChatCompletionChunk(id=base_id, created=created, model=ctx.model_name,
-                                       choices=choices,
-                                       usage=current_usage() if with_usage else None)
+            return ChatCompletionChunk(
+                id=base_id,
+                created=created,
+                model=ctx.model_name,
+                choices=choices,
+                usage=current_usage() if with_usage else None,
+            )
 
         def choices_of(delta) -> list[ChatStreamChoice]:
             """One engine delta as chunk choices: its text, or its content and call pieces."""
             logprobs = _logprobs(delta.logprobs or [], k) if k is not None else None
             if delta.index not in streams:
                 parser = tools.new_parser()
-                streams[delta.index] = None if parser is None else StreamedCalls(parser,
-                                                                                 tools.parallel)
+                streams[delta.index] = (
+                    None if parser is None else StreamedCalls(parser, tools.parallel)
+                )
             calls = streams[delta.index]
             if calls is None:
-                return [ChatStreamChoice(index=delta.index, delta=ChatDelta(content=delta.text),
-                                         logprobs=logprobs, finish_reason=delta.finish_reason,
-                                         stop_reason=delta.stop_reason,
-                                         token_ids=token_ids(delta.token_ids))]
+                return [
+                    ChatStreamChoice(
+                        index=delta.index,
+                        delta=ChatDelta(content=delta.text),
+                        logprobs=logprobs,
+                        finish_reason=delta.finish_reason,
+                        stop_reason=delta.stop_reason,
+                        token_ids=token_ids(delta.token_ids),
+                    )
+                ]
             pieces = calls.deltas(delta.text, delta.finished)
             if not pieces and (delta.finished or logprobs is not None):
                 pieces = [ChatDelta()]
@@ -186,8 +255,10 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                 if first:  # the role, in its own first chunk per choice, as OpenAI sends it
                     first = False
                     for i in range(req.n):
-                        role_chunk = chunk([ChatStreamChoice(
-                            index=i, delta=ChatDelta(role=role, content=""))], continuous)
+                        role_chunk = chunk(
+                            [ChatStreamChoice(index=i, delta=ChatDelta(role=role, content=""))],
+                            continuous,
+                        )
                         if i == 0 and prompt_ids:
                             role_chunk.prompt_token_ids = prompt_ids[0]
                         yield role_chunk
@@ -224,35 +295,54 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
             message.content = extracted.content
             message.tool_calls = message_calls(extracted, tools.parallel)
             reason = finish_reason(reason, message.tool_calls is not None)
-        return ChatChoice(index=i, message=message,
-                          logprobs=_logprobs(logprobs[i], k) if k is not None else None,
-                          finish_reason=reason, stop_reason=stop_reason,
-                          token_ids=token_ids(ids[i]))
+        return ChatChoice(
+            index=i,
+            message=message,
+            logprobs=_logprobs(logprobs[i], k) if k is not None else None,
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            token_ids=token_ids(ids[i]),
+        )
 
     prompt_lps = None
     if req.prompt_logprobs is not None:
         prompt_lps = prompt_logprobs_json(prompt_positions or [None], req.prompt_logprobs)
-    return json_response(ChatCompletionResponse(id=base_id, created=created, model=ctx.model_name,
-                                                choices=[choice(i) for i in sorted(texts)],
-                                                usage=current_usage(),
-                                                prompt_logprobs=prompt_lps,
-                                                prompt_token_ids=prompt_ids[0] if prompt_ids
-                                                else None))
+    return json_response(
+        ChatCompletionResponse(
+            id=base_id,
+            created=created,
+            model=ctx.model_name,
+            choices=[choice(i) for i in sorted(texts)],
+            usage=current_usage(),
+            prompt_logprobs=prompt_lps,
+            prompt_token_ids=prompt_ids[0] if prompt_ids else None,
+        )
+    )
 
 
-async def _beam_search(ctx: ServingContext, req: ChatCompletionRequest, http_request: web.Request,
-                       messages: list[dict[str, Any]], max_tokens: int | None
-                       ) -> web.StreamResponse:
+async def _beam_search(
+    ctx: ServingContext,
+    req: ChatCompletionRequest,
+    http_request: web.Request,
+    messages: list[dict[str, Any]],
+    max_tokens: int | None,
+) -> web.StreamResponse:
     """use_beam_search: the n best beams as n choices, best first."""
     try:  # in a thread: a long conversation must not stall this event loop's other requests
-        prompt = truncate_prompt(await asyncio.to_thread(
-            apply_chat_template, ctx.tokenizer, messages,
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            chat_template=req.chat_template or ctx.chat_template,
-            chat_template_kwargs=template_kwargs(req.chat_template_kwargs),
-            add_special_tokens=req.add_special_tokens), req.truncate_prompt_tokens,
-            ctx.max_model_len)
+        prompt = truncate_prompt(
+            await asyncio.to_thread(
+                apply_chat_template,
+                ctx.tokenizer,
+                messages,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                chat_template=req.chat_template or ctx.chat_template,
+                chat_template_kwargs=template_kwargs(req.chat_template_kwargs),
+                add_special_tokens=req.add_special_tokens,
+            ),
+            req.truncate_prompt_tokens,
+            ctx.max_model_len,
+        )
     except ValueError as e:
         raise bad_request(str(e)) from None
     params = beam_search_params(req, max_tokens, [prompt], ctx.max_model_len)
@@ -263,26 +353,49 @@ async def _beam_search(ctx: ServingContext, req: ChatCompletionRequest, http_req
     used = usage(len(prompt), sum(map(len, generated)))
     return_ids = bool(req.return_token_ids)
     if not req.stream:
-        choices = [ChatChoice(index=i, message=ChatResponseMessage(role=role, content=beam.text),
-                              finish_reason=beam.finish_reason, stop_reason=beam.stop_reason,
-                              token_ids=tokens if return_ids else None)
-                   for i, (beam, tokens) in enumerate(zip(out.sequences, generated))]
-        return json_response(ChatCompletionResponse(
-            id=base_id, model=ctx.model_name, choices=choices, usage=used,
-            prompt_token_ids=prompt if return_ids else None))
+        choices = [
+            ChatChoice(
+                index=i,
+                message=ChatResponseMessage(role=role, content=beam.text),
+                finish_reason=beam.finish_reason,
+                stop_reason=beam.stop_reason,
+                token_ids=tokens if return_ids else None,
+            )
+            for i, (beam, tokens) in enumerate(zip(out.sequences, generated))
+        ]
+        return json_response(
+            ChatCompletionResponse(
+                id=base_id,
+                model=ctx.model_name,
+                choices=choices,
+                usage=used,
+                prompt_token_ids=prompt if return_ids else None,
+            )
+        )
     created = int(time.time())
     chunks = []
     for i, (beam, tokens) in enumerate(zip(out.sequences, generated)):
-        for choice in (ChatStreamChoice(index=i, delta=ChatDelta(role=role, content="")),
-                       ChatStreamChoice(index=i, delta=ChatDelta(content=beam.text),
-                                        finish_reason=beam.finish_reason,
-                                        stop_reason=beam.stop_reason,
-                                        token_ids=tokens if return_ids else None)):
-            chunks.append(ChatCompletionChunk(id=base_id, created=created,
-                                              model=ctx.model_name, choices=[choice]))
+        for choice in (
+            ChatStreamChoice(index=i, delta=ChatDelta(role=role, content="")),
+            ChatStreamChoice(
+                index=i,
+                delta=ChatDelta(content=beam.text),
+                finish_reason=beam.finish_reason,
+                stop_reason=beam.stop_reason,
+                token_ids=tokens if return_ids else None,
+            ),
+        ):
+            chunks.append(
+                ChatCompletionChunk(
+                    id=base_id, created=created, model=ctx.model_name, choices=[choice]
+                )
+            )
     if return_ids:
         chunks[0].prompt_token_ids = prompt
     if req.stream_options and req.stream_options.include_usage:
-        chunks.append(ChatCompletionChunk(id=base_id, created=created, model=ctx.model_name,
-                                          choices=[], usage=used))
+        chunks.append(
+            ChatCompletionChunk(
+                id=base_id, created=created, model=ctx.model_name, choices=[], usage=used
+            )
+        )
     return await stream_sse(http_request, single_events(chunks))

@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from frontend.errors import bad_request
-from frontend.openai_protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
-                                      CompletionResponse, check_unsupported)
+from frontend.openai_protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    check_unsupported,
+)
 from frontend.response_format import requested_constraint
-from frontend.serving_beam_search import (beam_search_params, beam_token_ids, run_beam_search,
-                                          single_events)
-from frontend.serving import (ServingContext, json_response, merged_deltas, request_id,
-                              prompt_logprobs_json, sampling_params, stream_sse, top_entries,
-                              usage, widest_logprobs)
+from frontend.serving import (
+    ServingContext,
+    json_response,
+    merged_deltas,
+    prompt_logprobs_json,
+    request_id,
+    sampling_params,
+    stream_sse,
+    top_entries,
+    usage,
+    widest_logprobs,
+)
+from frontend.serving_beam_search import (
+    beam_search_params,
+    beam_token_ids,
+    run_beam_search,
+    single_events,
+)
 from tokenizer_proc.prompt_inputs import truncate_prompt
 from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 
@@ -32,8 +49,9 @@ def _token_ids(ids: list[int], vocab_size: int) -> list[int]:
     IPC encoder takes 64-bit integers only."""
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise bad_request(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})",
-                          "prompt")
+        raise bad_request(
+            f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})", "prompt"
+        )
     return list(ids)
 
 
@@ -49,17 +67,24 @@ def _prompts(prompt, vocab_size: int) -> list[str | list[int]]:
         if any(isinstance(p, list) and not p for p in prompt):
             raise bad_request("a token-id prompt must not be empty", "prompt")
         return [_token_ids(p, vocab_size) if isinstance(p, list) else p for p in prompt]
-    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a "
-                      "list of lists of token ids", "prompt")
+    raise bad_request(
+        "prompt must be a string, a list of strings, a list of token ids or a "
+        "list of lists of token ids",
+        "prompt",
+    )
 
 
-def _echoed(tokenizer: PreTrainedTokenizerBase, prompts: list[str | list[int]], add_special_tokens: bool
-            ) -> tuple[list[str], list[list[str]]]:
+def _echoed(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[str | list[int]], add_special_tokens: bool
+) -> tuple[list[str], list[list[str]]]:
     """For echo: each prompt's text, and its first token's text (the logprobs' first entry)."""
     texts, first_tokens = [], []
     for p in prompts:
-        ids = tokenizer(p, add_special_tokens=add_special_tokens).input_ids \
-            if isinstance(p, str) else p
+        ids = (
+            tokenizer(p, add_special_tokens=add_special_tokens).input_ids
+            if isinstance(p, str)
+            else p
+        )
         texts.append(p if isinstance(p, str) else tokenizer.decode(ids))
         first_tokens.append([tokenizer.decode([ids[0]])] if ids else [""])
     return texts, first_tokens
@@ -72,8 +97,9 @@ class _Logprobs:
         self.k = k
         self.offset = offset
 
-    def build(self, positions: list[PositionLogprobs | None], tokens: list[str] | None = None
-              ) -> CompletionLogprobs:
+    def build(
+        self, positions: list[PositionLogprobs | None], tokens: list[str] | None = None
+    ) -> CompletionLogprobs:
         out = CompletionLogprobs()
         for i, position in enumerate(positions):
             if position is None:  # the first prompt token has no logprob
@@ -94,33 +120,46 @@ class _Logprobs:
         return out
 
 
-async def create_completion(ctx: ServingContext, req: CompletionRequest,
-                            http_request: web.Request) -> web.StreamResponse:
+async def create_completion(
+    ctx: ServingContext, req: CompletionRequest, http_request: web.Request
+) -> web.StreamResponse:
     check_unsupported(req)
     ctx.check_model(req.model)
     prompts = _prompts(req.prompt, ctx.vocab_size)
     if req.use_beam_search:
         return await _beam_search(ctx, req, http_request, prompts)
     k = req.logprobs
-    params = sampling_params(req, req.max_tokens, logprobs=k, prompt_logprobs=widest_logprobs(
-        req.prompt_logprobs, k if req.echo else None),
-        structured_outputs=requested_constraint(req))
+    params = sampling_params(
+        req,
+        req.max_tokens,
+        logprobs=k,
+        prompt_logprobs=widest_logprobs(req.prompt_logprobs, k if req.echo else None),
+        structured_outputs=requested_constraint(req),
+    )
     base_id = request_id("cmpl", http_request, req.request_id)
-    requests = [GenerateRequest(f"{base_id}-{i}", params,
-                                prompt=p if isinstance(p, str) else None,
-                                prompt_token_ids=p if isinstance(p, list) else None,
-                                api_server_index=ctx.api_server_index, cache_salt=req.cache_salt,
-                                priority=req.priority, arrival_time=time.time(),
-                                add_special_tokens=req.add_special_tokens,
-                                return_prompt_token_ids=bool(req.return_token_ids))
-                for i, p in enumerate(prompts)]
+    requests = [
+        GenerateRequest(
+            f"{base_id}-{i}",
+            params,
+            prompt=p if isinstance(p, str) else None,
+            prompt_token_ids=p if isinstance(p, list) else None,
+            api_server_index=ctx.api_server_index,
+            cache_salt=req.cache_salt,
+            priority=req.priority,
+            arrival_time=time.time(),
+            add_special_tokens=req.add_special_tokens,
+            return_prompt_token_ids=bool(req.return_token_ids),
+        )
+        for i, p in enumerate(prompts)
+    ]
     n = req.n
     created = int(time.time())
     echo_text: list[str] = []
     echo_tokens: list[list[str]] = []
     if req.echo:  # in a thread: a long prompt must not stall the other requests' streams
-        echo_text, echo_tokens = await asyncio.to_thread(_echoed, ctx.tokenizer, prompts,
-                                                         req.add_special_tokens)
+        echo_text, echo_tokens = await asyncio.to_thread(
+            _echoed, ctx.tokenizer, prompts, req.add_special_tokens
+        )
     prompt_logprobs: dict[int, list[PositionLogprobs | None]] = {}
     builders: dict[int, _Logprobs] = {}
     started: set[int] = set()
@@ -148,8 +187,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
             if req.echo:
                 text = echo_text[prompt_index] + text
                 if k is not None:
-                    logprobs = builder.build(prompt_logprobs.get(prompt_index, [None]),
-                                             echo_tokens[prompt_index])
+                    logprobs = builder.build(
+                        prompt_logprobs.get(prompt_index, [None]), echo_tokens[prompt_index]
+                    )
         if k is not None:
             more = builder.build(delta.logprobs or [])
             if logprobs is None:
@@ -157,11 +197,17 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
             else:
                 for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                     getattr(logprobs, f).extend(getattr(more, f))
-        choice = CompletionChoice(index=index, text=text, logprobs=logprobs,
-                                  finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+        choice = CompletionChoice(
+            index=index,
+            text=text,
+            logprobs=logprobs,
+            finish_reason=delta.finish_reason,
+            stop_reason=delta.stop_reason,
+        )
         if first and req.prompt_logprobs is not None:  # not streamed (refused with stream)
             choice.prompt_logprobs = prompt_logprobs_json(
-                prompt_logprobs.get(prompt_index, [None]), req.prompt_logprobs)
+                prompt_logprobs.get(prompt_index, [None]), req.prompt_logprobs
+            )
         if req.return_token_ids:
             choice.token_ids = list(delta.token_ids)
             if first:
@@ -169,8 +215,11 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
         return choice
 
     def current_usage():
-        return usage(sum(prompt_tokens.values()), completion_tokens,
-                     sum(cached_tokens.values()) if ctx.enable_prompt_tokens_details else None)
+        return usage(
+            sum(prompt_tokens.values()),
+            completion_tokens,
+            sum(cached_tokens.values()) if ctx.enable_prompt_tokens_details else None,
+        )
 
     deltas = merged_deltas(ctx, requests)
     if req.stream:
@@ -180,11 +229,20 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
             async for prompt_index, delta in deltas:
                 choice = choice_of(prompt_index, delta)
                 yield CompletionResponse(
-                    id=base_id, created=created, model=ctx.model_name, choices=[choice],
-                    usage=current_usage() if opts and opts.continuous_usage_stats else None)
+                    id=base_id,
+                    created=created,
+                    model=ctx.model_name,
+                    choices=[choice],
+                    usage=current_usage() if opts and opts.continuous_usage_stats else None,
+                )
             if opts and opts.include_usage:
-                yield CompletionResponse(id=base_id, created=created, model=ctx.model_name,
-                                         choices=[], usage=current_usage())
+                yield CompletionResponse(
+                    id=base_id,
+                    created=created,
+                    model=ctx.model_name,
+                    choices=[],
+                    usage=current_usage(),
+                )
 
         return await stream_sse(http_request, events())
 
@@ -203,17 +261,32 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest,
             if have.logprobs is not None and choice.logprobs is not None:
                 for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                     getattr(have.logprobs, f).extend(getattr(choice.logprobs, f))
-    return json_response(CompletionResponse(
-        id=base_id, created=created, model=ctx.model_name,
-        choices=[choices[i] for i in sorted(choices)], usage=current_usage()))
+    return json_response(
+        CompletionResponse(
+            id=base_id,
+            created=created,
+            model=ctx.model_name,
+            choices=[choices[i] for i in sorted(choices)],
+            usage=current_usage(),
+        )
+    )
 
 
-async def _beam_search(ctx: ServingContext, req: CompletionRequest, http_request: web.Request,
-                       prompts: list[str | list[int]]) -> web.StreamResponse:
+async def _beam_search(
+    ctx: ServingContext,
+    req: CompletionRequest,
+    http_request: web.Request,
+    prompts: list[str | list[int]],
+) -> web.StreamResponse:
     """use_beam_search: the n best beams of each prompt (choice index = prompt index * n + i)."""
-    ids = await asyncio.to_thread(lambda: [  # off the event loop, as for echo
-        ctx.tokenizer(p, add_special_tokens=req.add_special_tokens).input_ids
-        if isinstance(p, str) else p for p in prompts])
+    ids = await asyncio.to_thread(
+        lambda: [  # off the event loop, as for echo
+            ctx.tokenizer(p, add_special_tokens=req.add_special_tokens).input_ids
+            if isinstance(p, str)
+            else p
+            for p in prompts
+        ]
+    )
     try:
         ids = [truncate_prompt(p, req.truncate_prompt_tokens, ctx.max_model_len) for p in ids]
     except ValueError as e:
@@ -225,9 +298,12 @@ async def _beam_search(ctx: ServingContext, req: CompletionRequest, http_request
     choices = []
     for i, (out, prompt) in enumerate(zip(outputs, ids)):
         for j, (beam, tokens) in enumerate(zip(out.sequences, generated[i])):
-            choice = CompletionChoice(index=i * req.n + j, text=beam.text or "",
-                                      finish_reason=beam.finish_reason,
-                                      stop_reason=beam.stop_reason)
+            choice = CompletionChoice(
+                index=i * req.n + j,
+                text=beam.text or "",
+                finish_reason=beam.finish_reason,
+                stop_reason=beam.stop_reason,
+            )
             if req.return_token_ids:
                 choice.prompt_token_ids, choice.token_ids = prompt, tokens
             choices.append(choice)
@@ -235,9 +311,14 @@ async def _beam_search(ctx: ServingContext, req: CompletionRequest, http_request
     response = CompletionResponse(id=base_id, model=ctx.model_name, choices=choices, usage=used)
     if not req.stream:
         return json_response(response)
-    chunks = [CompletionResponse(id=base_id, created=response.created, model=ctx.model_name,
-                                 choices=[c]) for c in choices]
+    chunks = [
+        CompletionResponse(id=base_id, created=response.created, model=ctx.model_name, choices=[c])
+        for c in choices
+    ]
     if req.stream_options and req.stream_options.include_usage:
-        chunks.append(CompletionResponse(id=base_id, created=response.created,
-                                         model=ctx.model_name, choices=[], usage=used))
+        chunks.append(
+            CompletionResponse(
+                id=base_id, created=response.created, model=ctx.model_name, choices=[], usage=used
+            )
+        )
     return await stream_sse(http_request, single_events(chunks))

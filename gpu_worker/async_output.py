@@ -22,8 +22,9 @@ class DeviceToHost:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def start(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor],
-                                                           torch.cuda.Event | None]:
+    def start(
+        self, tensors: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
         """Host copies of tensors (filled once the event fires) and that event."""
         if self.stream is None:
             return tensors, None
@@ -41,9 +42,16 @@ class DeviceToHost:
 class AsyncOutput:
     """What one step produced; get_output() waits for its copy and builds the message."""
 
-    def __init__(self, d2h: DeviceToHost, req_ids: list[str], sample_rows: np.ndarray,
-                 sampled: torch.Tensor | None, logprobs: LogprobsTensors | None,
-                 num_logprobs: np.ndarray, prompt_chunks: list[LogprobsTensors]) -> None:
+    def __init__(
+        self,
+        d2h: DeviceToHost,
+        req_ids: list[str],
+        sample_rows: np.ndarray,
+        sampled: torch.Tensor | None,
+        logprobs: LogprobsTensors | None,
+        num_logprobs: np.ndarray,
+        prompt_chunks: list[LogprobsTensors],
+    ) -> None:
         self._req_ids = req_ids
         self._sample_rows = sample_rows
         self._num_logprobs = num_logprobs  # per sampling row: K asked, -1 all, -2 none
@@ -57,8 +65,7 @@ class AsyncOutput:
         self._logprobs = LogprobsTensors(*host[1:4]) if logprobs is not None else None
         start = (sampled is not None) + 3 * (logprobs is not None)
         #: host copies of prompt_chunks, in order; valid once this output is ready
-        self.prompt_chunks = [LogprobsTensors(*host[i : i + 3])
-                              for i in range(start, len(host), 3)]
+        self.prompt_chunks = [LogprobsTensors(*host[i : i + 3]) for i in range(start, len(host), 3)]
         #: request -> its prompt logprobs, complete with this step (set by the runner)
         self.prompt_logprobs: dict[str, tuple[list[LogprobsTensors], int]] = {}
 
@@ -80,8 +87,9 @@ class AsyncOutput:
                 sampled_lists[row] = [token]
         if self._logprobs is not None:  # only with sampled tokens
             lp = _to_lists(self._logprobs)
-            for j, (row, k) in enumerate(zip(self._sample_rows.tolist(),
-                                             self._num_logprobs.tolist())):
+            for j, (row, k) in enumerate(
+                zip(self._sample_rows.tolist(), self._num_logprobs.tolist())
+            ):
                 if k != -2:
                     ids, lps, rank = _one_position(lp, j, k)
                     logprob_lists[row] = LogprobsLists([ids], [lps], [rank])
@@ -98,8 +106,12 @@ class AsyncOutput:
                     lps.append(v)
                     ranks.append(r)
             prompt[req_id] = LogprobsLists(ids, lps, ranks)
-        return ModelRunnerOutput(req_ids=self._req_ids, sampled_token_ids=sampled_lists,
-                                 logprobs=logprob_lists, prompt_logprobs=prompt)
+        return ModelRunnerOutput(
+            req_ids=self._req_ids,
+            sampled_token_ids=sampled_lists,
+            logprobs=logprob_lists,
+            prompt_logprobs=prompt,
+        )
 
 
 class ReadyOutput:

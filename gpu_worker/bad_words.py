@@ -32,8 +32,12 @@ class TokenHistory(Protocol):
     prompt_len_np: np.ndarray  # [R]
 
 
-def bad_words_batch(words_of_slot: dict[int, list[list[int]]], slots_np: np.ndarray,
-                    history: TokenHistory, h2d: HostToDevice) -> BadWordsBatch | None:
+def bad_words_batch(
+    words_of_slot: dict[int, list[list[int]]],
+    slots_np: np.ndarray,
+    history: TokenHistory,
+    h2d: HostToDevice,
+) -> BadWordsBatch | None:
     """The entries of the rows (row i = slot slots_np[i]) that have bad words, or None."""
     rows, last_ids, starts, prefixes = [], [], [], []
     width = history.token_ids.shape[1]
@@ -59,8 +63,9 @@ def bad_words_batch(words_of_slot: dict[int, list[list[int]]], slots_np: np.ndar
     for e, (start, p) in enumerate(zip(starts, prefixes)):
         prefix[e, : len(p)] = p
         index[e, : len(p)] = np.arange(start, start + len(p))
-    arrays = h2d.copy(np.array(rows, dtype=np.int64), np.array(last_ids, dtype=np.int64),
-                      index, prefix)
+    arrays = h2d.copy(
+        np.array(rows, dtype=np.int64), np.array(last_ids, dtype=np.int64), index, prefix
+    )
     return BadWordsBatch(*arrays)
 
 

@@ -19,13 +19,15 @@ def grammar_rows(sched: SchedulerOutput, batch: InputBatch) -> np.ndarray:
     logits_row[batch.sample_rows_np] = np.arange(len(batch.sample_rows_np))
     rows = logits_row[[position[r] for r in sched.structured_output_request_ids]]
     if (rows < 0).any():
-        raise RuntimeError("the scheduler sent a grammar bitmask for a request that does not "
-                           "sample in this step")
+        raise RuntimeError(
+            "the scheduler sent a grammar bitmask for a request that does not sample in this step"
+        )
     return rows
 
 
-def apply_grammar_bitmask(logits: torch.Tensor, sched: SchedulerOutput, batch: InputBatch,
-                          h2d: HostToDevice) -> None:
+def apply_grammar_bitmask(
+    logits: torch.Tensor, sched: SchedulerOutput, batch: InputBatch, h2d: HostToDevice
+) -> None:
     """Forbid, in place, the tokens the constrained requests' grammars do not allow now."""
     rows_np = grammar_rows(sched, batch)
     bitmask_np = np.frombuffer(sched.grammar_bitmask, dtype="<i4").reshape(len(rows_np), -1)

@@ -43,10 +43,16 @@ class InputBatch:
         qsl, seq_lens, bs = self.query_start_loc_np, self.seq_lens_np, self.block_size
         token_req = np.repeat(np.arange(len(seq_lens)), np.diff(qsl))
         positions = (seq_lens - np.diff(qsl))[token_req] + (np.arange(qsl[-1]) - qsl[token_req])
-        slot_mapping = (self.block_table_np[token_req, positions // bs].astype(np.int64) * bs
-                        + positions % bs)
-        return StepBatch(query_start_loc=qsl, seq_lens=seq_lens, block_table=self.block_table_np,
-                         slot_mapping=slot_mapping, block_size=bs)
+        slot_mapping = (
+            self.block_table_np[token_req, positions // bs].astype(np.int64) * bs + positions % bs
+        )
+        return StepBatch(
+            query_start_loc=qsl,
+            seq_lens=seq_lens,
+            block_table=self.block_table_np,
+            slot_mapping=slot_mapping,
+            block_size=bs,
+        )
 
 
 class InputPreparer:
@@ -83,17 +89,38 @@ class InputPreparer:
         max_blocks = -(-max_seq_len // st.block_size)
 
         slots, qsl, sample_rows = self.h2d.copy(slots_np, qsl_np, sample_rows_np)
-        inputs = self._gather(slots, qsl, sample_rows, st.num_computed, st.token_ids,
-                              st.block_table, st.block_size, num_tokens, max_blocks)
+        inputs = self._gather(
+            slots,
+            qsl,
+            sample_rows,
+            st.num_computed,
+            st.token_ids,
+            st.block_table,
+            st.block_size,
+            num_tokens,
+            max_blocks,
+        )
         device_batch = DeviceBatch(
-            query_start_loc=qsl, seq_lens=inputs.seq_lens, block_table=inputs.block_table,
+            query_start_loc=qsl,
+            seq_lens=inputs.seq_lens,
+            block_table=inputs.block_table,
             slot_mapping=inputs.slot_mapping,
             max_query_len=int(num_scheduled.max()) if len(req_ids) else 0,
-            max_seq_len=max_seq_len)
+            max_seq_len=max_seq_len,
+        )
         return InputBatch(
-            req_ids=req_ids, slots_np=slots_np, query_start_loc_np=qsl_np,
-            seq_lens_np=seq_lens_np, sample_rows_np=sample_rows_np,
-            sample_slots_np=slots_np[sample_rows_np], slots=slots,
-            sample_slots=inputs.sample_slots, logits_indices=inputs.logits_indices,
-            input_ids=inputs.input_ids, positions=inputs.positions, device_batch=device_batch,
-            block_table_np=st.block_table_np[slots_np, :max_blocks], block_size=st.block_size)
+            req_ids=req_ids,
+            slots_np=slots_np,
+            query_start_loc_np=qsl_np,
+            seq_lens_np=seq_lens_np,
+            sample_rows_np=sample_rows_np,
+            sample_slots_np=slots_np[sample_rows_np],
+            slots=slots,
+            sample_slots=inputs.sample_slots,
+            logits_indices=inputs.logits_indices,
+            input_ids=inputs.input_ids,
+            positions=inputs.positions,
+            device_batch=device_batch,
+            block_table_np=st.block_table_np[slots_np, :max_blocks],
+            block_size=st.block_size,
+        )

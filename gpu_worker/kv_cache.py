@@ -15,21 +15,27 @@ from config.model_arch import ModelArchConfig
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * 2**30
 
 
-def kv_block_bytes(arch: ModelArchConfig, block_size: int, dtype: torch.dtype,
-                   tensor_parallel_size: int = 1) -> int:
+def kv_block_bytes(
+    arch: ModelArchConfig, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1
+) -> int:
     """Bytes one block occupies across all layers on one rank."""
     elem = torch.empty(0, dtype=dtype).element_size()
     return arch.kv_elements_per_token * block_size * elem // tensor_parallel_size
 
 
-def kv_cache_num_blocks(config: EngineConfig, dtype: torch.dtype, device: torch.device,
-                        profile: Callable[[], int] | None = None) -> int:
+def kv_cache_num_blocks(
+    config: EngineConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    profile: Callable[[], int] | None = None,
+) -> int:
     """Blocks that fit: num_gpu_blocks_override, else kv_cache_memory, else what the device allows
     beside the peak activation bytes that profile() measures (a dummy run of the largest step)."""
     assert config.arch is not None
     cache = config.cache
-    per_block = kv_block_bytes(config.arch, cache.block_size, dtype,
-                               config.parallel.tensor_parallel_size)
+    per_block = kv_block_bytes(
+        config.arch, cache.block_size, dtype, config.parallel.tensor_parallel_size
+    )
     if cache.num_gpu_blocks_override is not None:
         num_blocks = cache.num_gpu_blocks_override
     elif cache.kv_cache_memory is not None:
@@ -58,9 +64,15 @@ def _cuda_free_bytes(config: EngineConfig, device: torch.device, peak_activation
     return max(0, int(budget - peak_activations))
 
 
-def allocate_kv_caches(arch: ModelArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                       device: torch.device, cache_shape: Callable[[int, int, int, int], tuple[int, ...]],
-                       tensor_parallel_size: int = 1) -> list[torch.Tensor]:
+def allocate_kv_caches(
+    arch: ModelArchConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    cache_shape: Callable[[int, int, int, int], tuple[int, ...]],
+    tensor_parallel_size: int = 1,
+) -> list[torch.Tensor]:
     """One zeroed cache tensor per layer, in the attention backend's layout (cache_shape)."""
     kv_heads = arch.num_key_value_heads // tensor_parallel_size
     shape = cache_shape(num_blocks, block_size, kv_heads, arch.head_dim)

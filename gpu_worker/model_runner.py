@@ -46,15 +46,15 @@ class ModelRunner:
         self.device = device
         self.dtype = torch_dtype(config.torch_dtype_name)
         self.block_size = config.cache.block_size
-        self.backend = attention_backend(device, self.dtype, self.arch.head_dim,
-                                         self.block_size)
+        self.backend = attention_backend(device, self.dtype, self.arch.head_dim, self.block_size)
         self.sampler = Sampler()
         max_reqs = config.scheduler.max_num_seqs
         eos = self.arch.eos_token_ids[0] if self.arch.eos_token_ids else None
         self.h2d = HostToDevice(device)
         self.d2h = DeviceToHost(device)
-        self.states = RequestStates(max_reqs, config.max_model_len, self.block_size, device,
-                                    self.h2d)
+        self.states = RequestStates(
+            max_reqs, config.max_model_len, self.block_size, device, self.h2d
+        )
         self.sampling = SamplingStates(max_reqs, self.arch.vocab_size, eos, device, self.h2d)
         self.prompt_logprobs = PromptLogprobs(self.arch.vocab_size)
         self.inputs = InputPreparer(self.states, self.h2d, device)
@@ -67,8 +67,14 @@ class ModelRunner:
 
     def load_model(self) -> None:
         """Build the model and load its weights onto the device."""
-        self.model = load_model(self.config.model_path, self.arch, self.dtype, self.device,
-                                self.config.load.load_format, self.config.model.seed)
+        self.model = load_model(
+            self.config.model_path,
+            self.arch,
+            self.dtype,
+            self.device,
+            self.config.load.load_format,
+            self.config.model.seed,
+        )
 
     def determine_num_blocks(self) -> int:
         """How many KV blocks fit in the memory the configuration allows (on a GPU: beside the
@@ -78,9 +84,15 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the KV cache and bind each layer's slice to its attention module."""
         assert self.model is not None, "load_model() first"
-        self.kv_caches = allocate_kv_caches(self.arch, num_blocks, self.block_size, self.dtype,
-                                            self.device, self.backend.kv_cache_shape,
-                                            self.config.parallel.tensor_parallel_size)
+        self.kv_caches = allocate_kv_caches(
+            self.arch,
+            num_blocks,
+            self.block_size,
+            self.dtype,
+            self.device,
+            self.backend.kv_cache_shape,
+            self.config.parallel.tensor_parallel_size,
+        )
         for attn, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
             attn.kv_cache = cache
 
@@ -110,8 +122,12 @@ class ModelRunner:
         peak = torch.cuda.max_memory_allocated(self.device) - before - kv_bytes
         self._release_kv_cache()
         torch.cuda.empty_cache()
-        logger.info("profile run: %d tokens over %d requests peak at %.2f GiB of activations",
-                    tokens, num_reqs, peak / 2**30)
+        logger.info(
+            "profile run: %d tokens over %d requests peak at %.2f GiB of activations",
+            tokens,
+            num_reqs,
+            peak / 2**30,
+        )
         return peak
 
     def warm_up(self) -> None:
@@ -123,8 +139,12 @@ class ModelRunner:
         sched = self.config.scheduler
         assert sched.max_num_batched_tokens is not None
         # The split-context decode kernels run from SPLIT_MIN_SEQ_LEN (kernels/paged_decode).
-        groups = warm_up_shapes(sched.max_num_seqs, sched.max_num_batched_tokens,
-                                self.config.max_model_len, SPLIT_MIN_SEQ_LEN)
+        groups = warm_up_shapes(
+            sched.max_num_seqs,
+            sched.max_num_batched_tokens,
+            self.config.max_model_len,
+            SPLIT_MIN_SEQ_LEN,
+        )
         num_blocks = self.kv_caches[0].shape[1]
         steps = sum(run_dummy(self, lens, decodes, num_blocks) for lens, decodes in groups)
         if self.device.type == "cuda":
@@ -144,20 +164,36 @@ class ModelRunner:
         if not sched.num_scheduled_tokens:
             return ReadyOutput(ModelRunnerOutput())
         req_ids = list(sched.num_scheduled_tokens)
-        num_scheduled = np.fromiter(sched.num_scheduled_tokens.values(), dtype=np.int64,
-                                    count=len(req_ids))
+        num_scheduled = np.fromiter(
+            sched.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids)
+        )
         batch = self.inputs.prepare(req_ids, num_scheduled)
         hidden = self._forward(batch)
-        owners, chunks, complete = self.prompt_logprobs.compute(self.model.compute_logits,
-                                                                hidden, batch, self.states)
+        owners, chunks, complete = self.prompt_logprobs.compute(
+            self.model.compute_logits, hidden, batch, self.states
+        )
         sampled, logprobs = self._sample(batch, hidden, sched)
-        output = AsyncOutput(self.d2h, req_ids, batch.sample_rows_np, sampled, logprobs,
-                             self.sampling.logprobs_np[batch.sample_slots_np], chunks)
+        output = AsyncOutput(
+            self.d2h,
+            req_ids,
+            batch.sample_rows_np,
+            sampled,
+            logprobs,
+            self.sampling.logprobs_np[batch.sample_slots_np],
+            chunks,
+        )
         self.prompt_logprobs.attach(output, owners, complete)
         # After the copy is queued: the copy need not wait for the bookkeeping.
-        self.states.post_update(batch.slots, batch.slots_np, batch.device_batch.seq_lens,
-                                batch.seq_lens_np, batch.sample_slots, batch.sample_slots_np,
-                                sampled, self.sampling.num_output)
+        self.states.post_update(
+            batch.slots,
+            batch.slots_np,
+            batch.device_batch.seq_lens,
+            batch.seq_lens_np,
+            batch.sample_slots,
+            batch.sample_slots_np,
+            sampled,
+            self.sampling.num_output,
+        )
         self.sampling.post_update(batch.sample_slots, batch.sample_slots_np, sampled)
         return output
 
@@ -170,8 +206,13 @@ class ModelRunner:
             if new.req_id in states.slot_of:  # resumed after preemption: start over
                 self._remove(new.req_id)
             params = new.sampling_params
-            slot = states.add(new.req_id, new.prompt_token_ids + new.output_token_ids,
-                              len(new.prompt_token_ids), new.block_ids, new.num_computed_tokens)
+            slot = states.add(
+                new.req_id,
+                new.prompt_token_ids + new.output_token_ids,
+                len(new.prompt_token_ids),
+                new.block_ids,
+                new.num_computed_tokens,
+            )
             sampling.add(slot, params, len(new.output_token_ids))
             if sampling.penalized_np[slot]:
                 penalized.append(slot)
@@ -186,8 +227,9 @@ class ModelRunner:
         sampling.apply_staged_writes()
         for slot in penalized:
             n, p = int(states.num_tokens_np[slot]), int(states.prompt_len_np[slot])
-            sampling.set_penalty_tokens(slot, states.token_ids[slot, :p],
-                                        states.token_ids[slot, p:n])
+            sampling.set_penalty_tokens(
+                slot, states.token_ids[slot, :p], states.token_ids[slot, p:n]
+            )
 
     def _remove(self, req_id: str) -> None:
         self.states.remove(req_id)
@@ -207,20 +249,25 @@ class ModelRunner:
         if self.device.type != "cpu" or self.dtype != torch.float32:
             return None
         if self._logits_buffer is None or self._logits_buffer.shape[0] < rows:
-            self._logits_buffer = torch.empty(self.config.scheduler.max_num_seqs,
-                                              self.arch.vocab_size)
+            self._logits_buffer = torch.empty(
+                self.config.scheduler.max_num_seqs, self.arch.vocab_size
+            )
         return self._logits_buffer[:rows]
 
-    def _sample(self, batch: InputBatch, hidden: torch.Tensor,
-                sched: SchedulerOutput) -> tuple[torch.Tensor | None, LogprobsTensors | None]:
+    def _sample(
+        self, batch: InputBatch, hidden: torch.Tensor, sched: SchedulerOutput
+    ) -> tuple[torch.Tensor | None, LogprobsTensors | None]:
         if not len(batch.sample_rows_np):
             return None, None
         assert self.model is not None
         rows = hidden.index_select(0, batch.logits_indices)
-        metadata = self.sampling.metadata(batch.sample_slots_np, batch.sample_slots,
-                                          self.states)
-        if (self.fused_greedy and metadata.argmax_only and metadata.max_num_logprobs is None
-                and not sched.structured_output_request_ids):
+        metadata = self.sampling.metadata(batch.sample_slots_np, batch.sample_slots, self.states)
+        if (
+            self.fused_greedy
+            and metadata.argmax_only
+            and metadata.max_num_logprobs is None
+            and not sched.structured_output_request_ids
+        ):
             # Every row takes its argmax: where a kernel fuses it with the output projection,
             # the logits (tens of MB at large batches) are never written.
             sampled = self.model.greedy_tokens(rows)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 
-def apply_allowed_token_ids(logits: torch.Tensor, restricted: torch.Tensor,
-                            allowed_ids: torch.Tensor) -> torch.Tensor:
+def apply_allowed_token_ids(
+    logits: torch.Tensor, restricted: torch.Tensor, allowed_ids: torch.Tensor
+) -> torch.Tensor:
     """Logits with every token but allowed_ids[i, :] at -inf on the rows where restricted[i]."""
     kept = logits.gather(1, allowed_ids)
     masked = torch.full_like(logits, float("-inf")).scatter_(1, allowed_ids, kept)

@@ -36,9 +36,13 @@ class PromptLogprobs:
         self._num_top.pop(req_id, None)
         self._chunks.pop(req_id, None)
 
-    def compute(self, compute_logits: Callable[[torch.Tensor], torch.Tensor],
-                hidden: torch.Tensor, batch: InputBatch,
-                states: RequestStates) -> tuple[list[str], list[LogprobsTensors], list[str]]:
+    def compute(
+        self,
+        compute_logits: Callable[[torch.Tensor], torch.Tensor],
+        hidden: torch.Tensor,
+        batch: InputBatch,
+        states: RequestStates,
+    ) -> tuple[list[str], list[LogprobsTensors], list[str]]:
         """This step's chunks on the device: (their requests, chunks, requests now complete)."""
         if not self._num_top:
             return [], [], []
@@ -58,8 +62,9 @@ class PromptLogprobs:
                 targets = states.token_ids[slot, start + 1 : end + 1]
                 num_top = self.vocab_size if k == -1 else k
                 owners.append(req_id)
-                chunks.append(compute_logprobs_tensors(torch.log_softmax(logits, dim=-1),
-                                                       targets, num_top))
+                chunks.append(
+                    compute_logprobs_tensors(torch.log_softmax(logits, dim=-1), targets, num_top)
+                )
             if seq_lens[i] >= num_prompt:
                 complete.append(req_id)
         return owners, chunks, complete

@@ -19,18 +19,24 @@ from kernels.post_update import post_update_for
 class RequestStates:
     """Token ids, computed counts and block tables of every live request, by slot."""
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int,
-                 device: torch.device, h2d: HostToDevice) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+        h2d: HostToDevice,
+    ) -> None:
         self.max_num_reqs = max_num_reqs
         self.block_size = block_size
         max_blocks = -(-max_model_len // block_size)
         # One spare column: a request that reaches max_model_len still records its last sample.
-        self.token_ids = torch.zeros((max_num_reqs, max_model_len + 1), dtype=torch.int64,
-                                     device=device)
+        self.token_ids = torch.zeros(
+            (max_num_reqs, max_model_len + 1), dtype=torch.int64, device=device
+        )
         self.num_tokens = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
         self.num_computed = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
-        self.block_table = torch.zeros((max_num_reqs, max_blocks), dtype=torch.int32,
-                                       device=device)
+        self.block_table = torch.zeros((max_num_reqs, max_blocks), dtype=torch.int32, device=device)
         # Host mirrors: what the device will hold once the steps launched so far have run.
         self.num_tokens_np = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed_np = np.zeros(max_num_reqs, dtype=np.int64)
@@ -46,15 +52,22 @@ class RequestStates:
         self.version = 0
         self._free = list(range(max_num_reqs - 1, -1, -1))
 
-    def add(self, req_id: str, token_ids: list[int], num_prompt: int, block_ids: list[int],
-            num_computed: int) -> int:
+    def add(
+        self,
+        req_id: str,
+        token_ids: list[int],
+        num_prompt: int,
+        block_ids: list[int],
+        num_computed: int,
+    ) -> int:
         """Claim a slot for a request that already holds token_ids; returns the slot."""
         if not self._free:
             raise RuntimeError("more live requests than max_num_seqs")
         n = len(token_ids)
         if n > self.token_ids.shape[1] - 1:
-            raise ValueError(f"request of {n} tokens exceeds max_model_len "
-                             f"{self.token_ids.shape[1] - 1}")
+            raise ValueError(
+                f"request of {n} tokens exceeds max_model_len {self.token_ids.shape[1] - 1}"
+            )
         slot = self._free.pop()
         self.slot_of[req_id] = slot
         self.version += 1
@@ -92,17 +105,32 @@ class RequestStates:
             writes.apply()
         self._block_writes.apply()
 
-    def post_update(self, slots: torch.Tensor, slots_np: np.ndarray, seq_lens: torch.Tensor,
-                    seq_lens_np: np.ndarray, sample_slots: torch.Tensor,
-                    sample_slots_np: np.ndarray, sampled: torch.Tensor | None,
-                    num_output: torch.Tensor) -> None:
+    def post_update(
+        self,
+        slots: torch.Tensor,
+        slots_np: np.ndarray,
+        seq_lens: torch.Tensor,
+        seq_lens_np: np.ndarray,
+        sample_slots: torch.Tensor,
+        sample_slots_np: np.ndarray,
+        sampled: torch.Tensor | None,
+        num_output: torch.Tensor,
+    ) -> None:
         """After a step: its requests computed up to seq_lens, and sampled requests gained
         their sampled token and one more output in num_output (SamplingStates' column), all on
         the device by one kernel (kernels.post_update); the mirrors advance alike."""
         if sampled is None:
             sampled = sample_slots  # no row sampled: both are empty
-        self._post_update(slots, seq_lens, sample_slots, sampled, self.num_computed,
-                          self.num_tokens, self.token_ids, num_output)
+        self._post_update(
+            slots,
+            seq_lens,
+            sample_slots,
+            sampled,
+            self.num_computed,
+            self.num_tokens,
+            self.token_ids,
+            num_output,
+        )
         self.num_computed_np[slots_np] = seq_lens_np
         if len(sample_slots_np):
             self.num_tokens_np[sample_slots_np] += 1

@@ -48,14 +48,20 @@ class SamplingMetadata:
     no_top_k = _unset("top_k", "True when no row restricts to its top-k tokens.")
     no_top_p = _unset("top_p", "True when no row applies nucleus (top-p) truncation.")
     no_min_p = _unset("min_p", "True when no row applies min-p truncation.")
-    no_penalties = _unset("repetition_penalties",
-                          "True when no row has a presence, frequency or repetition penalty.")
+    no_penalties = _unset(
+        "repetition_penalties", "True when no row has a presence, frequency or repetition penalty."
+    )
     no_logit_bias = _unset("logit_bias", "True when no row biases any token.")
     no_min_tokens = _unset("min_tokens_mask", "True when no row is still below its min_tokens.")
 
     @property
     def argmax_only(self) -> bool:
         """True when the sample is the plain argmax of the unprocessed logits."""
-        return (self.all_greedy and self.no_penalties and self.no_logit_bias
-                and self.no_min_tokens and self.allowed_token_ids is None
-                and self.bad_words is None)
+        return (
+            self.all_greedy
+            and self.no_penalties
+            and self.no_logit_bias
+            and self.no_min_tokens
+            and self.allowed_token_ids is None
+            and self.bad_words is None
+        )

@@ -31,8 +31,14 @@ _TOP_K, _MIN_TOKENS, _NUM_BAN = range(3)
 class SamplingStates:
     """Sampling parameters of every live request, by slot."""
 
-    def __init__(self, max_num_reqs: int, vocab_size: int, eos_token_id: int | None,
-                 device: torch.device, h2d: HostToDevice) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        vocab_size: int,
+        eos_token_id: int | None,
+        device: torch.device,
+        h2d: HostToDevice,
+    ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.device = device
@@ -55,8 +61,10 @@ class SamplingStates:
         self.bias_vals = torch.zeros((max_num_reqs, 0), dtype=torch.float32, device=device)
         self.ban_ids = torch.zeros((max_num_reqs, 0), dtype=torch.int64, device=device)
         self.allowed_ids = torch.zeros((max_num_reqs, 0), dtype=torch.int64, device=device)
-        self._table_writes = [StagedWrites(t, h2d) for t in (self.bias_ids, self.bias_vals,
-                                                             self.ban_ids, self.allowed_ids)]
+        self._table_writes = [
+            StagedWrites(t, h2d)
+            for t in (self.bias_ids, self.bias_vals, self.ban_ids, self.allowed_ids)
+        ]
         self.restricted_np = np.zeros(max_num_reqs, dtype=bool)  # has allowed_token_ids
         self.bad_words: dict[int, list[list[int]]] = {}  # slot -> token ids of each word
         self.output_counts: torch.Tensor | None = None  # [R, V] float32
@@ -66,8 +74,13 @@ class SamplingStates:
         self._static: tuple[int, np.ndarray, SamplingMetadata] | None = None
         self._any_ban = False  # some request ever had a min-tokens ban (then checked per step)
 
-    def add(self, slot: int, params: SamplingParams, num_output: int,
-            generator: torch.Generator | None = None) -> None:
+    def add(
+        self,
+        slot: int,
+        params: SamplingParams,
+        num_output: int,
+        generator: torch.Generator | None = None,
+    ) -> None:
         """Record a request's parameters in its slot (staged until apply_staged_writes).
 
         A seeded random request gets its own generator (or `generator`), so its draws do not
@@ -77,23 +90,31 @@ class SamplingStates:
         self._version += 1
         greedy = params.temperature < SAMPLING_EPS
         # Truncation only matters on random rows; greedy rows get the neutral value.
-        floats = (1.0 if greedy else params.temperature, 1.0 if greedy else params.top_p,
-                  0.0 if greedy else params.min_p, params.presence_penalty,
-                  params.frequency_penalty, params.repetition_penalty)
+        floats = (
+            1.0 if greedy else params.temperature,
+            1.0 if greedy else params.top_p,
+            0.0 if greedy else params.min_p,
+            params.presence_penalty,
+            params.frequency_penalty,
+            params.repetition_penalty,
+        )
         self.floats_np[slot] = floats
         self.num_output_np[slot] = num_output
         self._writes[0].put_row(slot, floats)
         self._writes[2].put(slot, num_output)
         self.greedy_np[slot] = greedy
-        self.penalized_np[slot] = (params.presence_penalty != 0.0
-                                   or params.frequency_penalty != 0.0
-                                   or params.repetition_penalty != 1.0)
+        self.penalized_np[slot] = (
+            params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0
+            or params.repetition_penalty != 1.0
+        )
         self.uses_prompt_np[slot] = params.repetition_penalty != 1.0
         self.logprobs_np[slot] = -2 if params.logprobs is None else params.logprobs
         self.generators.pop(slot, None)
         if not greedy and (generator is not None or params.seed is not None):
-            self.generators[slot] = generator or torch.Generator(
-                device=self.device).manual_seed(params.seed)
+            self.generators[slot] = generator or torch.Generator(device=self.device).manual_seed(
+                params.seed
+            )
         # Ids outside the logits' vocabulary have no logit to mask or bias.
         bias = [(t, b) for t, b in (params.logit_bias or {}).items() if 0 <= t < v]
         banned: list[int] = []
@@ -101,30 +122,35 @@ class SamplingStates:
             # EOS is banned even with ignore_eos, as vLLM does.
             eos = {self.eos_token_id} if self.eos_token_id is not None else set()
             banned = sorted(t for t in set(params.stop_token_ids or ()) | eos if 0 <= t < v)
-        ints = (v if greedy or params.top_k == 0 else min(params.top_k, v), params.min_tokens,
-                len(banned))
+        ints = (
+            v if greedy or params.top_k == 0 else min(params.top_k, v),
+            params.min_tokens,
+            len(banned),
+        )
         self._any_ban = self._any_ban or bool(banned)
         self.ints_np[slot] = ints
         self._writes[1].put_row(slot, ints)
         self.num_bias_np[slot] = len(bias)
         if bias:
             self._ensure_width(0, len(bias))
-            self._table_writes[0].put_row(slot, _padded([t for t, _ in bias],
-                                                        self.bias_ids.shape[1], 0))
-            self._table_writes[1].put_row(slot, _padded([b for _, b in bias],
-                                                        self.bias_vals.shape[1], 0.0))
+            self._table_writes[0].put_row(
+                slot, _padded([t for t, _ in bias], self.bias_ids.shape[1], 0)
+            )
+            self._table_writes[1].put_row(
+                slot, _padded([b for _, b in bias], self.bias_vals.shape[1], 0.0)
+            )
         if banned:
             # Padded with a banned id again: a repeated index writes the same -inf.
             self._ensure_width(2, len(banned))
-            self._table_writes[2].put_row(slot, _padded(banned, self.ban_ids.shape[1],
-                                                        banned[0]))
+            self._table_writes[2].put_row(slot, _padded(banned, self.ban_ids.shape[1], banned[0]))
         allowed = sorted({t for t in params.allowed_token_ids or () if 0 <= t < v})
         self.restricted_np[slot] = bool(allowed)
         if allowed:
             # Padded with an allowed id again: a repeated index keeps the same logit.
             self._ensure_width(3, len(allowed))
-            self._table_writes[3].put_row(slot, _padded(allowed, self.allowed_ids.shape[1],
-                                                        allowed[0]))
+            self._table_writes[3].put_row(
+                slot, _padded(allowed, self.allowed_ids.shape[1], allowed[0])
+            )
         words = [w for w in params.bad_words_token_ids or () if all(0 <= t < v for t in w)]
         if words:
             self.bad_words[slot] = words
@@ -150,8 +176,9 @@ class SamplingStates:
             self.allowed_ids = _widen(self.allowed_ids, width, None)
             self._table_writes[3] = StagedWrites(self.allowed_ids, self.h2d)
 
-    def set_penalty_tokens(self, slot: int, prompt_ids: torch.Tensor,
-                           output_ids: torch.Tensor) -> None:
+    def set_penalty_tokens(
+        self, slot: int, prompt_ids: torch.Tensor, output_ids: torch.Tensor
+    ) -> None:
         """Start a penalized slot's counts from device token ids (its prompt and outputs)."""
         if not self.penalized_np[slot]:
             return
@@ -172,8 +199,9 @@ class SamplingStates:
         for writes in (*self._writes, *self._table_writes):
             writes.apply()
 
-    def metadata(self, slots_np: np.ndarray, slots: torch.Tensor,
-                 history: TokenHistory | None = None) -> SamplingMetadata:
+    def metadata(
+        self, slots_np: np.ndarray, slots: torch.Tensor, history: TokenHistory | None = None
+    ) -> SamplingMetadata:
         """The sampling inputs of the rows in slots (row i = slot slots[i]), gathered on the
         device; the host mirrors decide which stages run. history (the request state) gives
         bad words the tokens so far; without it bad words are not applied.
@@ -182,10 +210,12 @@ class SamplingStates:
         a parameter changed (a steady decode batch reuses it); what moves every step (output
         counts, min-tokens bans, bad words) is gathered each step."""
         cached = self._static
-        if (cached is None or cached[0] != self._version
-                or not np.array_equal(cached[1], slots_np)):
-            cached = self._static = (self._version, slots_np, self._static_metadata(slots_np,
-                                                                                   slots))
+        if cached is None or cached[0] != self._version or not np.array_equal(cached[1], slots_np):
+            cached = self._static = (
+                self._version,
+                slots_np,
+                self._static_metadata(slots_np, slots),
+            )
         md = copy.copy(cached[2])
         if md.presence_penalties is not None and self.output_counts is not None:
             md.output_counts = self.output_counts.index_select(0, slots)
@@ -194,8 +224,9 @@ class SamplingStates:
             below = self.num_output_np[slots_np] < ints_np[:, _MIN_TOKENS]
             if (below & (ints_np[:, _NUM_BAN] > 0)).any():
                 ints = self.ints.index_select(0, slots)
-                below_dev = ((self.num_output.index_select(0, slots) < ints[:, _MIN_TOKENS])
-                             & (ints[:, _NUM_BAN] > 0))
+                below_dev = (self.num_output.index_select(0, slots) < ints[:, _MIN_TOKENS]) & (
+                    ints[:, _NUM_BAN] > 0
+                )
                 md.min_tokens_mask = (below_dev, self.ban_ids.index_select(0, slots))
         if self.bad_words and history is not None:
             entries = bad_words_batch(self.bad_words, slots_np, history, self.h2d)
@@ -227,8 +258,10 @@ class SamplingStates:
             bias = (self.bias_ids.index_select(0, slots), self.bias_vals.index_select(0, slots))
         allowed = None
         if self.restricted_np[slots_np].any():
-            allowed = (_to_device(self.restricted_np[slots_np], self.h2d),
-                       self.allowed_ids.index_select(0, slots))
+            allowed = (
+                _to_device(self.restricted_np[slots_np], self.h2d),
+                self.allowed_ids.index_select(0, slots),
+            )
         return SamplingMetadata(
             temperature=None if all_greedy else floats[:, _TEMPERATURE],
             greedy_mask=None if all_greedy or all_random else _to_device(greedy, self.h2d),
@@ -243,26 +276,27 @@ class SamplingStates:
             frequency_penalties=floats[:, _FREQUENCY] if penalized else None,
             repetition_penalties=floats[:, _REPETITION] if penalized else None,
             output_counts=None,
-            prompt_mask=(self.prompt_mask.index_select(0, slots)
-                         if self.prompt_mask is not None
-                         and self.uses_prompt_np[slots_np].any() else None),
+            prompt_mask=(
+                self.prompt_mask.index_select(0, slots)
+                if self.prompt_mask is not None and self.uses_prompt_np[slots_np].any()
+                else None
+            ),
             min_tokens_mask=None,
             logit_bias=bias,
             max_num_logprobs=int(ks.max()) if len(ks) else None,
             allowed_token_ids=allowed,
         )
 
-    def post_update(self, slots: torch.Tensor, slots_np: np.ndarray,
-                    sampled: torch.Tensor) -> None:
+    def post_update(self, slots: torch.Tensor, slots_np: np.ndarray, sampled: torch.Tensor) -> None:
         """The rows in slots sampled `sampled`: count it in the host mirror and, for penalized
         rows, in the output counts (RequestStates.post_update counts it in num_output)."""
         if not len(slots_np):
             return
         self.num_output_np[slots_np] += 1
         if self.output_counts is not None and self.penalized_np[slots_np].any():
-            self.output_counts.index_put_((slots, sampled),
-                                          torch.ones(sampled.shape, device=self.device),
-                                          accumulate=True)
+            self.output_counts.index_put_(
+                (slots, sampled), torch.ones(sampled.shape, device=self.device), accumulate=True
+            )
 
 
 def _padded(values: list, width: int, pad: float | int) -> list:
@@ -275,7 +309,7 @@ def _widen(t: torch.Tensor, width: int, pad: float | int | None) -> torch.Tensor
     out = torch.zeros((t.shape[0], new_width), dtype=t.dtype, device=t.device)
     out[:, : t.shape[1]] = t
     if pad is None and t.shape[1]:
-        out[:, t.shape[1]:] = t[:, :1]  # repeat each row's first banned id
+        out[:, t.shape[1] :] = t[:, :1]  # repeat each row's first banned id
     return out
 
 
@@ -290,24 +324,31 @@ class _SamplingRequest(Protocol):
     generator: torch.Generator | None
 
 
-def build_sampling_metadata(requests: Sequence[_SamplingRequest], device: torch.device | str,
-                            vocab_size: int, eos_token_id: int | None) -> SamplingMetadata:
+def build_sampling_metadata(
+    requests: Sequence[_SamplingRequest],
+    device: torch.device | str,
+    vocab_size: int,
+    eos_token_id: int | None,
+) -> SamplingMetadata:
     """Metadata for a one-off batch (row i = requests[i]) through the same columns and gather
     the runner uses; for tests and tools, not the step path."""
     device = torch.device(device)
-    states = SamplingStates(max(1, len(requests)), vocab_size, eos_token_id, device,
-                            HostToDevice(device))
+    states = SamplingStates(
+        max(1, len(requests)), vocab_size, eos_token_id, device, HostToDevice(device)
+    )
     for slot, r in enumerate(requests):
         states.add(slot, r.sampling_params, len(r.output_token_ids), r.generator)
     states.apply_staged_writes()
     for slot, r in enumerate(requests):
-        states.set_penalty_tokens(slot, torch.tensor(r.prompt_token_ids, dtype=torch.int64,
-                                                     device=device),
-                                  torch.tensor(r.output_token_ids, dtype=torch.int64,
-                                               device=device))
+        states.set_penalty_tokens(
+            slot,
+            torch.tensor(r.prompt_token_ids, dtype=torch.int64, device=device),
+            torch.tensor(r.output_token_ids, dtype=torch.int64, device=device),
+        )
     slots_np = np.arange(len(requests), dtype=np.int64)
-    return states.metadata(slots_np, torch.from_numpy(slots_np).to(device),
-                           _History(requests, device))
+    return states.metadata(
+        slots_np, torch.from_numpy(slots_np).to(device), _History(requests, device)
+    )
 
 
 class _History:
@@ -316,8 +357,10 @@ class _History:
     def __init__(self, requests: Sequence[_SamplingRequest], device: torch.device) -> None:
         rows = [list(r.prompt_token_ids) + list(r.output_token_ids) for r in requests]
         width = max([1, *map(len, rows)])
-        self.token_ids = torch.tensor([row + [0] * (width - len(row)) for row in rows] or [[0]],
-                                      dtype=torch.int64, device=device)
+        self.token_ids = torch.tensor(
+            [row + [0] * (width - len(row)) for row in rows] or [[0]],
+            dtype=torch.int64,
+            device=device,
+        )
         self.num_tokens_np = np.array([len(row) for row in rows], dtype=np.int64)
-        self.prompt_len_np = np.array([len(r.prompt_token_ids) for r in requests],
-                                      dtype=np.int64)
+        self.prompt_len_np = np.array([len(r.prompt_token_ids) for r in requests], dtype=np.int64)

@@ -34,8 +34,10 @@ class HostToDevice:
             if event is not None:
                 event.synchronize()
         self._capacity = max(nbytes, 2 * self._capacity)
-        self._pinned = [torch.empty(self._capacity, dtype=torch.uint8, pin_memory=True)
-                        for _ in range(_NUM_PINNED)]
+        self._pinned = [
+            torch.empty(self._capacity, dtype=torch.uint8, pin_memory=True)
+            for _ in range(_NUM_PINNED)
+        ]
         self._events = [None] * _NUM_PINNED
 
     def copy(self, *arrays: np.ndarray) -> list[torch.Tensor]:
@@ -70,12 +72,19 @@ class HostToDevice:
         compute.wait_event(event)
         on_device.record_stream(compute)  # allocated on the side stream, used on this one
         self._events[slot] = event
-        return [on_device[off : off + a.nbytes].view(_TORCH_DTYPES[a.dtype.str[1:]])
-                for a, off in zip(arrays, offsets)]
+        return [
+            on_device[off : off + a.nbytes].view(_TORCH_DTYPES[a.dtype.str[1:]])
+            for a, off in zip(arrays, offsets)
+        ]
 
 
-_TORCH_DTYPES = {"i4": torch.int32, "i8": torch.int64, "f4": torch.float32, "b1": torch.bool,
-                 "u1": torch.uint8}
+_TORCH_DTYPES = {
+    "i4": torch.int32,
+    "i8": torch.int64,
+    "f4": torch.float32,
+    "b1": torch.bool,
+    "u1": torch.uint8,
+}
 
 
 class StagedWrites:
@@ -99,8 +108,7 @@ class StagedWrites:
             return
         index = np.atleast_1d(np.asarray(flat_index, dtype=np.int64))
         self._index.append(index)
-        self._values.append(np.broadcast_to(np.asarray(values, dtype=self._np_dtype),
-                                            index.shape))
+        self._values.append(np.broadcast_to(np.asarray(values, dtype=self._np_dtype), index.shape))
 
     def put_row(self, row: int, values: np.ndarray | list | tuple, start: int = 0) -> None:
         """Stage target[row, start:start + len(values)] = values (a 2-D target)."""

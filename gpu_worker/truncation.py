@@ -23,8 +23,11 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> No
     logits.masked_fill_(logits < kth, float("-inf"))
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor) -> torch.Tensor:
-    """Return logits keeping, per row, the top-k tokens, then the smallest set whose mass reaches top_p.
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Return logits keeping, per row, the top-k tokens, then the smallest set whose mass reaches
+    top_p.
 
     At least one token per row always survives.
     """

@@ -21,14 +21,20 @@ if TYPE_CHECKING:
 
 # What the profile run samples with: every stage that allocates per row (sorting for top-p,
 # top-k, penalties' counts), so the measured peak covers a real step's sampler.
-PROFILE_SAMPLING = SamplingParams(temperature=0.5, top_p=0.9, top_k=50, min_p=0.01,
-                                  repetition_penalty=1.1, ignore_eos=True)
+PROFILE_SAMPLING = SamplingParams(
+    temperature=0.5, top_p=0.9, top_k=50, min_p=0.01, repetition_penalty=1.1, ignore_eos=True
+)
 _GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 _ids = itertools.count()
 
 
-def run_dummy(runner: ModelRunner, prompt_lens: list[int], decode_steps: int, num_blocks: int,
-              params: SamplingParams = _GREEDY) -> int:
+def run_dummy(
+    runner: ModelRunner,
+    prompt_lens: list[int],
+    decode_steps: int,
+    num_blocks: int,
+    params: SamplingParams = _GREEDY,
+) -> int:
     """Prefill one dummy request per prompt length (packed into steps within the token
     budget, chunked where a prompt exceeds it), decode all of them decode_steps times, then
     finish them; returns the number of steps run."""
@@ -39,8 +45,13 @@ def run_dummy(runner: ModelRunner, prompt_lens: list[int], decode_steps: int, nu
     return steps
 
 
-def _dummy_steps(runner: ModelRunner, prompt_lens: list[int], decode_steps: int,
-                 num_blocks: int, params: SamplingParams) -> Iterator[SchedulerOutput]:
+def _dummy_steps(
+    runner: ModelRunner,
+    prompt_lens: list[int],
+    decode_steps: int,
+    num_blocks: int,
+    params: SamplingParams,
+) -> Iterator[SchedulerOutput]:
     config = runner.config
     budget = config.scheduler.max_num_batched_tokens
     block_size, vocab = config.cache.block_size, runner.arch.vocab_size
@@ -55,8 +66,9 @@ def _dummy_steps(runner: ModelRunner, prompt_lens: list[int], decode_steps: int,
     def step(wanted: dict[str, int]) -> SchedulerOutput:
         news, cached = [], CachedRequestData()
         for r, n in wanted.items():
-            grown = [next(free) for _ in range(-(-(computed[r] + n) // block_size)
-                                               - len(blocks[r]))]
+            grown = [
+                next(free) for _ in range(-(-(computed[r] + n) // block_size) - len(blocks[r]))
+            ]
             blocks[r] += grown
             if r not in seen:
                 seen.add(r)
@@ -68,9 +80,12 @@ def _dummy_steps(runner: ModelRunner, prompt_lens: list[int], decode_steps: int,
                 cached.new_block_ids.append(grown)
                 cached.num_computed_tokens.append(computed[r])
             computed[r] += n
-        return SchedulerOutput(scheduled_new_reqs=news, scheduled_cached_reqs=cached,
-                               num_scheduled_tokens=wanted,
-                               total_num_scheduled_tokens=sum(wanted.values()))
+        return SchedulerOutput(
+            scheduled_new_reqs=news,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=wanted,
+            total_num_scheduled_tokens=sum(wanted.values()),
+        )
 
     pending = list(reqs)
     while pending:  # prefill, packed within the budget
@@ -92,15 +107,17 @@ def _dummy_steps(runner: ModelRunner, prompt_lens: list[int], decode_steps: int,
     yield SchedulerOutput(finished_req_ids=reqs)
 
 
-def warm_up_shapes(max_num_seqs: int, budget: int, max_model_len: int,
-                   long_context: int) -> list[tuple[list[int], int]]:
+def warm_up_shapes(
+    max_num_seqs: int, budget: int, max_model_len: int, long_context: int
+) -> list[tuple[list[int], int]]:
     """(prompt lengths, decode steps) of each warm-up group: prefill chunks of every query
     length class the kernels tile differently (powers of two up to 128, and a full budget; a
     mixed step compiles as the chunk of its longest query), decode batches of 1, 2, 4, 8, then
     multiples of 8 up to max_num_seqs, and one long context (the split-context decode path)."""
     cap = min(budget, max_model_len - 1)
-    groups: list[tuple[list[int], int]] = [([q], 0) for q in (1, 2, 4, 8, 16, 32, 64, 128, cap)
-                                           if q <= cap]
+    groups: list[tuple[list[int], int]] = [
+        ([q], 0) for q in (1, 2, 4, 8, 16, 32, 64, 128, cap) if q <= cap
+    ]
     sizes = [1, 2, 4, 8] + list(range(16, max_num_seqs + 1, 8))
     groups += [([1] * b, 1) for b in sizes if b <= max_num_seqs]
     if long_context and long_context < max_model_len:

@@ -14,8 +14,9 @@ from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 class Worker:
     """One rank: its device, its tensor-parallel group, its model shard and its KV cache share."""
 
-    def __init__(self, config: EngineConfig, rank: int = 0,
-                 distributed_init_method: str = "") -> None:
+    def __init__(
+        self, config: EngineConfig, rank: int = 0, distributed_init_method: str = ""
+    ) -> None:
         self.config = config
         self.rank = rank
         if config.device_type == "cuda":

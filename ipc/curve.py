@@ -26,8 +26,11 @@ import zmq.utils.z85
 ENV_KEY = "ENGINE_CORE_KEY"
 _SERVER_LABEL = b"engine-core/server\0"
 _CLIENT_LABEL = b"engine-core/client\0"
-_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 _monitor_ids = itertools.count()
 
 
@@ -70,15 +73,17 @@ class _OnlyOurClient:
         return zmq.utils.z85.encode(key) == self._client_public or key == self._client_public
 
 
-def secure_server(ctx: zmq.Context, sock: zmq.Socket,
-                  secret: str) -> zmq.auth.thread.ThreadAuthenticator:
+def secure_server(
+    ctx: zmq.Context, sock: zmq.Socket, secret: str
+) -> zmq.auth.thread.ThreadAuthenticator:
     """Make sock (before bind) a CURVE server that admits only holders of the secret; stop()
     the returned authenticator when the socket closes."""
     keys = derive_keys(secret)
     auth = zmq.auth.thread.ThreadAuthenticator(ctx)
     auth.start()
-    auth.configure_curve_callback(domain="*",
-                                  credentials_provider=_OnlyOurClient(keys.client_public))
+    auth.configure_curve_callback(
+        domain="*", credentials_provider=_OnlyOurClient(keys.client_public)
+    )
     sock.curve_server = True
     sock.curve_secretkey = keys.server_secret
     sock.curve_publickey = keys.server_public
@@ -98,8 +103,9 @@ class HandshakeWatch:
     otherwise only shows as a server that never answers; with disconnects, also notes (in
     .disconnected, updated by failure()) that an established connection closed."""
 
-    def __init__(self, sock: zmq.Socket, disconnects: bool = False,
-                 peer: str = "the engine core") -> None:
+    def __init__(
+        self, sock: zmq.Socket, disconnects: bool = False, peer: str = "the engine core"
+    ) -> None:
         address = f"inproc://engine-core-handshake-{os.getpid()}-{next(_monitor_ids)}"
         # One monitor per socket: the disconnect watch shares this one.
         sock.monitor(address, _FAILED | (zmq.EVENT_DISCONNECTED if disconnects else 0))
@@ -119,10 +125,15 @@ class HandshakeWatch:
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self.disconnected = True
                 continue
-            reason = (f"{self._peer} refused this client's key" if event["event"]
-                      == zmq.EVENT_HANDSHAKE_FAILED_AUTH else "the CURVE handshake failed")
-            reason += (f"; {self._peer} and its clients must share one secret in "
-                       f"{ENV_KEY} (or neither set it)")
+            reason = (
+                f"{self._peer} refused this client's key"
+                if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                else "the CURVE handshake failed"
+            )
+            reason += (
+                f"; {self._peer} and its clients must share one secret in "
+                f"{ENV_KEY} (or neither set it)"
+            )
         return reason
 
     def close(self) -> None:

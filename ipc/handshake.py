@@ -47,7 +47,8 @@ class HandshakeServer:
         if hello.protocol_version != self.version:
             return self.error_type, self.refusal(
                 f"protocol version mismatch: {self.server} speaks version {self.version}, the "
-                f"client {hello.protocol_version}")
+                f"client {hello.protocol_version}"
+            )
         return READY, ready
 
 

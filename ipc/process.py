@@ -25,15 +25,25 @@ PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _PR_SET_PDEATHSIG = 1
 
 
-def spawn_module(module: str, args: list[str], *, extra_env: dict[str, str] | None = None,
-                 own_session: bool = False, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+def spawn_module(
+    module: str,
+    args: list[str],
+    *,
+    extra_env: dict[str, str] | None = None,
+    own_session: bool = False,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen:
     """Run `python -m module args` with this project first on PYTHONPATH and extra_env added to
     our environment. own_session keeps terminal signals (Ctrl-C) away from it, for a supervisor
     that stops its children in its own order."""
     env = {**os.environ, **(extra_env or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
-    return subprocess.Popen([sys.executable, "-m", module, *args], env=env,
-                            start_new_session=own_session, pass_fds=pass_fds)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        start_new_session=own_session,
+        pass_fds=pass_fds,
+    )
 
 
 def set_process_name(name: str) -> None:
@@ -76,9 +86,15 @@ async def wait_for_exit(pid: int, poll_s: float = 0.5) -> None:
         os.close(fd)
 
 
-def watch_parent(parent_pid: int, *, on_exit: Callable[[str], None] | None = None,
-                 grace_s: float = 10.0, lifeline: Connection | None = None,
-                 kill_with_parent: bool = False, interval_s: float = 0.5) -> None:
+def watch_parent(
+    parent_pid: int,
+    *,
+    on_exit: Callable[[str], None] | None = None,
+    grace_s: float = 10.0,
+    lifeline: Connection | None = None,
+    kill_with_parent: bool = False,
+    interval_s: float = 0.5,
+) -> None:
     """Exit this process (status 1) once parent_pid is gone, noticed by a daemon thread.
 
     on_exit: called first with the reason (e.g. to drain), then the process has grace_s seconds
@@ -113,12 +129,12 @@ def watch_parent(parent_pid: int, *, on_exit: Callable[[str], None] | None = Non
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def start_child_process(name: str, parent_pid: int | None,
-                        on_parent_exit: Callable[[str], None] | None = None) -> None:
+def start_child_process(
+    name: str, parent_pid: int | None, on_parent_exit: Callable[[str], None] | None = None
+) -> None:
     """Common start of a launched process: log format, process name, exit when the parent goes
     (watch_parent: on_parent_exit is its on_exit)."""
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     set_process_name(name)
     if parent_pid is not None:
         watch_parent(parent_pid, on_exit=on_parent_exit)

@@ -24,20 +24,39 @@ class RouterServer:
     others can reach, a warning on log naming the server (name) and what anyone could do
     (exposes), and who has to share the secret (peers)."""
 
-    def __init__(self, ctx: zmq.Context, address: str, auth_key: str | None, *, linger_ms: int,
-                 log: logging.Logger, name: str, exposes: str, peers: str) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        address: str,
+        auth_key: str | None,
+        *,
+        linger_ms: int,
+        log: logging.Logger,
+        name: str,
+        exposes: str,
+        peers: str,
+    ) -> None:
         self.socket = ctx.socket(zmq.ROUTER)
         _unbounded(self.socket)
         self.socket.setsockopt(zmq.LINGER, linger_ms)
         # The authenticator needs a blocking-API context (over the same libzmq one).
-        self._auth = secure_server(zmq.Context.shadow(ctx.underlying), self.socket,
-                                   auth_key) if auth_key else None
+        self._auth = (
+            secure_server(zmq.Context.shadow(ctx.underlying), self.socket, auth_key)
+            if auth_key
+            else None
+        )
         self.socket.bind(address)
         self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         if auth_key is None and is_exposed(self.address):
-            log.warning("%s listens on %s without authentication: anyone who reaches it can %s. "
-                        "Set %s to a secret (%s) or listen on a loopback address", name,
-                        self.address, exposes, ENV_KEY, peers)
+            log.warning(
+                "%s listens on %s without authentication: anyone who reaches it can %s. "
+                "Set %s to a secret (%s) or listen on a loopback address",
+                name,
+                self.address,
+                exposes,
+                ENV_KEY,
+                peers,
+            )
 
     def stop_auth(self) -> None:
         """Stop the CURVE authenticator, if any (once the socket is closed)."""
@@ -45,9 +64,14 @@ class RouterServer:
             self._auth.stop()
 
 
-def connect_dealer(ctx: zmq.Context, address: str, auth_key: str | None, *,
-                   peer: str | None = None,
-                   disconnects: bool = False) -> tuple[zmq.Socket, HandshakeWatch | None]:
+def connect_dealer(
+    ctx: zmq.Context,
+    address: str,
+    auth_key: str | None,
+    *,
+    peer: str | None = None,
+    disconnects: bool = False,
+) -> tuple[zmq.Socket, HandshakeWatch | None]:
     """A DEALER connected to address (with auth_key, a CURVE client holding the secret), and,
     given peer (how messages name the server), a HandshakeWatch reporting a refused key (with
     disconnects, also a closed connection)."""

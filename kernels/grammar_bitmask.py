@@ -12,8 +12,19 @@ import torch
 
 from kernels.cpu_library import load
 
-_SIGNATURE = (None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32])
+_SIGNATURE = (
+    None,
+    [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int32,
+    ],
+)
 
 
 def _kernel():
@@ -31,12 +42,15 @@ def _check(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> N
     if bitmask.dtype != torch.int32 or rows.dtype != torch.int64:
         raise ValueError(f"bitmask must be int32 and rows int64, got {bitmask.dtype}, {rows.dtype}")
     if bitmask.shape[0] != rows.shape[0] or bitmask.shape[1] * 32 < logits.shape[1]:
-        raise ValueError(f"bitmask of shape {tuple(bitmask.shape)} does not cover "
-                         f"{rows.shape[0]} rows of {logits.shape[1]} logits")
+        raise ValueError(
+            f"bitmask of shape {tuple(bitmask.shape)} does not cover "
+            f"{rows.shape[0]} rows of {logits.shape[1]} logits"
+        )
 
 
-def apply_token_bitmask_reference(logits: torch.Tensor, bitmask: torch.Tensor,
-                                  rows: torch.Tensor) -> None:
+def apply_token_bitmask_reference(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor
+) -> None:
     """The torch version: unpack the bits and fill the forbidden logits with -inf."""
     _check(logits, bitmask, rows)
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
@@ -55,5 +69,13 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch
         apply_token_bitmask_reference(logits, bitmask, rows)
         return
     rows = rows.contiguous()
-    fn(logits.data_ptr(), logits.stride(0), bitmask.data_ptr(), bitmask.stride(0),
-       rows.data_ptr(), rows.shape[0], logits.shape[1], torch.get_num_threads())
+    fn(
+        logits.data_ptr(),
+        logits.stride(0),
+        bitmask.data_ptr(),
+        bitmask.stride(0),
+        rows.data_ptr(),
+        rows.shape[0],
+        logits.shape[1],
+        torch.get_num_threads(),
+    )

@@ -34,10 +34,30 @@ def _find_request(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr)
 
 
 @triton.jit
-def attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, k_pos, k_valid, allowed,
-                 kv_head, offs_d, scale_log2, stride_kb, stride_ks, stride_kh, stride_vb,
-                 stride_vs, stride_vh, BLOCK_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+def attend_tile(
+    q,
+    m_i,
+    l_i,
+    acc,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_row,
+    k_pos,
+    k_valid,
+    allowed,
+    kv_head,
+    offs_d,
+    scale_log2,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """One key tile of the online softmax, shared by the one-pass and the split-decode kernels:
     keys and values at positions k_pos (k_valid: inside the context) of the request whose
     block-table row starts at bt_row, read through the table for kv_head; scores where `allowed`
@@ -129,15 +149,38 @@ def _paged_attention_kernel(
         k_pos = start_n + tl.arange(0, BLOCK_N)
         k_valid = k_pos < kv_end
         causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
-        m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, k_pos,
-                                    k_valid, causal, kv_head, offs_d, scale_log2, stride_kb,
-                                    stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                    BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
+        m_i, l_i, acc = attend_tile(
+            q,
+            m_i,
+            l_i,
+            acc,
+            k_cache_ptr,
+            v_cache_ptr,
+            bt_row,
+            k_pos,
+            k_valid,
+            causal,
+            kv_head,
+            offs_d,
+            scale_log2,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            BLOCK_SIZE,
+            DOT_DTYPE,
+            DOT_PRECISION,
+        )
 
     acc = acc / l_i[:, None]
     o_row = (q_start + tok).to(tl.int64) * stride_ot + q_head * stride_oh
-    tl.store(out_ptr + o_row[:, None] + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_valid[:, None])
+    tl.store(
+        out_ptr + o_row[:, None] + offs_d[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None],
+    )
 
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -155,9 +198,14 @@ class PagedShapes(NamedTuple):
     group: int  # query heads per kv head
 
 
-def check_paged_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                       query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                       out: torch.Tensor | None) -> tuple[torch.Tensor, PagedShapes]:
+def check_paged_inputs(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor | None,
+) -> tuple[torch.Tensor, PagedShapes]:
     """Assert the shapes and layouts the paged attention kernels take; returns out (allocated
     like query when None) and the inputs' sizes."""
     num_tokens, num_q_heads, head_dim = query.shape
@@ -165,26 +213,39 @@ def check_paged_inputs(query: torch.Tensor, key_cache: torch.Tensor, value_cache
     assert kv_head_dim == head_dim, f"query head_dim {head_dim} != cache head_dim {kv_head_dim}"
     assert value_cache.shape == key_cache.shape, "value_cache must have key_cache's shape"
     assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, (
-        f"head_dim must be a power of two >= 16, got {head_dim}")
+        f"head_dim must be a power of two >= 16, got {head_dim}"
+    )
     assert block_size & (block_size - 1) == 0, (
-        f"block_size must be a power of two, got {block_size}")
+        f"block_size must be a power of two, got {block_size}"
+    )
     assert num_q_heads % num_kv_heads == 0, (
-        f"num_q_heads {num_q_heads} not a multiple of num_kv_heads {num_kv_heads}")
+        f"num_q_heads {num_q_heads} not a multiple of num_kv_heads {num_kv_heads}"
+    )
     assert query_start_loc.shape[0] == seq_lens.shape[0] + 1, (
-        "query_start_loc must have num_seqs + 1 entries")
+        "query_start_loc must have num_seqs + 1 entries"
+    )
     assert query.dtype in _TL_DTYPES, f"unsupported dtype {query.dtype}"
     for t in (query, key_cache, value_cache):
         assert t.stride(-1) == 1, "the head_dim axis must be contiguous"
     if out is None:
         out = torch.empty_like(query)
     assert out.shape == query.shape and out.stride(-1) == 1, (
-        "out must be [T, Hq, D] with contiguous head_dim")
-    return out, PagedShapes(num_tokens, num_q_heads, head_dim, block_size, num_kv_heads,
-                            seq_lens.shape[0], num_q_heads // num_kv_heads)
+        "out must be [T, Hq, D] with contiguous head_dim"
+    )
+    return out, PagedShapes(
+        num_tokens,
+        num_q_heads,
+        head_dim,
+        block_size,
+        num_kv_heads,
+        seq_lens.shape[0],
+        num_q_heads // num_kv_heads,
+    )
 
 
-def paged_strides(key_cache: torch.Tensor, value_cache: torch.Tensor,
-                  block_table: torch.Tensor) -> tuple[int, ...]:
+def paged_strides(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor
+) -> tuple[int, ...]:
     """The paged kernels' stride arguments for the caches and the block table, in their order
     (stride_kb ... stride_vh, stride_bt)."""
     return (*cache_strides(key_cache, value_cache), block_table.stride(0))

@@ -34,13 +34,17 @@ SPLIT_MIN_SEQ_LEN = 2048
 _PROGRAMS_PER_SM = 2
 
 
-def use_split_decode(max_query_len: int, num_seqs: int, num_kv_heads: int, max_seq_len: int,
-                     num_sms: int) -> bool:
+def use_split_decode(
+    max_query_len: int, num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int
+) -> bool:
     """Whether a step should run paged_decode_split rather than the one-pass kernel: decode-only
     (max_query_len == 1), a context of at least SPLIT_MIN_SEQ_LEN tokens, and fewer than
     _PROGRAMS_PER_SM programs per SM in the one-pass kernel's grid. Host values only."""
-    return (max_query_len == 1 and max_seq_len >= SPLIT_MIN_SEQ_LEN
-            and num_seqs * num_kv_heads < _PROGRAMS_PER_SM * num_sms)
+    return (
+        max_query_len == 1
+        and max_seq_len >= SPLIT_MIN_SEQ_LEN
+        and num_seqs * num_kv_heads < _PROGRAMS_PER_SM * num_sms
+    )
 
 
 # Arguments whose values change from step to step: not specialising on them (== 1, % 16) keeps
@@ -107,10 +111,30 @@ def _decode_partition_kernel(
     for start_n in range(start, end, BLOCK_N):
         k_pos = start_n + tl.arange(0, BLOCK_N)
         k_valid = k_pos < end
-        m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, k_pos,
-                                    k_valid, k_valid[None, :], kv_head, offs_d, scale_log2,
-                                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                    stride_vh, BLOCK_SIZE, DOT_DTYPE, DOT_PRECISION)
+        m_i, l_i, acc = attend_tile(
+            q,
+            m_i,
+            l_i,
+            acc,
+            k_cache_ptr,
+            v_cache_ptr,
+            bt_row,
+            k_pos,
+            k_valid,
+            k_valid[None, :],
+            kv_head,
+            offs_d,
+            scale_log2,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            BLOCK_SIZE,
+            DOT_DTYPE,
+            DOT_PRECISION,
+        )
 
     # Scratch row (seq, q_head) holds one entry per partition; acc is the same layout with a
     # contiguous head_dim, so its offsets are multiples of HEAD_DIM the compiler can see.
@@ -167,8 +191,11 @@ def _decode_reduce_kernel(
         l_part = tl.load(l_ptr + ml_base + offs_p, mask=valid, other=0.0)
         w = tl.exp2(m_part - m_all)  # 0 for masked partitions
         l_run += w * l_part
-        a = tl.load(acc_ptr + a_base + offs_p[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=valid[:, None], other=0.0)
+        a = tl.load(
+            acc_ptr + a_base + offs_p[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=valid[:, None],
+            other=0.0,
+        )
         acc += tl.sum(w[:, None] * a, axis=0)
 
     out = acc / tl.sum(l_run, axis=0)
@@ -203,7 +230,8 @@ def paged_decode_split(
     if partition_size is None:
         partition_size = max(PARTITION_SIZE, block_size)
     assert partition_size & (partition_size - 1) == 0 and partition_size >= block_size, (
-        f"partition_size must be a power of two >= block_size {block_size}, got {partition_size}")
+        f"partition_size must be a power of two >= block_size {block_size}, got {partition_size}"
+    )
     if num_tokens == 0 or num_seqs == 0:
         return out
 
@@ -223,8 +251,9 @@ def paged_decode_split(
     parts = num_partitions(max_seq_len, partition_size)
     m_scratch = torch.empty(num_seqs, num_q_heads, parts, dtype=torch.float32, device=query.device)
     l_scratch = torch.empty_like(m_scratch)
-    acc = torch.empty(num_seqs, num_q_heads, parts, head_dim, dtype=torch.float32,
-                      device=query.device)
+    acc = torch.empty(
+        num_seqs, num_q_heads, parts, head_dim, dtype=torch.float32, device=query.device
+    )
     _decode_partition_kernel[(num_seqs, num_kv_heads, parts)](
         m_scratch,
         l_scratch,

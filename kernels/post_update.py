@@ -17,14 +17,31 @@ import triton.language as tl
 
 from kernels.dispatch import kernel_for
 
-PostUpdateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                         torch.Tensor, torch.Tensor, torch.Tensor], None]
+PostUpdateFn = Callable[
+    [
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+    ],
+    None,
+]
 
 
-def post_update_torch(slots: torch.Tensor, seq_lens: torch.Tensor, sample_slots: torch.Tensor,
-                      sampled: torch.Tensor, num_computed: torch.Tensor,
-                      num_tokens: torch.Tensor, token_ids: torch.Tensor,
-                      num_output: torch.Tensor) -> None:
+def post_update_torch(
+    slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sample_slots: torch.Tensor,
+    sampled: torch.Tensor,
+    num_computed: torch.Tensor,
+    num_tokens: torch.Tensor,
+    token_ids: torch.Tensor,
+    num_output: torch.Tensor,
+) -> None:
     """The reference, in torch ops on any device."""
     num_computed.index_copy_(0, slots, seq_lens.to(torch.int64))
     if not sample_slots.shape[0]:
@@ -37,9 +54,18 @@ def post_update_torch(slots: torch.Tensor, seq_lens: torch.Tensor, sample_slots:
 
 
 @triton.jit(do_not_specialize=["num_samples"])
-def _post_update_kernel(slots_ptr, seq_lens_ptr, sample_slots_ptr, sampled_ptr, num_samples,
-                        num_computed_ptr, num_tokens_ptr, token_ids_ptr, token_stride,
-                        num_output_ptr):
+def _post_update_kernel(
+    slots_ptr,
+    seq_lens_ptr,
+    sample_slots_ptr,
+    sampled_ptr,
+    num_samples,
+    num_computed_ptr,
+    num_tokens_ptr,
+    token_ids_ptr,
+    token_stride,
+    num_output_ptr,
+):
     i = tl.program_id(0)
     slot = tl.load(slots_ptr + i)
     tl.store(num_computed_ptr + slot, tl.load(seq_lens_ptr + i).to(tl.int64))
@@ -51,15 +77,30 @@ def _post_update_kernel(slots_ptr, seq_lens_ptr, sample_slots_ptr, sampled_ptr, 
         tl.store(num_output_ptr + s, tl.load(num_output_ptr + s) + 1)
 
 
-def post_update_triton(slots: torch.Tensor, seq_lens: torch.Tensor, sample_slots: torch.Tensor,
-                       sampled: torch.Tensor, num_computed: torch.Tensor,
-                       num_tokens: torch.Tensor, token_ids: torch.Tensor,
-                       num_output: torch.Tensor) -> None:
+def post_update_triton(
+    slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sample_slots: torch.Tensor,
+    sampled: torch.Tensor,
+    num_computed: torch.Tensor,
+    num_tokens: torch.Tensor,
+    token_ids: torch.Tensor,
+    num_output: torch.Tensor,
+) -> None:
     """One launch of one program per request of the step."""
     if slots.shape[0]:
         _post_update_kernel[(slots.shape[0],)](
-            slots, seq_lens, sample_slots, sampled, sample_slots.shape[0], num_computed,
-            num_tokens, token_ids, token_ids.stride(0), num_output)
+            slots,
+            seq_lens,
+            sample_slots,
+            sampled,
+            sample_slots.shape[0],
+            num_computed,
+            num_tokens,
+            token_ids,
+            token_ids.stride(0),
+            num_output,
+        )
 
 
 def post_update_for(device: torch.device) -> PostUpdateFn:

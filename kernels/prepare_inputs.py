@@ -13,16 +13,24 @@ and torch ops here (the reference, and the path without either).
 from __future__ import annotations
 
 from collections.abc import Callable
+
 import torch
 
 from kernels.dispatch import kernel_for
-from kernels.prepared_inputs import PreparedInputs, empty_outputs
+from kernels.prepared_inputs import PreparedInputs
 
 
-def prepare_inputs_torch(slots: torch.Tensor, qsl: torch.Tensor, sample_rows: torch.Tensor,
-                         num_computed: torch.Tensor, token_ids: torch.Tensor,
-                         block_table: torch.Tensor, block_size: int, num_tokens: int,
-                         max_blocks: int) -> PreparedInputs:
+def prepare_inputs_torch(
+    slots: torch.Tensor,
+    qsl: torch.Tensor,
+    sample_rows: torch.Tensor,
+    num_computed: torch.Tensor,
+    token_ids: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    num_tokens: int,
+    max_blocks: int,
+) -> PreparedInputs:
     """The reference: a dozen torch ops, on any device."""
     qsl_long = qsl.to(torch.int64)
     iota = torch.arange(num_tokens, dtype=torch.int64, device=slots.device)
@@ -31,25 +39,44 @@ def prepare_inputs_torch(slots: torch.Tensor, qsl: torch.Tensor, sample_rows: to
     computed = num_computed.index_select(0, slots)
     seq_lens = (computed + (qsl_long[1:] - qsl_long[:-1])).to(torch.int32)
     positions = computed.index_select(0, token_req) + iota - qsl_long.index_select(0, token_req)
-    input_ids = token_ids.reshape(-1).index_select(0, token_slot * token_ids.stride(0)
-                                                   + positions)
+    input_ids = token_ids.reshape(-1).index_select(0, token_slot * token_ids.stride(0) + positions)
     block_index = token_slot * block_table.stride(0) + positions // block_size
-    slot_mapping = (block_table.reshape(-1).index_select(0, block_index).to(torch.int64)
-                    * block_size + positions % block_size)
-    return PreparedInputs(input_ids, positions, seq_lens, slot_mapping,
-                          block_table[:, :max_blocks].index_select(0, slots),
-                          qsl_long.index_select(0, sample_rows + 1) - 1,
-                          slots.index_select(0, sample_rows))
+    slot_mapping = (
+        block_table.reshape(-1).index_select(0, block_index).to(torch.int64) * block_size
+        + positions % block_size
+    )
+    return PreparedInputs(
+        input_ids,
+        positions,
+        seq_lens,
+        slot_mapping,
+        block_table[:, :max_blocks].index_select(0, slots),
+        qsl_long.index_select(0, sample_rows + 1) - 1,
+        slots.index_select(0, sample_rows),
+    )
 
 
-PrepareFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                      torch.Tensor, int, int, int], PreparedInputs]
+PrepareFn = Callable[
+    [
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        int,
+        int,
+        int,
+    ],
+    PreparedInputs,
+]
 
 
 def prepare_inputs_for(device: torch.device) -> PrepareFn:
     """The implementation for a device: the Triton kernel on CUDA, the C one on a CPU where the
     kernels are built, torch ops otherwise. Each takes (slots, qsl, sample_rows, num_computed,
     token_ids, block_table, block_size, num_tokens, max_blocks)."""
+
     def triton_impl() -> PrepareFn:
         from kernels.prepare_inputs_triton import prepare_inputs_triton
 

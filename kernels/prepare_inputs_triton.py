@@ -11,11 +11,27 @@ from kernels.prepared_inputs import PreparedInputs, empty_outputs
 
 # Arguments that change every step must not make Triton compile a variant per value.
 @triton.jit(do_not_specialize=["num_samples", "max_blocks"])
-def _prepare_inputs_kernel(slots_ptr, qsl_ptr, num_computed_ptr, token_ids_ptr, token_stride,
-                           block_table_ptr, block_stride, sample_rows_ptr, num_samples,
-                           max_blocks, input_ids_ptr, positions_ptr, seq_lens_ptr,
-                           slot_mapping_ptr, block_table_out_ptr, logits_indices_ptr,
-                           sample_slots_ptr, BLOCK_SIZE: tl.constexpr, BLOCK: tl.constexpr):
+def _prepare_inputs_kernel(
+    slots_ptr,
+    qsl_ptr,
+    num_computed_ptr,
+    token_ids_ptr,
+    token_stride,
+    block_table_ptr,
+    block_stride,
+    sample_rows_ptr,
+    num_samples,
+    max_blocks,
+    input_ids_ptr,
+    positions_ptr,
+    seq_lens_ptr,
+    slot_mapping_ptr,
+    block_table_out_ptr,
+    logits_indices_ptr,
+    sample_slots_ptr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     i = tl.program_id(0)
     slot = tl.load(slots_ptr + i)
     q0 = tl.load(qsl_ptr + i).to(tl.int64)
@@ -44,16 +60,33 @@ def _prepare_inputs_kernel(slots_ptr, qsl_ptr, num_computed_ptr, token_ids_ptr, 
         tl.store(sample_slots_ptr + i, tl.load(slots_ptr + row))
 
 
-def prepare_inputs_triton(slots: torch.Tensor, qsl: torch.Tensor, sample_rows: torch.Tensor,
-                          num_computed: torch.Tensor, token_ids: torch.Tensor,
-                          block_table: torch.Tensor, block_size: int, num_tokens: int,
-                          max_blocks: int) -> PreparedInputs:
+def prepare_inputs_triton(
+    slots: torch.Tensor,
+    qsl: torch.Tensor,
+    sample_rows: torch.Tensor,
+    num_computed: torch.Tensor,
+    token_ids: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    num_tokens: int,
+    max_blocks: int,
+) -> PreparedInputs:
     """One launch of one program per request."""
-    out = empty_outputs(slots.device, slots.shape[0], num_tokens, max_blocks,
-                        sample_rows.shape[0])
+    out = empty_outputs(slots.device, slots.shape[0], num_tokens, max_blocks, sample_rows.shape[0])
     if slots.shape[0]:
         _prepare_inputs_kernel[(slots.shape[0],)](
-            slots, qsl, num_computed, token_ids, token_ids.stride(0), block_table,
-            block_table.stride(0), sample_rows, sample_rows.shape[0], max_blocks, *out,
-            BLOCK_SIZE=block_size, BLOCK=128)
+            slots,
+            qsl,
+            num_computed,
+            token_ids,
+            token_ids.stride(0),
+            block_table,
+            block_table.stride(0),
+            sample_rows,
+            sample_rows.shape[0],
+            max_blocks,
+            *out,
+            BLOCK_SIZE=block_size,
+            BLOCK=128,
+        )
     return out

@@ -20,14 +20,20 @@ class PreparedInputs(NamedTuple):
     sample_slots: torch.Tensor  # [S] int64
 
 
-def empty_outputs(device: torch.device, num_reqs: int, num_tokens: int, max_blocks: int,
-                  num_samples: int) -> PreparedInputs:
+def empty_outputs(
+    device: torch.device, num_reqs: int, num_tokens: int, max_blocks: int, num_samples: int
+) -> PreparedInputs:
     """Uninitialised output tensors for a kernel to fill."""
+
     def i64(n: int) -> torch.Tensor:
         return torch.empty(n, dtype=torch.int64, device=device)
 
-    return PreparedInputs(i64(num_tokens), i64(num_tokens),
-                          torch.empty(num_reqs, dtype=torch.int32, device=device),
-                          i64(num_tokens),
-                          torch.empty((num_reqs, max_blocks), dtype=torch.int32, device=device),
-                          i64(num_samples), i64(num_samples))
+    return PreparedInputs(
+        i64(num_tokens),
+        i64(num_tokens),
+        torch.empty(num_reqs, dtype=torch.int32, device=device),
+        i64(num_tokens),
+        torch.empty((num_reqs, max_blocks), dtype=torch.int32, device=device),
+        i64(num_samples),
+        i64(num_samples),
+    )

@@ -68,9 +68,11 @@ def write_kv(
     slots are skipped."""
     num_tokens, num_kv_heads, head_dim = key.shape
     assert value.shape == key.shape, (
-        f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
+        f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}"
+    )
     assert key_cache.shape[2:] == (num_kv_heads, head_dim), (
-        "key_cache must be [num_blocks, block_size, Hkv, D]")
+        "key_cache must be [num_blocks, block_size, Hkv, D]"
+    )
     assert value_cache.shape == key_cache.shape, "value_cache must have key_cache's shape"
     for t in (key, value, key_cache, value_cache):
         assert t.stride(-1) == 1, "the head_dim axis must be contiguous"

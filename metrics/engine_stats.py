@@ -17,8 +17,13 @@ logger = logging.getLogger("metrics.engine_stats")
 class EngineStatsRecorder:
     """Records one engine core's SchedulerStats every step; logs throughput every interval."""
 
-    def __init__(self, model_name: str, log_interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, engine: int = 0) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        log_interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        engine: int = 0,
+    ) -> None:
         m = engine_metrics()
         # Labelled children are bound once: record() runs every step.
         labels = (model_name, str(engine))
@@ -32,8 +37,9 @@ class EngineStatsRecorder:
         self._generation = m.generation_tokens.labels(*labels)
         self._iteration = m.iteration_tokens.labels(*labels)
         self._cached = m.prompt_tokens_cached.labels(*labels)
-        self._by_source = {s: m.prompt_tokens_by_source.labels(*labels, s)
-                           for s in PROMPT_TOKEN_SOURCES}
+        self._by_source = {
+            s: m.prompt_tokens_by_source.labels(*labels, s) for s in PROMPT_TOKEN_SOURCES
+        }
         self._engine = str(engine)
         self._interval = log_interval_s
         self._clock = clock
@@ -90,8 +96,13 @@ class EngineStatsRecorder:
         logger.info(
             "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
             "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, "
-            "Prefix cache hit rate: %.1f%%", w[0] / elapsed, w[1] / elapsed,
-            stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage * 100,
-            100 * w[3] / w[2] if w[2] else 0.0)
+            "Prefix cache hit rate: %.1f%%",
+            w[0] / elapsed,
+            w[1] / elapsed,
+            stats.num_running_reqs,
+            stats.num_waiting_reqs,
+            stats.kv_cache_usage * 100,
+            100 * w[3] / w[2] if w[2] else 0.0,
+        )
         self._window_start = now
         self._window = [0, 0, 0, 0]

@@ -6,8 +6,13 @@ import os
 import shutil
 import tempfile
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client import multiprocess
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    generate_latest,
+    multiprocess,
+)
 
 ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
 

@@ -42,8 +42,11 @@ def get_metrics_snapshot(registry: CollectorRegistry = REGISTRY) -> list[Metric]
         if not family.name.startswith("vllm:"):
             continue
         if family.type == "counter":
-            out += [Counter(family.name, dict(s.labels), int(s.value))
-                    for s in family.samples if s.name.endswith("_total")]
+            out += [
+                Counter(family.name, dict(s.labels), int(s.value))
+                for s in family.samples
+                if s.name.endswith("_total")
+            ]
         elif family.type == "gauge":
             out += [Gauge(family.name, dict(s.labels), s.value) for s in family.samples]
         elif family.type == "histogram":

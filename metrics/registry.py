@@ -7,12 +7,74 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge, Histogram
 
-TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0]
-REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+TTFT_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
+ITL_BUCKETS = [
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+]
+REQUEST_LATENCY_BUCKETS = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 # vLLM's PromptTokenStats.ALL_SOURCES (no KV transfer here: external_kv_transfer stays 0).
 PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -90,8 +152,9 @@ def _histogram(name: str, doc: str, buckets: list[float] | list[int]) -> Histogr
 
 def _phase_histogram(name: str, phase: str) -> Histogram:
     """A request's time in one phase of its life (vLLM's help text names the phase)."""
-    return _histogram(name, f"Histogram of time spent in {phase} phase for request.",
-                      REQUEST_LATENCY_BUCKETS)
+    return _histogram(
+        name, f"Histogram of time spent in {phase} phase for request.", REQUEST_LATENCY_BUCKETS
+    )
 
 
 def engine_metrics() -> EngineMetrics:
@@ -102,19 +165,28 @@ def engine_metrics() -> EngineMetrics:
             _gauge("vllm:num_requests_running", "Number of requests in model execution batches."),
             _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
             _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
-            _counter("vllm:prefix_cache_queries",
-                     "Prefix cache queries, in terms of number of queried tokens."),
-            _counter("vllm:prefix_cache_hits",
-                     "Prefix cache hits, in terms of number of cached tokens."),
+            _counter(
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+            ),
+            _counter(
+                "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+            ),
             _counter("vllm:num_preemptions", "Cumulative number of preemption from the engine."),
             _counter("vllm:prompt_tokens", "Number of prefill tokens processed."),
             _counter("vllm:generation_tokens", "Number of generation tokens processed."),
-            _histogram("vllm:iteration_tokens_total",
-                       "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS),
-            _counter("vllm:prompt_tokens_cached",
-                     "Number of cached prompt tokens (local prefix cache)."),
-            _counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-                     "source"))
+            _histogram(
+                "vllm:iteration_tokens_total",
+                "Histogram of number of tokens per engine_step.",
+                ITERATION_TOKEN_BUCKETS,
+            ),
+            _counter(
+                "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local prefix cache)."
+            ),
+            _counter(
+                "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", "source"
+            ),
+        )
     return _engine_metrics
 
 
@@ -126,9 +198,12 @@ def cache_config_info(label_names: list[str]) -> Gauge:
     its label names come from the first call (vLLM's CacheConfig.metrics_info() keys)."""
     global _cache_config_info
     if _cache_config_info is None:
-        _cache_config_info = Gauge("vllm:cache_config_info",
-                                   "Information of the LLMEngine CacheConfig", label_names,
-                                   multiprocess_mode="livemostrecent")
+        _cache_config_info = Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            label_names,
+            multiprocess_mode="livemostrecent",
+        )
     return _cache_config_info
 
 
@@ -138,26 +213,50 @@ def request_metrics(max_model_len: int) -> RequestMetrics:
     if _request_metrics is None:
         token_buckets = build_1_2_5_buckets(max_model_len)
         _request_metrics = RequestMetrics(
-            _counter("vllm:request_success", "Count of successfully processed requests.",
-                     "finished_reason"),
-            _histogram("vllm:time_to_first_token_seconds",
-                       "Histogram of time to first token in seconds.", TTFT_BUCKETS),
-            _histogram("vllm:inter_token_latency_seconds",
-                       "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
-            _histogram("vllm:e2e_request_latency_seconds",
-                       "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS),
+            _counter(
+                "vllm:request_success",
+                "Count of successfully processed requests.",
+                "finished_reason",
+            ),
+            _histogram(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                TTFT_BUCKETS,
+            ),
+            _histogram(
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                ITL_BUCKETS,
+            ),
+            _histogram(
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                REQUEST_LATENCY_BUCKETS,
+            ),
             _phase_histogram("vllm:request_queue_time_seconds", "WAITING"),
             _phase_histogram("vllm:request_prefill_time_seconds", "PREFILL"),
             _phase_histogram("vllm:request_decode_time_seconds", "DECODE"),
-            _histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                       token_buckets),
-            _histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                       token_buckets),
+            _histogram(
+                "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
+            ),
+            _histogram(
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+                token_buckets,
+            ),
             _phase_histogram("vllm:request_inference_time_seconds", "RUNNING"),
-            _histogram("vllm:request_time_per_output_token_seconds",
-                       "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS),
-            _histogram("vllm:request_params_n", "Histogram of the n request parameter.",
-                       [1, 2, 5, 10, 20]),
-            _histogram("vllm:request_params_max_tokens",
-                       "Histogram of the max_tokens request parameter.", token_buckets))
+            _histogram(
+                "vllm:request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+                ITL_BUCKETS,
+            ),
+            _histogram(
+                "vllm:request_params_n", "Histogram of the n request parameter.", [1, 2, 5, 10, 20]
+            ),
+            _histogram(
+                "vllm:request_params_max_tokens",
+                "Histogram of the max_tokens request parameter.",
+                token_buckets,
+            ),
+        )
     return _request_metrics

@@ -66,26 +66,31 @@ class RequestStatsRecorder:
         if series is None:
             m, labels = self._m, (self._model_name, str(engine))
             series = self._series[engine] = _Series(
-                m.time_to_first_token.labels(*labels), m.inter_token_latency.labels(*labels),
-                m.e2e_request_latency.labels(*labels), m.request_queue_time.labels(*labels),
-                m.request_prefill_time.labels(*labels), m.request_decode_time.labels(*labels),
+                m.time_to_first_token.labels(*labels),
+                m.inter_token_latency.labels(*labels),
+                m.e2e_request_latency.labels(*labels),
+                m.request_queue_time.labels(*labels),
+                m.request_prefill_time.labels(*labels),
+                m.request_decode_time.labels(*labels),
                 m.request_prompt_tokens.labels(*labels),
                 m.request_generation_tokens.labels(*labels),
                 m.request_inference_time.labels(*labels),
                 m.request_time_per_output_token.labels(*labels),
-                m.request_params_n.labels(*labels), m.request_params_max_tokens.labels(*labels))
+                m.request_params_n.labels(*labels),
+                m.request_params_max_tokens.labels(*labels),
+            )
         return series
 
     def on_request(self, n: int, engine: int = 0) -> None:
         """A request asking for n completions arrived (vllm:request_params_n)."""
         self._engine_series(engine).params_n.observe(n)
 
-    def on_arrival(self, request_id: str, t: float, engine: int = 0,
-                   max_tokens: int | None = None) -> None:
+    def on_arrival(
+        self, request_id: str, t: float, engine: int = 0, max_tokens: int | None = None
+    ) -> None:
         """A request (one engine request: each of n completions counts) arrived at time t and
         went to engine `engine`; max_tokens is its parameter (None: unset)."""
-        self._requests[request_id] = _Timeline(t, engine, self._engine_series(engine),
-                                               max_tokens)
+        self._requests[request_id] = _Timeline(t, engine, self._engine_series(engine), max_tokens)
 
     def on_step(self, engine_timestamp: float, engine: int = 0) -> None:
         """A step's outputs of engine `engine` arrived, stamped with the step's end time."""
@@ -107,8 +112,7 @@ class RequestStatsRecorder:
         tl.last_token = t
         tl.num_tokens += n_new
 
-    def on_finish(self, request_id: str, finish_reason: str, prompt_tokens: int,
-                  t: float) -> None:
+    def on_finish(self, request_id: str, finish_reason: str, prompt_tokens: int, t: float) -> None:
         """A request ended (stop, length, abort) at time t; observes its whole-life metrics."""
         tl = self._requests.pop(request_id, None)
         if tl is None:
@@ -127,4 +131,5 @@ class RequestStatsRecorder:
             series.inference.observe(tl.last_token - tl.scheduled)
         if tl.num_tokens > 1:  # vLLM's mean time per output token after the first
             series.time_per_output_token.observe(
-                (tl.last_token - tl.first_token) / (tl.num_tokens - 1))
+                (tl.last_token - tl.first_token) / (tl.num_tokens - 1)
+            )

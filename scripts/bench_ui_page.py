@@ -31,8 +31,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 SERVER_ROLES = ("engine core", "tokenizer", "API server")
@@ -43,20 +50,38 @@ def bench(base_url: str, extra: list[str], cpus: str | None) -> tuple[float, int
     pin = ["taskset", "-c", cpus] if cpus else []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        subprocess.run([*pin, sys.executable, "-m", "frontend.cli", "bench", "serve", "--base-url",
-                        base_url, "--output-json", str(out), *extra], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                *pin,
+                sys.executable,
+                "-m",
+                "frontend.cli",
+                "bench",
+                "serve",
+                "--base-url",
+                base_url,
+                "--output-json",
+                str(out),
+                *extra,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         result = json.loads(out.read_text())
-        return result["output_tok_s"], round(result["output_tok_s"] * result["seconds"]), \
-            result["seconds"]
+        return (
+            result["output_tok_s"],
+            round(result["output_tok_s"] * result["seconds"]),
+            result["seconds"],
+        )
 
 
 def server_pids(base_url: str, key: str | None) -> dict[str, list[int]]:
     """role -> pids, from the page's own process tree (the engine core's workers counted with
     it)."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with urllib.request.urlopen(urllib.request.Request(base_url + "/ui/api/stats",
-                                                       headers=headers), timeout=30) as resp:
+    with urllib.request.urlopen(
+        urllib.request.Request(base_url + "/ui/api/stats", headers=headers), timeout=30
+    ) as resp:
         procs = json.loads(resp.read())["processes"]
     roles: dict[str, list[int]] = {}
     for p in procs:
@@ -126,8 +151,9 @@ def thread_cpu_seconds() -> float:
     return time.clock_gettime(time.CLOCK_THREAD_CPUTIME_ID)
 
 
-def poll_endpoints(base_url: str, key: str | None, stop: threading.Event,
-                   cpus: set[int] | None, spent: list[float]) -> None:
+def poll_endpoints(
+    base_url: str, key: str | None, stop: threading.Event, cpus: set[int] | None, spent: list[float]
+) -> None:
     """What an open page asks for, every second, without a browser; its CPU seconds go into
     spent."""
     if cpus:
@@ -135,8 +161,9 @@ def poll_endpoints(base_url: str, key: str | None, stop: threading.Event,
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     while not stop.wait(1.0):
         for path in ("/ui/api/stats", "/ui/api/requests"):
-            with urllib.request.urlopen(urllib.request.Request(base_url + path, headers=headers),
-                                        timeout=30) as resp:
+            with urllib.request.urlopen(
+                urllib.request.Request(base_url + path, headers=headers), timeout=30
+            ) as resp:
                 resp.read()
     spent.append(thread_cpu_seconds())
 
@@ -157,12 +184,19 @@ def main() -> int:
     parser.add_argument("--api-key")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
-    parser.add_argument("--server-cpus", help="pin the server's processes to these CPUs "
-                        "(taskset's list: 0 or 0,1 or 0-3)")
-    parser.add_argument("--viewer-cpus", help="pin Chromium, the poller and the benchmark "
-                        "client to these CPUs")
-    parser.add_argument("--settle-s", type=float, default=5.0,
-                        help="seconds between the page's first answer and the run")
+    parser.add_argument(
+        "--server-cpus",
+        help="pin the server's processes to these CPUs (taskset's list: 0 or 0,1 or 0-3)",
+    )
+    parser.add_argument(
+        "--viewer-cpus", help="pin Chromium, the poller and the benchmark client to these CPUs"
+    )
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=5.0,
+        help="seconds between the page's first answer and the run",
+    )
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     if args.api_key:
@@ -171,7 +205,8 @@ def main() -> int:
 
     results: dict[str, list[float]] = {"closed": [], "open": [], "endpoints": []}
     cpu: dict[str, dict[str, list[float]]] = {
-        m: {r: [] for r in (*SERVER_ROLES, "server")} for m in results}
+        m: {r: [] for r in (*SERVER_ROLES, "server")} for m in results
+    }
     viewer_cpu: dict[str, list[float]] = {m: [] for m in results}
     pids = server_pids(args.base_url, args.api_key)
     pids["server"] = [p for r in SERVER_ROLES for p in pids.get(r, [])]
@@ -183,7 +218,7 @@ def main() -> int:
     with sync_playwright() as p:
         for round_ in range(args.rounds):
             modes = ["closed", "open", "endpoints"]
-            modes = modes[round_ % 3:] + modes[:round_ % 3]  # no mode always runs first
+            modes = modes[round_ % 3 :] + modes[: round_ % 3]  # no mode always runs first
             for mode in modes:
                 browser = stop = poller = None
                 viewer: list[int] = []
@@ -202,8 +237,10 @@ def main() -> int:
                     time.sleep(args.settle_s)  # the browser's own start-up work is not the page's
                 elif mode == "endpoints":
                     stop = threading.Event()
-                    poller = threading.Thread(target=poll_endpoints, args=(
-                        args.base_url, args.api_key, stop, viewer_cpus, poller_cpu))
+                    poller = threading.Thread(
+                        target=poll_endpoints,
+                        args=(args.base_url, args.api_key, stop, viewer_cpus, poller_cpu),
+                    )
                     poller.start()
                 before = {r: cpu_seconds(pids.get(r, [])) for r in cpu[mode]}
                 viewer_before = cpu_seconds(viewer)
@@ -212,7 +249,8 @@ def main() -> int:
                     results[mode].append(rate)
                     for role, spent in before.items():
                         cpu[mode][role].append(
-                            round(1000 * (cpu_seconds(pids.get(role, [])) - spent) / tokens, 4))
+                            round(1000 * (cpu_seconds(pids.get(role, [])) - spent) / tokens, 4)
+                        )
                     viewer_spent = cpu_seconds(viewer) - viewer_before
                 finally:
                     if browser is not None:
@@ -223,21 +261,32 @@ def main() -> int:
                 if poller_cpu:
                     viewer_spent = poller_cpu[0]
                 viewer_cpu[mode].append(round(viewer_spent / seconds, 4))
-                print(f"round {round_ + 1} {mode}: {results[mode][-1]} output tok/s, CPU s per "
-                      f"1000 tokens {({r: v[-1] for r, v in cpu[mode].items()})}, viewer CPU "
-                      f"s/s {viewer_cpu[mode][-1]}", file=sys.stderr, flush=True)
+                print(
+                    f"round {round_ + 1} {mode}: {results[mode][-1]} output tok/s, CPU s per "
+                    f"1000 tokens { ({r: v[-1] for r, v in cpu[mode].items()}) }, viewer CPU "
+                    f"s/s {viewer_cpu[mode][-1]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 time.sleep(1.0)
     medians = {m: statistics.median(v) for m, v in results.items()}
-    print(json.dumps({"runs": results, "median_output_tok_s": medians,
-                      "vs_closed": {m: round(v / medians["closed"], 3)
-                                    for m, v in medians.items()},
-                      "cpu_s_per_1000_tokens": cpu,
-                      "median_cpu_s_per_1000_tokens": {
-                          m: {r: statistics.median(v) for r, v in roles.items()}
-                          for m, roles in cpu.items()},
-                      "viewer_cpu_s_per_s": viewer_cpu,
-                      "pinned": {"server": args.server_cpus, "viewer": args.viewer_cpus}},
-                     indent=2))
+    print(
+        json.dumps(
+            {
+                "runs": results,
+                "median_output_tok_s": medians,
+                "vs_closed": {m: round(v / medians["closed"], 3) for m, v in medians.items()},
+                "cpu_s_per_1000_tokens": cpu,
+                "median_cpu_s_per_1000_tokens": {
+                    m: {r: statistics.median(v) for r, v in roles.items()}
+                    for m, roles in cpu.items()
+                },
+                "viewer_cpu_s_per_s": viewer_cpu,
+                "pinned": {"server": args.server_cpus, "viewer": args.viewer_cpus},
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -15,9 +15,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine_core.frames import ARRAY_EXT_CODE, WIRE_DTYPES, WireArray  # noqa: E402
-from engine_core.protocol import (  # noqa: E402
-    OUTPUT_PAYLOADS, PROTOCOL_VERSION, REQUEST_PAYLOADS, RequestType)
+from engine_core.frames import ARRAY_EXT_CODE, WIRE_DTYPES, WireArray
+from engine_core.protocol import OUTPUT_PAYLOADS, PROTOCOL_VERSION, REQUEST_PAYLOADS, RequestType
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "docs" / "protocol.schema.json"
 
@@ -25,9 +24,9 @@ SCHEMA_PATH = Path(__file__).resolve().parent.parent / "docs" / "protocol.schema
 def build_schema() -> dict[str, Any]:
     """The schema: each message type's byte and payload, and the Structs as $defs."""
     kinds = [*REQUEST_PAYLOADS.items(), *OUTPUT_PAYLOADS.items()]
-    payloads, defs = msgspec.json.schema_components([p for _, p in kinds],
-                                                    schema_hook=_array_schema,
-                                                    ref_template="#/$defs/{name}")
+    payloads, defs = msgspec.json.schema_components(
+        [p for _, p in kinds], schema_hook=_array_schema, ref_template="#/$defs/{name}"
+    )
     messages: dict[str, dict[str, Any]] = {"client_to_engine": {}, "engine_to_client": {}}
     for (kind, _), payload in zip(kinds, payloads):
         side = "client_to_engine" if isinstance(kind, RequestType) else "engine_to_client"
@@ -36,8 +35,8 @@ def build_schema() -> dict[str, Any]:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "Engine core wire protocol",
         "description": "Frames are [type byte, msgpack payload, buffer frames...]; array_like "
-                       "Structs travel as msgpack arrays in field order, trailing defaults "
-                       "omitted. See docs/protocol.md.",
+        "Structs travel as msgpack arrays in field order, trailing defaults "
+        "omitted. See docs/protocol.md.",
         "protocol_version": PROTOCOL_VERSION,
         "messages": messages,
         "$defs": defs,
@@ -49,10 +48,12 @@ def _array_schema(type_: Any) -> dict[str, Any]:
     if not (isinstance(type_, type) and issubclass(type_, WireArray)):
         raise NotImplementedError(f"no schema for {type_}")
     dtypes = [name for name, dtype in WIRE_DTYPES.items() if np.issubdtype(dtype, type_.kind)]
-    return {**msgspec.json.schema(type_.list_type),
-            "description": f"or msgpack Ext {ARRAY_EXT_CODE} [dtype, shape, buffer index] naming "
-                           f"an extra frame: {type_.ndim}-dimensional, dtype "
-                           f"{' or '.join(dtypes)}"}
+    return {
+        **msgspec.json.schema(type_.list_type),
+        "description": f"or msgpack Ext {ARRAY_EXT_CODE} [dtype, shape, buffer index] naming "
+        f"an extra frame: {type_.ndim}-dimensional, dtype "
+        f"{' or '.join(dtypes)}",
+    }
 
 
 def render() -> str:

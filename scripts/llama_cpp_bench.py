@@ -24,14 +24,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.machine_limits import machine_info, memory_read_gbps  # noqa: E402
-from bench.single_stream import decode_weight_bytes, load_runner, runner_decode  # noqa: E402
-from config.default_model import cache_root, find_default_gguf  # noqa: E402
+from bench.machine_limits import machine_info, memory_read_gbps
+from bench.single_stream import decode_weight_bytes, load_runner, runner_decode
+from config.default_model import cache_root, find_default_gguf
 
 
-def build_llama_cpp(root: Path, version: str | None,
-                    targets: tuple[str, ...] = ("llama-bench", "llama-quantize")) -> Path:
-    """llama.cpp's build/bin with `targets` built from the llama-cpp-python sdist (once per version).
+def build_llama_cpp(
+    root: Path, version: str | None, targets: tuple[str, ...] = ("llama-bench", "llama-quantize")
+) -> Path:
+    """llama.cpp's build/bin with `targets` built from the llama-cpp-python sdist (once per
+    version).
 
     The server is configured on (no curl, no web UI: nothing is downloaded at build time) so that
     scripts/llama_server_bench.py can build llama-server in the same build directory.
@@ -44,28 +46,71 @@ def build_llama_cpp(root: Path, version: str | None,
     if not version and dirs:  # build the missing targets in the sdist already here
         source = dirs[-1].parent.parent
     else:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                        "llama-cpp-python", spec, "-d", str(root)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-python",
+                spec,
+                "-d",
+                str(root),
+            ],
+            check=True,
+        )
         sdist = max(root.glob("llama_cpp_python-*.tar.gz"), key=lambda p: p.stat().st_mtime)
         source = root / sdist.name.removesuffix(".tar.gz")
     if not source.is_dir():
         with tarfile.open(sdist) as tar:
             tar.extractall(root, filter="data")
     build = source / "build"
-    subprocess.run(["cmake", "-S", str(source / "vendor" / "llama.cpp"), "-B", str(build),
-                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
-                    "-DLLAMA_USE_PREBUILT_UI=OFF"], check=True)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(source / "vendor" / "llama.cpp"),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DGGML_NATIVE=ON",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_SERVER=ON",
+            "-DLLAMA_BUILD_UI=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+        ],
+        check=True,
+    )
     subprocess.run(["cmake", "--build", str(build), "-j2", "--target", *targets], check=True)
     return build / "bin"
 
 
 def llama_bench(bin_dir: Path, gguf: Path, new_tokens: int, threads: int) -> float:
     """llama-bench's generation tokens/s (one repetition)."""
-    out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(gguf), "-p", "0", "-n",
-                          str(new_tokens), "-t", str(threads), "-r", "1", "-o", "json"],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            str(bin_dir / "llama-bench"),
+            "-m",
+            str(gguf),
+            "-p",
+            "0",
+            "-n",
+            str(new_tokens),
+            "-t",
+            str(threads),
+            "-r",
+            "1",
+            "-o",
+            "json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return float(json.loads(out)[0]["avg_ts"])
 
 
@@ -81,8 +126,11 @@ def main() -> None:
     bin_dir = build_llama_cpp(cache_root() / "llama.cpp", args.llama_cpp_version)
     f32 = cache_root() / "llama.cpp" / f"{gguf.stem}.F32.gguf"
     if not f32.is_file():
-        subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(gguf), str(f32),
-                        "F32"], check=True, capture_output=True)
+        subprocess.run(
+            [str(bin_dir / "llama-quantize"), "--allow-requantize", str(gguf), str(f32), "F32"],
+            check=True,
+            capture_output=True,
+        )
     threads = torch.get_num_threads()
 
     runners = {}
@@ -91,29 +139,41 @@ def main() -> None:
         runner_decode(runners[dtype], [1] * args.prompt_tokens, 16, -1)  # warm-up
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, runners["auto"].config.arch.vocab_size, args.prompt_tokens).tolist()
-    runs: dict[str, list[float]] = {"llama.cpp file": [], "llama.cpp F32": [],
-                                    "engine quantized": [], "engine float32": []}
+    runs: dict[str, list[float]] = {
+        "llama.cpp file": [],
+        "llama.cpp F32": [],
+        "engine quantized": [],
+        "engine float32": [],
+    }
     for run in range(args.runs):
         runs["llama.cpp file"].append(llama_bench(bin_dir, gguf, args.new_tokens, threads))
-        runs["engine quantized"].append(runner_decode(runners["auto"], prompt, args.new_tokens,
-                                                      run))
+        runs["engine quantized"].append(
+            runner_decode(runners["auto"], prompt, args.new_tokens, run)
+        )
         runs["llama.cpp F32"].append(llama_bench(bin_dir, f32, args.new_tokens, threads))
-        runs["engine float32"].append(runner_decode(runners["float32"], prompt, args.new_tokens,
-                                                    run))
+        runs["engine float32"].append(
+            runner_decode(runners["float32"], prompt, args.new_tokens, run)
+        )
     medians = {name: statistics.median(values) for name, values in runs.items()}
     gbps = memory_read_gbps()
     quantized_bytes = decode_weight_bytes(runners["auto"].model)
     result = {
-        "workload": "single-stream decode tok/s", "machine": machine_info(), "model": str(gguf),
-        "llama_cpp": str(bin_dir), "threads": threads,
+        "workload": "single-stream decode tok/s",
+        "machine": machine_info(),
+        "model": str(gguf),
+        "llama_cpp": str(bin_dir),
+        "threads": threads,
         "runs": {name: [round(v, 2) for v in values] for name, values in runs.items()},
         "median_tok_s": {name: round(v, 2) for name, v in medians.items()},
         "engine_over_llama_cpp": {
             "file": round(medians["engine quantized"] / medians["llama.cpp file"], 2),
-            "F32": round(medians["engine float32"] / medians["llama.cpp F32"], 2)},
-        "memory_read_gb_s": round(gbps, 1), "quantized_weight_mb": round(quantized_bytes / 1e6, 1),
+            "F32": round(medians["engine float32"] / medians["llama.cpp F32"], 2),
+        },
+        "memory_read_gb_s": round(gbps, 1),
+        "quantized_weight_mb": round(quantized_bytes / 1e6, 1),
         "engine_quantized_fraction_of_limit": round(
-            medians["engine quantized"] * quantized_bytes / (gbps * 1e9), 3),
+            medians["engine quantized"] * quantized_bytes / (gbps * 1e9), 3
+        ),
     }
     print(json.dumps(result, indent=2))
 

@@ -11,7 +11,7 @@ NEW_TOKENS = 32
 PROMPT_TEXTS = [
     "The capital of France is",
     "Hi",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "La tour Eiffel a été construite pour",
     "Der schnellste Weg von Berlin nach München ist",
     "東京は日本の首都で、",
@@ -23,8 +23,13 @@ PROMPT_TEXTS = [
     "#include <stdio.h>\nint main(void) {\n    printf(",
     "El rápido zorro marrón salta sobre",
     "Photosynthesis is the process by which plants",
-    " ".join(["The history of the Roman Empire spans many centuries and includes the reigns of "
-              "emperors such as Augustus, Nero, Trajan, Hadrian and Constantine."] * 12),
+    " ".join(
+        [
+            "The history of the Roman Empire spans many centuries and includes the reigns of "
+            "emperors such as Augustus, Nero, Trajan, Hadrian and Constantine."
+        ]
+        * 12
+    ),
     "Q: What is 17 times 23?\nA:",
 ]
 
@@ -59,9 +64,17 @@ def _model():
 def greedy(ids: tuple[int, ...]) -> tuple[list[int], torch.Tensor]:
     """NEW_TOKENS greedy tokens after ids, and the raw logprobs [NEW_TOKENS, vocab] of each step."""
     with torch.inference_mode():
-        gen = _model().generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-    return gen.sequences[0, len(ids):].tolist(), torch.log_softmax(torch.cat(gen.logits).float(), -1)
+        gen = _model().generate(
+            torch.tensor([ids]),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return gen.sequences[0, len(ids) :].tolist(), torch.log_softmax(
+        torch.cat(gen.logits).float(), -1
+    )
 
 
 def prompt_logprobs(ids: tuple[int, ...]) -> torch.Tensor:

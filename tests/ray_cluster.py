@@ -53,5 +53,6 @@ def process_table() -> dict[int, tuple[int, bytes]]:
 def actor_pids(class_name: str) -> dict[int, int]:
     """pid -> parent pid (its node's raylet) of each live Ray actor of class_name here."""
     prefix = f"ray::{class_name}".encode()
-    return {pid: ppid for pid, (ppid, cmdline) in process_table().items()
-            if cmdline.startswith(prefix)}
+    return {
+        pid: ppid for pid, (ppid, cmdline) in process_table().items() if cmdline.startswith(prefix)
+    }

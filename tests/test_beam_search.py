@@ -36,8 +36,7 @@ def hf_model(tiny_path):
 
 @pytest.fixture(scope="module")
 def llm(tiny_path):
-    return LLM(str(tiny_path), device="cpu", max_model_len=64, kv_cache_memory="8MiB",
-               block_size=8)
+    return LLM(str(tiny_path), device="cpu", max_model_len=64, kv_cache_memory="8MiB", block_size=8)
 
 
 @torch.inference_mode()
@@ -50,6 +49,7 @@ def next_logprobs(model, sequences: list[list[int]]) -> torch.Tensor:
 def reference_beam_search(model, prompt, width, max_tokens, length_penalty=1.0):
     """The same algorithm, independently: top 2*width candidates per beam, EOS beams set
     aside, the best width kept by length-penalised score."""
+
     def score(seq):
         return beam_search_score(seq[0], seq[1], EOS, length_penalty)
 
@@ -68,8 +68,10 @@ def reference_beam_search(model, prompt, width, max_tokens, length_penalty=1.0):
 
 def test_two_tokens_match_the_enumeration_of_every_sequence(llm, hf_model):
     width = 3
-    out = llm.beam_search([{"prompt_token_ids": p} for p in PROMPTS],
-                          BeamSearchParams(beam_width=width, max_tokens=2, ignore_eos=True))
+    out = llm.beam_search(
+        [{"prompt_token_ids": p} for p in PROMPTS],
+        BeamSearchParams(beam_width=width, max_tokens=2, ignore_eos=True),
+    )
     for prompt, result in zip(PROMPTS, out):
         first = next_logprobs(hf_model, [prompt])[0]
         second = next_logprobs(hf_model, [prompt + [t] for t in range(512)])
@@ -80,12 +82,14 @@ def test_two_tokens_match_the_enumeration_of_every_sequence(llm, hf_model):
         allowed[kept_first] = table[kept_first]
         best = allowed.flatten().topk(width)
         expected = [[int(i) // 512, int(i) % 512] for i in best.indices]
-        assert [s.tokens[len(prompt):] for s in result.sequences] == expected
+        assert [s.tokens[len(prompt) :] for s in result.sequences] == expected
         for seq, value in zip(result.sequences, best.values.tolist()):
             assert seq.cum_logprob == pytest.approx(value, abs=1e-4)
         # The global best is found: its first token is the most likely first token here.
-        assert result.sequences[0].tokens[len(prompt):] == [
-            int(table.argmax()) // 512, int(table.argmax()) % 512]
+        assert result.sequences[0].tokens[len(prompt) :] == [
+            int(table.argmax()) // 512,
+            int(table.argmax()) % 512,
+        ]
 
 
 @pytest.mark.parametrize("length_penalty", [1.0, 0.5])
@@ -103,14 +107,21 @@ def test_longer_search_matches_an_independent_reference(llm, hf_model, length_pe
 def test_width_one_is_greedy_and_beams_share_cached_blocks(llm):
     from engine_core.sampling_params import SamplingParams
 
-    greedy = llm.generate([{"prompt_token_ids": PROMPTS[0]}],
-                          SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-                          use_tqdm=False)[0].outputs[0].token_ids
+    greedy = (
+        llm.generate(
+            [{"prompt_token_ids": PROMPTS[0]}],
+            SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+            use_tqdm=False,
+        )[0]
+        .outputs[0]
+        .token_ids
+    )
     before = llm.get_engine_stats()
-    out = llm.beam_search([PROMPTS[0]], BeamSearchParams(beam_width=1, max_tokens=6,
-                                                          ignore_eos=True))
+    out = llm.beam_search(
+        [PROMPTS[0]], BeamSearchParams(beam_width=1, max_tokens=6, ignore_eos=True)
+    )
     after = llm.get_engine_stats()
-    assert out[0].sequences[0].tokens[len(PROMPTS[0]):] == greedy
+    assert out[0].sequences[0].tokens[len(PROMPTS[0]) :] == greedy
     # Each step re-submits the beam: its earlier full blocks come from the prefix cache.
     assert after["prefix_cache_hits"] - before["prefix_cache_hits"] > 0
 

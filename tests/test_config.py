@@ -40,27 +40,42 @@ def _resolved(model_dir: Path, **kwargs) -> EngineConfig:
 # --- per-field validation ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"dtype": "float64"}, "dtype must be one of auto, float32, .* got 'float64'"),
-    ({"dtype": "fp16"}, "dtype must be one of .*got 'fp16'"),
-    ({"block_size": 24}, re.escape(f"block_size must be one of {BLOCK_SIZES}, got 24")),
-    ({"block_size": 0}, "block_size must be one of .*got 0"),
-    ({"gpu_memory_utilization": 0.0}, re.escape("gpu_memory_utilization must be in (0, 1], got 0.0")),
-    ({"gpu_memory_utilization": 1.5}, re.escape("gpu_memory_utilization must be in (0, 1], got 1.5")),
-    ({"gpu_memory_utilization": -0.2}, re.escape("must be in (0, 1], got -0.2")),
-    ({"max_model_len": 0}, "max_model_len must be positive, got 0"),
-    ({"max_logprobs": -2}, "max_logprobs must be -1 or non-negative, got -2"),
-    ({"kv_cache_memory": 0}, "kv_cache_memory must be positive, got 0"),
-    ({"kv_cache_memory": "lots"}, "kv_cache_memory: cannot parse size 'lots'"),
-    ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override must be at least 1"),
-    ({"prefix_caching_hash_algo": "md5"}, "prefix_caching_hash_algo must be one of .*'md5'"),
-    ({"max_num_seqs": 0}, "max_num_seqs must be at least 1, got 0"),
-    ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be at least 1, got 0"),
-    ({"scheduling_policy": "lifo"}, "scheduling_policy must be 'fcfs' or 'priority', got 'lifo'"),
-    ({"tensor_parallel_size": 0}, "tensor_parallel_size must be at least 1, got 0"),
-    ({"load_format": "pt"}, "load_format must be one of auto, safetensors, gguf, dummy, got 'pt'"),
-    ({"device": "tpu"}, "device must be one of auto, cpu, cuda, got 'tpu'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"dtype": "float64"}, "dtype must be one of auto, float32, .* got 'float64'"),
+        ({"dtype": "fp16"}, "dtype must be one of .*got 'fp16'"),
+        ({"block_size": 24}, re.escape(f"block_size must be one of {BLOCK_SIZES}, got 24")),
+        ({"block_size": 0}, "block_size must be one of .*got 0"),
+        (
+            {"gpu_memory_utilization": 0.0},
+            re.escape("gpu_memory_utilization must be in (0, 1], got 0.0"),
+        ),
+        (
+            {"gpu_memory_utilization": 1.5},
+            re.escape("gpu_memory_utilization must be in (0, 1], got 1.5"),
+        ),
+        ({"gpu_memory_utilization": -0.2}, re.escape("must be in (0, 1], got -0.2")),
+        ({"max_model_len": 0}, "max_model_len must be positive, got 0"),
+        ({"max_logprobs": -2}, "max_logprobs must be -1 or non-negative, got -2"),
+        ({"kv_cache_memory": 0}, "kv_cache_memory must be positive, got 0"),
+        ({"kv_cache_memory": "lots"}, "kv_cache_memory: cannot parse size 'lots'"),
+        ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override must be at least 1"),
+        ({"prefix_caching_hash_algo": "md5"}, "prefix_caching_hash_algo must be one of .*'md5'"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be at least 1, got 0"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be at least 1, got 0"),
+        (
+            {"scheduling_policy": "lifo"},
+            "scheduling_policy must be 'fcfs' or 'priority', got 'lifo'",
+        ),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be at least 1, got 0"),
+        (
+            {"load_format": "pt"},
+            "load_format must be one of auto, safetensors, gguf, dummy, got 'pt'",
+        ),
+        ({"device": "tpu"}, "device must be one of auto, cpu, cuda, got 'tpu'"),
+    ],
+)
 def test_invalid_values_are_refused_with_the_field_named(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         engine_config_from_kwargs(**kwargs)
@@ -81,9 +96,16 @@ def test_unknown_engine_arguments_are_named():
 
 
 def test_kwargs_reach_their_groups():
-    cfg = engine_config_from_kwargs(dtype="half", block_size=32, max_num_seqs=8,
-                                    tensor_parallel_size=2, load_format="dummy", device="cpu",
-                                    kv_cache_memory="1MiB", enable_prefix_caching=False)
+    cfg = engine_config_from_kwargs(
+        dtype="half",
+        block_size=32,
+        max_num_seqs=8,
+        tensor_parallel_size=2,
+        load_format="dummy",
+        device="cpu",
+        kv_cache_memory="1MiB",
+        enable_prefix_caching=False,
+    )
     assert (cfg.model.dtype, cfg.cache.block_size, cfg.scheduler.max_num_seqs) == ("half", 32, 8)
     assert cfg.parallel.tensor_parallel_size == 2 and cfg.load.load_format == "dummy"
     assert cfg.device.device == "cpu" and cfg.cache.kv_cache_memory == 2**20
@@ -94,10 +116,14 @@ def test_the_ray_backend_without_ray_says_how_to_install_it(monkeypatch):
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "ray" else find_spec(name, *a))
-    with pytest.raises(ConfigError, match=r"'ray' needs Ray, which is not installed: "
-                                          r"pip install ray \(the engine's \[ray\] extra\)"):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"'ray' needs Ray, which is not installed: "
+        r"pip install ray \(the engine's \[ray\] extra\)",
+    ):
         engine_config_from_kwargs(distributed_executor_backend="ray", tensor_parallel_size=2)
 
 
@@ -108,26 +134,30 @@ def test_config_errors_are_value_errors():
 # --- parse_size --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("2GiB", 2 * 2**30),
-    ("512MB", 512 * 10**6),
-    (1000, 1000),
-    ("1000", 1000),
-    ("1e9", 10**9),
-    ("64MiB", 64 * 2**20),
-    ("4kib", 4096),
-    (" 3 KB ", 3000),
-    ("1.5GiB", 3 * 2**29),
-    ("2g", 2 * 10**9),
-    ("1TiB", 2**40),
-    ("7b", 7),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("2GiB", 2 * 2**30),
+        ("512MB", 512 * 10**6),
+        (1000, 1000),
+        ("1000", 1000),
+        ("1e9", 10**9),
+        ("64MiB", 64 * 2**20),
+        ("4kib", 4096),
+        (" 3 KB ", 3000),
+        ("1.5GiB", 3 * 2**29),
+        ("2g", 2 * 10**9),
+        ("1TiB", 2**40),
+        ("7b", 7),
+    ],
+)
 def test_parse_size(value, expected):
     assert parse_size(value) == expected
 
 
-@pytest.mark.parametrize("value", ["", "lots", "2XB", "GiB", "-1GB", "1.2.3GB", "e", "2 GiB x",
-                                   "0x10"])
+@pytest.mark.parametrize(
+    "value", ["", "lots", "2XB", "GiB", "-1GB", "1.2.3GB", "e", "2 GiB x", "0x10"]
+)
 def test_parse_size_refuses_bad_strings(value):
     with pytest.raises(ValueError, match=re.escape(f"cannot parse size {value!r}") + ".*2GiB"):
         parse_size(value)
@@ -141,18 +171,31 @@ def test_auto_dtype_is_float32_on_cpu(tiny):
     assert _resolved(tiny, dtype="auto").device_type == "cpu"
 
 
-@pytest.mark.parametrize("requested, resolved", [
-    ("float32", "float32"), ("float", "float32"), ("bfloat16", "bfloat16"),
-    ("float16", "float16"), ("half", "float16"),
-])
+@pytest.mark.parametrize(
+    "requested, resolved",
+    [
+        ("float32", "float32"),
+        ("float", "float32"),
+        ("bfloat16", "bfloat16"),
+        ("float16", "float16"),
+        ("half", "float16"),
+    ],
+)
 def test_explicit_dtypes_and_aliases(tiny, requested, resolved):
     assert _resolved(tiny, dtype=requested).torch_dtype_name == resolved
 
 
-@pytest.mark.parametrize("checkpoint, device, resolved", [
-    ("float32", "cpu", "float32"), ("bfloat16", "cpu", "float32"), ("float16", "cpu", "float32"),
-    ("float32", "cuda", "bfloat16"), ("bfloat16", "cuda", "bfloat16"), ("float16", "cuda", "float16"),
-])
+@pytest.mark.parametrize(
+    "checkpoint, device, resolved",
+    [
+        ("float32", "cpu", "float32"),
+        ("bfloat16", "cpu", "float32"),
+        ("float16", "cpu", "float32"),
+        ("float32", "cuda", "bfloat16"),
+        ("bfloat16", "cuda", "bfloat16"),
+        ("float16", "cuda", "float16"),
+    ],
+)
 def test_auto_dtype_resolution(checkpoint, device, resolved):
     assert _resolve_dtype("auto", checkpoint, device) == resolved
 
@@ -169,8 +212,9 @@ def test_max_model_len_below_the_model_limit_is_kept(tiny):
 
 
 def test_max_model_len_above_the_model_limit(tiny):
-    with pytest.raises(ConfigError, match="max_model_len 1024 exceeds the model's "
-                       "max_position_embeddings 512"):
+    with pytest.raises(
+        ConfigError, match="max_model_len 1024 exceeds the model's max_position_embeddings 512"
+    ):
         _resolved(tiny, max_model_len=1024)
 
 
@@ -182,8 +226,11 @@ def test_max_model_len_needs_resolve():
 @pytest.mark.parametrize("tp", [3, 4])
 def test_tensor_parallel_size_must_divide_heads(tiny, tp):
     # 4 attention heads, 2 KV heads: 3 divides neither, 4 divides only the attention heads.
-    with pytest.raises(ConfigError, match=f"tensor_parallel_size {tp} must divide the number of "
-                       r"attention heads \(4\) and of KV heads \(2\)"):
+    with pytest.raises(
+        ConfigError,
+        match=f"tensor_parallel_size {tp} must divide the number of "
+        r"attention heads \(4\) and of KV heads \(2\)",
+    ):
         _resolved(tiny, tensor_parallel_size=tp)
 
 
@@ -216,14 +263,20 @@ def test_kv_cache_exactly_one_max_len_request_fits(tiny):
 
 
 def test_kv_cache_too_small_for_one_request(tiny):
-    with pytest.raises(ValueError, match=r"the KV cache holds 31 blocks of 16 tokens .* fewer than "
-                       r"the 32 blocks one request of max_model_len 512 needs.*kv_cache_memory"):
+    with pytest.raises(
+        ValueError,
+        match=r"the KV cache holds 31 blocks of 16 tokens .* fewer than "
+        r"the 32 blocks one request of max_model_len 512 needs.*kv_cache_memory",
+    ):
         _num_blocks(tiny, kv_cache_memory=32 * 16 * KV_BYTES_PER_TOKEN - 1)
 
 
 def test_kv_cache_too_small_by_block_override(tiny):
-    with pytest.raises(ValueError, match="holds 4 blocks of 32 tokens.*fewer than the 7 blocks "
-                       "one request of max_model_len 200 needs"):
+    with pytest.raises(
+        ValueError,
+        match="holds 4 blocks of 32 tokens.*fewer than the 7 blocks "
+        "one request of max_model_len 200 needs",
+    ):
         _num_blocks(tiny, num_gpu_blocks_override=4, block_size=32, max_model_len=200)
 
 
@@ -243,7 +296,8 @@ def test_async_scheduling_flag():
     assert kwargs == {"async_scheduling": True}
     assert engine_config_from_kwargs(**kwargs).scheduler.async_scheduling is True
     assert engine_kwargs(parser.parse_args(["--no-async-scheduling"])) == {
-        "async_scheduling": False}
+        "async_scheduling": False
+    }
 
 
 def test_async_scheduling_defaults_on_with_a_gpu_off_on_the_cpu(tiny):
@@ -262,11 +316,23 @@ def test_async_scheduling_defaults_on_with_a_gpu_off_on_the_cpu(tiny):
 def _model_with_head_dim(directory: Path, head_dim: int) -> Path:
     """A config.json alone (resolve() reads no weights) for a Llama with this head size."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4 * head_dim,
-        "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": head_dim, "vocab_size": 128,
-        "max_position_embeddings": 256, "torch_dtype": "bfloat16"}))
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 4 * head_dim,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": head_dim,
+                "vocab_size": 128,
+                "max_position_embeddings": 256,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     return directory
 
 
@@ -302,9 +368,13 @@ def test_cuda_accepts_the_triton_kernels_block_sizes(tiny, block_size, dtype):
 
 
 def test_cuda_refuses_block_size_256_naming_the_supported_ones(tiny):
-    with pytest.raises(ConfigError, match=re.escape(
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
             "block_size 256 is not supported by the triton attention kernels on cuda, which take "
-            "block_size 1, 8, 16, 32, 64 or 128")):
+            "block_size 1, 8, 16, 32, 64 or 128"
+        ),
+    ):
         _resolved(tiny, device="cuda", block_size=256)
 
 
@@ -316,17 +386,24 @@ def test_cuda_accepts_power_of_two_head_sizes(tmp_path, head_dim):
 
 @pytest.mark.parametrize("head_dim", [8, 48, 80, 96, 192, 512])
 def test_cuda_refuses_other_head_sizes_before_loading(tmp_path, head_dim):
-    with pytest.raises(ConfigError, match=re.escape(
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
             f"head_dim {head_dim} is not supported by the triton attention kernels on cuda, which "
-            "take head_dim 16, 32, 64, 128 or 256")):
+            "take head_dim 16, 32, 64, 128 or 256"
+        ),
+    ):
         _resolved(_model_with_head_dim(tmp_path, head_dim), device="cuda")
 
 
 def test_rules_for_a_named_device_type():
     assert attention_backends_for("cuda", 16, 128, "bfloat16") == ["triton"]
     assert attention_backends_for("cpu", 16, 64, "float32") == ["cpu", "torch"]
-    with pytest.raises(ConfigError, match="dtype float64 is not supported by the triton attention "
-                       "kernels on cuda, which take dtype float16, bfloat16 or float32"):
+    with pytest.raises(
+        ConfigError,
+        match="dtype float64 is not supported by the triton attention "
+        "kernels on cuda, which take dtype float16, bfloat16 or float32",
+    ):
         attention_backends_for("cuda", 16, 128, "float64")
     with pytest.raises(ConfigError, match="no attention backend for device type 'tpu'"):
         attention_backends_for("tpu", 16, 128, "float32")
@@ -348,8 +425,12 @@ def test_backend_selection_uses_the_same_rules():
 def test_the_encoded_configuration_is_the_resolved_one(tiny):
     """What the launcher hands every process (EngineConfig.encode) decodes to the same
     configuration, served names and generation defaults included, without resolving again."""
-    config = _resolved(tiny, served_model_name=["a", "b", "a"], dtype="float32",
-                     override_generation_config={"temperature": 0.5})
+    config = _resolved(
+        tiny,
+        served_model_name=["a", "b", "a"],
+        dtype="float32",
+        override_generation_config={"temperature": 0.5},
+    )
     copy = decode_config(config.encode())
     assert copy == config
     assert copy.model.served_model_names == ["a", "b"] and copy.model.served_model_name == "a"

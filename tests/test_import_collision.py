@@ -83,7 +83,13 @@ def test_transformers_does_not_mistake_our_packages(tmp_path, tiny_model, order)
     cwd.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(REPO), str(tiny_model), order],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(REPO), str(tiny_model), order],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
     assert "import-collision-ok" in proc.stdout

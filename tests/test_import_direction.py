@@ -16,8 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Outermost first.
-LAYERS = ("bench", "frontend", "tokenizer_proc", "engine_core", "executor", "gpu_worker",
-          "kernels")
+LAYERS = ("bench", "frontend", "tokenizer_proc", "engine_core", "executor", "gpu_worker", "kernels")
 LEAF_PACKAGES = ("config", "metrics", "ipc")
 # Message types that cross a process boundary, beside each folder's protocol.py.
 PROTOCOL_MODULES = {"engine_core.sampling_params", "executor.worker_messages"}
@@ -38,8 +37,9 @@ MODULES = _modules()
 
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(name: str) -> list[tuple[str, int, bool]]:
@@ -66,11 +66,13 @@ def _imports(name: str) -> list[tuple[str, int, bool]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([node.module] if node.module else []))
             # `from pkg import module` imports the module; `from module import name` the module.
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
-                       for alias in node.names]
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+                for alias in node.names
+            ]
         for target in targets:
             while target and target not in MODULES:
                 target = target.rpartition(".")[0]
@@ -83,8 +85,11 @@ def _imports(name: str) -> list[tuple[str, int, bool]]:
 
 
 def _is_leaf(name: str) -> bool:
-    return name.split(".")[0] in LEAF_PACKAGES or name in PROTOCOL_MODULES or \
-        name.rpartition(".")[2] == "protocol"
+    return (
+        name.split(".")[0] in LEAF_PACKAGES
+        or name in PROTOCOL_MODULES
+        or name.rpartition(".")[2] == "protocol"
+    )
 
 
 def _layer(name: str) -> int:
@@ -108,8 +113,9 @@ def test_imports_run_inward_and_leaves_stay_leaves():
 
 
 def test_no_import_loops_between_files():
-    graph = {name: {t for t, _, typing_only in _imports(name) if not typing_only}
-             for name in MODULES}
+    graph = {
+        name: {t for t, _, typing_only in _imports(name) if not typing_only} for name in MODULES
+    }
     # Tarjan's strongly connected components: a component of two or more files is a loop.
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -148,9 +154,11 @@ def test_the_checks_see_a_wrong_import(monkeypatch, tmp_path):
     """The reader finds imports at any depth, and under TYPE_CHECKING for the direction."""
     fake = tmp_path / "kernels" / "fake.py"
     fake.parent.mkdir()
-    fake.write_text("from typing import TYPE_CHECKING\n"
-                    "def f():\n    from frontend import llm\n"
-                    "if TYPE_CHECKING:\n    from engine_core.scheduler import Scheduler\n")
+    fake.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "def f():\n    from frontend import llm\n"
+        "if TYPE_CHECKING:\n    from engine_core.scheduler import Scheduler\n"
+    )
     monkeypatch.setitem(MODULES, "kernels.fake", fake)
     found = _imports("kernels.fake")
     assert ("frontend.llm", 3, False) in found

@@ -16,14 +16,19 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
-def llm(tiny_path, request):  # noqa: F811
-    return LLM(str(tiny_path), device="cpu", max_model_len=64, kv_cache_memory="8MiB",
-               async_scheduling=request.param, engine_process=False)
+def llm(tiny_path, request):
+    return LLM(
+        str(tiny_path),
+        device="cpu",
+        max_model_len=64,
+        kv_cache_memory="8MiB",
+        async_scheduling=request.param,
+        engine_process=False,
+    )
 
 
 def ids(llm, prompts, params=GREEDY, **kwargs) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False,
-                                                         **kwargs)]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False, **kwargs)]
 
 
 def test_prompt_token_ids_keyword_and_tokens_prompts(llm):
@@ -37,30 +42,51 @@ def test_prompt_token_ids_keyword_and_tokens_prompts(llm):
 
 def test_bad_words_ban_a_token_only_after_its_prefix(llm):
     greedy = ids(llm, [PROMPT])[0]
-    after = ids(llm, [PROMPT], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
-                                              bad_words_token_ids=[greedy[1:3]]))[0]
+    after = ids(
+        llm,
+        [PROMPT],
+        SamplingParams(
+            temperature=0.0, max_tokens=8, ignore_eos=True, bad_words_token_ids=[greedy[1:3]]
+        ),
+    )[0]
     assert after[:2] == greedy[:2] and after[2] != greedy[2]
-    first = ids(llm, [PROMPT], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
-                                              bad_words_token_ids=[[greedy[0]]]))[0]
+    first = ids(
+        llm,
+        [PROMPT],
+        SamplingParams(
+            temperature=0.0, max_tokens=8, ignore_eos=True, bad_words_token_ids=[[greedy[0]]]
+        ),
+    )[0]
     assert greedy[0] not in first
     # A prefix only the prompt ends with does not count (vLLM looks at the output).
-    prompt_prefix = ids(llm, [PROMPT], SamplingParams(
-        temperature=0.0, max_tokens=8, ignore_eos=True,
-        bad_words_token_ids=[[PROMPT[-1], greedy[0]]]))[0]
+    prompt_prefix = ids(
+        llm,
+        [PROMPT],
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=8,
+            ignore_eos=True,
+            bad_words_token_ids=[[PROMPT[-1], greedy[0]]],
+        ),
+    )[0]
     assert prompt_prefix == greedy
 
 
 def test_allowed_token_ids(llm):
     allowed = [3, 30, 300]
-    for params in (SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=allowed),
-                   SamplingParams(temperature=1.0, seed=3, max_tokens=6,
-                                  allowed_token_ids=allowed)):
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=allowed),
+        SamplingParams(temperature=1.0, seed=3, max_tokens=6, allowed_token_ids=allowed),
+    ):
         assert set(ids(llm, [PROMPT], params)[0]) <= set(allowed)
 
 
 def test_truncate_prompt_tokens(llm):
-    out = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
-                                                truncate_prompt_tokens=3), use_tqdm=False)[0]
+    out = llm.generate(
+        [PROMPT],
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, truncate_prompt_tokens=3),
+        use_tqdm=False,
+    )[0]
     assert out.prompt_token_ids == PROMPT[-3:]
     assert out.outputs[0].token_ids == ids(llm, [PROMPT[-3:]])[0]
     with pytest.raises(ValueError, match="greater than max_model_len"):
@@ -91,8 +117,11 @@ def test_get_metrics_counts_prompt_and_generated_tokens(llm):
 
     llm.generate([PROMPT], GREEDY, use_tqdm=False)  # so that every series exists
     before = _metric(llm, "vllm:prompt_tokens").value
-    llm.generate([PROMPT, PROMPT], SamplingParams(temperature=0.0, max_tokens=4, n=2,
-                                                  ignore_eos=True), use_tqdm=False)
+    llm.generate(
+        [PROMPT, PROMPT],
+        SamplingParams(temperature=0.0, max_tokens=4, n=2, ignore_eos=True),
+        use_tqdm=False,
+    )
     prompt = _metric(llm, "vllm:prompt_tokens")
     assert isinstance(prompt, Counter) and prompt.value - before == 4 * len(PROMPT)
     assert isinstance(_metric(llm, "vllm:num_requests_running"), Gauge)

@@ -29,11 +29,28 @@ def _serve_args(*argv: str):
 
 
 def test_model_positional_and_vllm_names():
-    args = _serve_args("my/model", "--enforce-eager", "--trust-remote-code",
-                       "--served-model-name", "a", "b", "--kv-cache-memory-bytes", "1GiB",
-                       "--disable-log-requests", "--disable-log-stats", "--uvicorn-log-level",
-                       "warning", "--generation-config", "vllm", "--override-generation-config",
-                       '{"temperature": 0.5}', "--swap-space", "4", "--kv-cache-dtype", "auto")
+    args = _serve_args(
+        "my/model",
+        "--enforce-eager",
+        "--trust-remote-code",
+        "--served-model-name",
+        "a",
+        "b",
+        "--kv-cache-memory-bytes",
+        "1GiB",
+        "--disable-log-requests",
+        "--disable-log-stats",
+        "--uvicorn-log-level",
+        "warning",
+        "--generation-config",
+        "vllm",
+        "--override-generation-config",
+        '{"temperature": 0.5}',
+        "--swap-space",
+        "4",
+        "--kv-cache-dtype",
+        "auto",
+    )
     kwargs = engine_kwargs(args)
     assert kwargs["model"] == "my/model"
     assert kwargs["served_model_name"] == ["a", "b"]
@@ -53,21 +70,41 @@ def test_model_positional_and_vllm_names():
 
 
 def test_vllm_flags_the_engine_cannot_honour_are_refused_by_name(capsys):
-    code = main(["serve", "m", "--kv-cache-dtype", "fp8", "--enable-lora",
-                 "--pipeline-parallel-size", "2", "--middleware", "x.y"])
+    code = main(
+        [
+            "serve",
+            "m",
+            "--kv-cache-dtype",
+            "fp8",
+            "--enable-lora",
+            "--pipeline-parallel-size",
+            "2",
+            "--middleware",
+            "x.y",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
-    for flag in ("--kv-cache-dtype fp8", "--enable-lora", "--pipeline-parallel-size 2",
-                 "--middleware x.y"):
+    for flag in (
+        "--kv-cache-dtype fp8",
+        "--enable-lora",
+        "--pipeline-parallel-size 2",
+        "--middleware x.y",
+    ):
         assert flag in err
     code = main(["generate", "hi", "--speculative-config", "{}"])
     assert code == 2 and "--speculative-config" in capsys.readouterr().err
 
 
 def test_llm_keyword_arguments_as_vllm_names_them():
-    config = engine_config_from_kwargs(kv_cache_memory_bytes=10**8, swap_space=4,
-                                       enforce_eager=True, served_model_name=["x", "y"],
-                                       disable_log_stats=True, enable_chunked_prefill=True)
+    config = engine_config_from_kwargs(
+        kv_cache_memory_bytes=10**8,
+        swap_space=4,
+        enforce_eager=True,
+        served_model_name=["x", "y"],
+        disable_log_stats=True,
+        enable_chunked_prefill=True,
+    )
     assert config.cache.kv_cache_memory == 10**8
     assert config.model.served_model_names == ["x", "y"]
     assert config.observability.disable_log_stats
@@ -82,24 +119,43 @@ def test_llm_keyword_arguments_as_vllm_names_them():
 
 
 def _model_dir(tmp_path, generation: dict | None, auto_map: bool = False):
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], **({"auto_map": {"AutoModel": "m.M"}}
-                                                  if auto_map else {})}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                **({"auto_map": {"AutoModel": "m.M"}} if auto_map else {}),
+            }
+        )
+    )
     if generation is not None:
         (tmp_path / "generation_config.json").write_text(json.dumps(generation))
     return str(tmp_path)
 
 
 def test_generation_config_defaults(tmp_path):
-    path = _model_dir(tmp_path, {"temperature": 0.6, "top_p": 0.9, "top_k": 20,
-                                 "max_new_tokens": 64, "do_sample": True, "eos_token_id": 2,
-                                 "min_p": None})
+    path = _model_dir(
+        tmp_path,
+        {
+            "temperature": 0.6,
+            "top_p": 0.9,
+            "top_k": 20,
+            "max_new_tokens": 64,
+            "do_sample": True,
+            "eos_token_id": 2,
+            "min_p": None,
+        },
+    )
     auto = ModelConfig()
-    assert default_sampling_params(auto, path) == {"temperature": 0.6, "top_p": 0.9,
-                                                   "top_k": 20, "max_tokens": 64}
+    assert default_sampling_params(auto, path) == {
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "top_k": 20,
+        "max_tokens": 64,
+    }
     assert default_sampling_params(ModelConfig(generation_config="vllm"), path) == {}
-    override = ModelConfig(generation_config="vllm",
-                           override_generation_config='{"repetition_penalty": 1.1}')
+    override = ModelConfig(
+        generation_config="vllm", override_generation_config='{"repetition_penalty": 1.1}'
+    )
     assert default_sampling_params(override, path) == {"repetition_penalty": 1.1}
     merged = ModelConfig(override_generation_config={"temperature": 0.1})
     assert default_sampling_params(merged, path)["temperature"] == 0.1
@@ -108,8 +164,7 @@ def test_generation_config_defaults(tmp_path):
     with pytest.raises(ConfigError, match="no generation_config.json"):
         check_generation_config(ModelConfig(generation_config=str(tmp_path / "none")), path)
     with pytest.raises(ConfigError, match="do_sample cannot be a request default"):
-        check_generation_config(ModelConfig(override_generation_config={"do_sample": True}),
-                                path)
+        check_generation_config(ModelConfig(override_generation_config={"do_sample": True}), path)
     negative = ModelConfig(override_generation_config={"temperature": -1})
     check_generation_config(negative, path)  # the keys are right; the value is checked next
 
@@ -141,8 +196,7 @@ def test_unset_max_tokens_capped_by_max_new_tokens(tmp_path):
         max_model_len = 20
 
     def capped(prompt_len: int, max_tokens: int | None) -> int | None:
-        req = EngineCoreRequest("r", list(range(prompt_len)),
-                                SamplingParams(max_tokens=max_tokens))
+        req = EngineCoreRequest("r", list(range(prompt_len)), SamplingParams(max_tokens=max_tokens))
         return cap_unset_max_tokens(req, Config).sampling_params.max_tokens
 
     assert capped(4, None) == 8
@@ -166,17 +220,24 @@ def test_http_options_checked_before_start(tmp_path):
         HttpOptions(ssl_certfile=str(tmp_path / "missing.pem")).ssl_context()
     args = _serve_args("--allowed-origins", '["https://a.example"]', "--uds", "/tmp/x.sock")
     options = HttpOptions.from_args(args)
-    assert options.allowed_origins == ("https://a.example",) and options.url("h", 1) == \
-        "unix:/tmp/x.sock"
-    assert build_parser().parse_args(["serve", *options.argv()]).allowed_origins == \
-        ["https://a.example"]
+    assert (
+        options.allowed_origins == ("https://a.example",)
+        and options.url("h", 1) == "unix:/tmp/x.sock"
+    )
+    assert build_parser().parse_args(["serve", *options.argv()]).allowed_origins == [
+        "https://a.example"
+    ]
     assert main(["serve", "--uds", "/tmp/x.sock", "--api-server-count", "2"]) == 2
     with pytest.raises(SystemExit):
         _serve_args("--allowed-origins", "https://a.example")  # vLLM takes JSON lists
 
 
-def _preflight(policy: CorsPolicy, origin: str, method: str = "POST",
-               headers: str | None = "content-type, authorization") -> web.Response | None:
+def _preflight(
+    policy: CorsPolicy,
+    origin: str,
+    method: str = "POST",
+    headers: str | None = "content-type, authorization",
+) -> web.Response | None:
     h = {"Origin": origin, "Access-Control-Request-Method": method}
     if headers is not None:
         h["Access-Control-Request-Headers"] = headers
@@ -189,8 +250,12 @@ def test_cors_preflight_and_simple_answers():
     assert ok.status == 200 and ok.headers["Access-Control-Allow-Origin"] == "*"
     assert "POST" in ok.headers["Access-Control-Allow-Methods"]
     assert ok.headers["Access-Control-Allow-Headers"] == "content-type, authorization"
-    strict = CorsPolicy(origins=("https://a.example",), methods=("GET", "POST"),
-                        headers=("Authorization",), credentials=True)
+    strict = CorsPolicy(
+        origins=("https://a.example",),
+        methods=("GET", "POST"),
+        headers=("Authorization",),
+        credentials=True,
+    )
     ok = _preflight(strict, "https://a.example")
     assert ok.status == 200 and ok.headers["Access-Control-Allow-Origin"] == "https://a.example"
     assert ok.headers["Access-Control-Allow-Credentials"] == "true"
@@ -200,12 +265,15 @@ def test_cors_preflight_and_simple_answers():
     plain = make_mocked_request("OPTIONS", "/v1/models", headers={"Origin": "https://a.example"})
     assert strict.preflight(plain) is None  # not a preflight: the route answers
     response = web.Response()
-    strict.add_headers(make_mocked_request("GET", "/v1/models",
-                                           headers={"Origin": "https://a.example"}), response)
+    strict.add_headers(
+        make_mocked_request("GET", "/v1/models", headers={"Origin": "https://a.example"}), response
+    )
     assert response.headers["Access-Control-Allow-Origin"] == "https://a.example"
     response = web.Response()
-    strict.add_headers(make_mocked_request("GET", "/v1/models",
-                                           headers={"Origin": "https://evil.example"}), response)
+    strict.add_headers(
+        make_mocked_request("GET", "/v1/models", headers={"Origin": "https://evil.example"}),
+        response,
+    )
     assert "Access-Control-Allow-Origin" not in response.headers
 
 
@@ -233,15 +301,18 @@ def test_openapi_describes_every_route():
     from frontend.serving import ServingContext
 
     app = build_app(ServingContext("m", 16, 16, client=None, tokenizer=None))
-    routes = {(r.resource.canonical, r.method.lower()) for r in app.router.routes()
-              if r.method != "HEAD"}
-    described = {(path, method) for path, methods in openapi_schema()["paths"].items()
-                 for method in methods}
+    routes = {
+        (r.resource.canonical, r.method.lower()) for r in app.router.routes() if r.method != "HEAD"
+    }
+    described = {
+        (path, method) for path, methods in openapi_schema()["paths"].items() for method in methods
+    }
     assert routes == described
-    docs_off = build_app(ServingContext("m", 16, 16, client=None, tokenizer=None),
-                         http=HttpOptions(disable_fastapi_docs=True))
-    assert not {"/docs", "/openapi.json"} & {r.resource.canonical
-                                             for r in docs_off.router.routes()}
+    docs_off = build_app(
+        ServingContext("m", 16, 16, client=None, tokenizer=None),
+        http=HttpOptions(disable_fastapi_docs=True),
+    )
+    assert not {"/docs", "/openapi.json"} & {r.resource.canonical for r in docs_off.router.routes()}
 
 
 def test_llm_default_sampling_params_from_the_generation_config(tmp_path):
@@ -260,8 +331,12 @@ def test_max_model_len_as_vllm_reads_it():
     def parsed(value: str):
         return engine_kwargs(_serve_args("--max-model-len", value)).get("max_model_len")
 
-    assert (parsed("4096"), parsed("32k"), parsed("32K"), parsed("1.5k")) == \
-        (4096, 32000, 32768, 1500)
+    assert (parsed("4096"), parsed("32k"), parsed("32K"), parsed("1.5k")) == (
+        4096,
+        32000,
+        32768,
+        1500,
+    )
     assert parsed("auto") is None and parsed("-1") is None  # the model's own limit
 
 
@@ -272,8 +347,9 @@ def test_docs_name_every_refused_or_ignored_vllm_flag():
     from frontend.http_options import FRONTEND_ONLY
 
     docs = (Path(__file__).parent.parent / "docs" / "serve.md").read_text()
-    missing = [flag_name(n) for n in (*ENGINE_ONLY, *FRONTEND_ONLY)
-               if f"`{flag_name(n)}`" not in docs]
+    missing = [
+        flag_name(n) for n in (*ENGINE_ONLY, *FRONTEND_ONLY) if f"`{flag_name(n)}`" not in docs
+    ]
     assert not missing
 
 
@@ -292,26 +368,35 @@ def test_a_request_id_in_flight_is_not_taken_twice():
         async def generate(self, request):
             yield RequestDelta(request.request_id, 0, "a", [1], num_prompt_tokens=1)
             await release.wait()
-            yield RequestDelta(request.request_id, 0, "b", [2], num_prompt_tokens=1,
-                               finish_reason="length")
+            yield RequestDelta(
+                request.request_id, 0, "b", [2], num_prompt_tokens=1, finish_reason="length"
+            )
 
     async def run():
         app = build_app(ServingContext("m", 64, 16, Client(), None))
         async with TestClient(TestServer(app)) as client:
             body = {"prompt": "x", "max_tokens": 2}
             headers = {"X-Request-Id": "same"}
-            first = asyncio.create_task(client.post("/v1/completions", json=body,
-                                                    headers=headers))
+            first = asyncio.create_task(client.post("/v1/completions", json=body, headers=headers))
             while not app[STATE]["live_ids"]:
                 await asyncio.sleep(0.01)
             second = await client.post("/v1/completions", json=body, headers=headers)
-            other_kind = asyncio.create_task(client.post(
-                "/v1/chat/completions", headers=headers,
-                json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}))
+            other_kind = asyncio.create_task(
+                client.post(
+                    "/v1/chat/completions",
+                    headers=headers,
+                    json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+                )
+            )
             release.set()
             first, chat = await first, await other_kind
-            return (second.status, (await second.json())["error"]["message"], first.status,
-                    (await first.json())["id"], chat.status)
+            return (
+                second.status,
+                (await second.json())["error"]["message"],
+                first.status,
+                (await first.json())["id"],
+                chat.status,
+            )
 
     status, message, first, first_id, chat = asyncio.run(run())
     assert status == 400 and "'same' is already in use" in message
@@ -330,14 +415,18 @@ def test_enable_log_requests_logs_each_request_cut_at_max_log_len(caplog):
 
     class Client:
         async def generate(self, request):
-            yield RequestDelta(request.request_id, 0, "a", [1], num_prompt_tokens=1,
-                               finish_reason="length")
+            yield RequestDelta(
+                request.request_id, 0, "a", [1], num_prompt_tokens=1, finish_reason="length"
+            )
 
     async def run(log: ObservabilityConfig | None) -> None:
         app = build_app(ServingContext("m", 64, 16, Client(), None), log_requests=log)
         async with TestClient(TestServer(app)) as client:
-            r = await client.post("/v1/completions", json={"prompt": "x" * 50, "max_tokens": 1},
-                                  headers={"X-Request-Id": "logged"})
+            r = await client.post(
+                "/v1/completions",
+                json={"prompt": "x" * 50, "max_tokens": 1},
+                headers={"X-Request-Id": "logged"},
+            )
             assert r.status == 200
 
     with caplog.at_level(logging.INFO, logger="api_server"):

@@ -7,8 +7,15 @@ from pathlib import Path
 
 import torch
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=512, max_position_embeddings=512)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=512,
+)
 
 
 def make_tiny_model(path: Path, arch: str = "llama", **overrides) -> Path:

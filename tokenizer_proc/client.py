@@ -28,10 +28,19 @@ from ipc.handshake import hello_frames, ready_or_refused
 from ipc.process import host_identity, wait_for_exit
 from ipc.sockets import connect_dealer
 from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, Link, keep_alive, silence_timeout
-from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, AbortRequest, ApiOutputType,
-                                     ApiRequestType, GenerateRequest, Heartbeat, RequestDelta,
-                                     RequestError, TokenizerHello, TokenizerReady,
-                                     api_output_decoders)
+from tokenizer_proc.protocol import (
+    TOKENIZER_PROTOCOL_VERSION,
+    AbortRequest,
+    ApiOutputType,
+    ApiRequestType,
+    GenerateRequest,
+    Heartbeat,
+    RequestDelta,
+    RequestError,
+    TokenizerHello,
+    TokenizerReady,
+    api_output_decoders,
+)
 
 logger = logging.getLogger("tokenizer_proc.client")
 
@@ -61,8 +70,9 @@ class _Dealers:
         self.sockets = []
         self.watches = []
         for address in addresses:
-            sock, watch = connect_dealer(ctx, address, auth_key,
-                                         peer=f"the tokenizer process at {address}")
+            sock, watch = connect_dealer(
+                ctx, address, auth_key, peer=f"the tokenizer process at {address}"
+            )
             self.sockets.append(sock)
             self.watches.append(watch)
 
@@ -90,8 +100,11 @@ def _frames(kind: ApiRequestType, msg: Any) -> list[bytes]:
 def _hello_frames(client_name: str = "", heartbeat_s: float = 0.0) -> list[bytes]:
     """A HELLO naming this process, so that the tokenizer process can watch it; heartbeat_s:
     ask to exchange heartbeats, this client sending one every heartbeat_s on a quiet link."""
-    return hello_frames(TokenizerHello(TOKENIZER_PROTOCOL_VERSION, client_name, os.getpid(),
-                                       host_identity(), heartbeat_s))
+    return hello_frames(
+        TokenizerHello(
+            TOKENIZER_PROTOCOL_VERSION, client_name, os.getpid(), host_identity(), heartbeat_s
+        )
+    )
 
 
 def _refused(address: str) -> str:
@@ -99,10 +112,12 @@ def _refused(address: str) -> str:
 
 
 class TokenizerClient:
-    """asyncio client of M tokenizer processes; build it with `await TokenizerClient.create(...)`."""
+    """asyncio client of M tokenizer processes; build it with
+    `await TokenizerClient.create(...)`."""
 
-    def __init__(self, addresses: list[str], client_name: str = "",
-                 auth_key: str | None = None) -> None:
+    def __init__(
+        self, addresses: list[str], client_name: str = "", auth_key: str | None = None
+    ) -> None:
         self.addresses = list(addresses)
         self.ready: list[TokenizerReady] = []
         self._ctx = zmq.asyncio.Context()
@@ -124,9 +139,15 @@ class TokenizerClient:
         self._beats: dict[int, asyncio.Task[None]] = {}
 
     @classmethod
-    async def create(cls, addresses: list[str], *, client_name: str = "",
-                     timeout: float | None = 60.0, pids: list[int] | None = None,
-                     auth_key: str | None = None) -> TokenizerClient:
+    async def create(
+        cls,
+        addresses: list[str],
+        *,
+        client_name: str = "",
+        timeout: float | None = 60.0,
+        pids: list[int] | None = None,
+        auth_key: str | None = None,
+    ) -> TokenizerClient:
         """Connect to every tokenizer process and wait for each one's READY (timeout None: as
         long as it takes). pids: the tokenizer processes' pids (same host, in address order);
         when one exits, its requests fail with 503 at once (unavailable() says why). With a
@@ -138,22 +159,27 @@ class TokenizerClient:
         try:
             for i, sock in enumerate(client._sockets):
                 client._ask_heartbeats[i] = i >= len(pids) or not pids[i]
-                await sock.send_multipart(_hello_frames(
-                    client_name, HEARTBEAT_INTERVAL_S if client._ask_heartbeats[i] else 0.0))
+                await sock.send_multipart(
+                    _hello_frames(
+                        client_name, HEARTBEAT_INTERVAL_S if client._ask_heartbeats[i] else 0.0
+                    )
+                )
             hello = asyncio.gather(*client._hello)
             deadline = float("inf") if timeout is None else time.monotonic() + timeout
             while not (await asyncio.wait([hello], timeout=_POLL_S))[0]:
                 _raise_if_refused(client._dealers)
                 if time.monotonic() > deadline:
                     hello.cancel()
-                    raise TimeoutError(f"tokenizer processes {client.addresses} did not answer "
-                                       f"in {timeout} s")
+                    raise TimeoutError(
+                        f"tokenizer processes {client.addresses} did not answer in {timeout} s"
+                    )
             client.ready = list(hello.result())
         except BaseException:
             client.shutdown()
             raise
-        client._readers += [asyncio.create_task(client._watch(i, pid))
-                            for i, pid in enumerate(pids) if pid]
+        client._readers += [
+            asyncio.create_task(client._watch(i, pid)) for i, pid in enumerate(pids) if pid
+        ]
         return client
 
     def unavailable(self) -> str | None:
@@ -179,11 +205,16 @@ class TokenizerClient:
     async def _keep_alive(self, index: int, interval: float) -> None:
         sock = self._sockets[index]
         silence = await keep_alive(
-            self._links[index], lambda: self._send(index, _frames(ApiRequestType.HEARTBEAT,
-                                                                  Heartbeat())),
-            lambda: bool(sock.get(zmq.EVENTS) & zmq.POLLIN), silence_timeout(interval))
-        self._fail_worker(index, f"the tokenizer process at {self.addresses[index]} fell silent "
-                                 f"({silence:.1f} s without a message or heartbeat)")
+            self._links[index],
+            lambda: self._send(index, _frames(ApiRequestType.HEARTBEAT, Heartbeat())),
+            lambda: bool(sock.get(zmq.EVENTS) & zmq.POLLIN),
+            silence_timeout(interval),
+        )
+        self._fail_worker(
+            index,
+            f"the tokenizer process at {self.addresses[index]} fell silent "
+            f"({silence:.1f} s without a message or heartbeat)",
+        )
 
     def _fail_worker(self, index: int, message: str) -> None:
         """Fail the requests of tokenizer process index, and every later one, with 503."""
@@ -213,8 +244,10 @@ class TokenizerClient:
         queue = self._queues[request_id] = asyncio.Queue()
         finished = 0
         try:
-            await self._send(pin_worker(request_id, len(self._sockets)),
-                             _frames(ApiRequestType.GENERATE, request))
+            await self._send(
+                pin_worker(request_id, len(self._sockets)),
+                _frames(ApiRequestType.GENERATE, request),
+            )
             while finished < request.sampling_params.n:
                 item = await queue.get()
                 if isinstance(item, RequestError):
@@ -223,14 +256,19 @@ class TokenizerClient:
                 yield item
         finally:
             del self._queues[request_id]
-            if finished < request.sampling_params.n and not self._ctx.closed and \
-                    pin_worker(request_id, len(self._sockets)) not in self._dead:
+            if (
+                finished < request.sampling_params.n
+                and not self._ctx.closed
+                and pin_worker(request_id, len(self._sockets)) not in self._dead
+            ):
                 await self.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (idempotent)."""
-        await self._send(pin_worker(request_id, len(self._sockets)),
-                         _frames(ApiRequestType.ABORT, AbortRequest([request_id])))
+        await self._send(
+            pin_worker(request_id, len(self._sockets)),
+            _frames(ApiRequestType.ABORT, AbortRequest([request_id])),
+        )
 
     def shutdown(self) -> None:
         """Stop reading and close the sockets."""
@@ -260,7 +298,8 @@ class TokenizerClient:
                 if self._ask_heartbeats[index] and msg.heartbeat_s > 0:
                     self._links[index] = Link()
                     self._beats[index] = asyncio.create_task(
-                        self._keep_alive(index, msg.heartbeat_s))
+                        self._keep_alive(index, msg.heartbeat_s)
+                    )
             elif kind[0] == ApiOutputType.DELTAS:
                 for delta in msg:
                     queue = self._queues.get(delta.request_id)
@@ -276,15 +315,19 @@ class TokenizerClient:
                 except ConnectionError as refused:
                     self._hello[index].set_exception(refused)
             elif not msg.request_id and msg.status == 503:
-                self._fail_worker(index, f"the tokenizer process at {self.addresses[index]} "
-                                         f"dropped this client: {msg.message}")
+                self._fail_worker(
+                    index,
+                    f"the tokenizer process at {self.addresses[index]} "
+                    f"dropped this client: {msg.message}",
+                )
 
 
 class BlockingTokenizerClient:
     """A blocking client for scripts and tests: one request at a time per generate() call."""
 
-    def __init__(self, addresses: list[str], *, timeout: float = 60.0,
-                 auth_key: str | None = None) -> None:
+    def __init__(
+        self, addresses: list[str], *, timeout: float = 60.0, auth_key: str | None = None
+    ) -> None:
         self.addresses = list(addresses)
         self._ctx = zmq.Context()
         self._dealers = _Dealers(self._ctx, self.addresses, auth_key or key_from_env())
@@ -305,12 +348,16 @@ class BlockingTokenizerClient:
                     raise
                 if time.monotonic() > deadline:
                     self.close()
-                    raise TimeoutError(f"tokenizer process at {address} did not answer in "
-                                       f"{timeout} s")
+                    raise TimeoutError(
+                        f"tokenizer process at {address} did not answer in {timeout} s"
+                    )
             kind, payload = sock.recv_multipart()
             try:
-                self.ready.append(ready_or_refused(
-                    kind[0], self._decoders[kind[0]].decode(payload), _refused(address)))
+                self.ready.append(
+                    ready_or_refused(
+                        kind[0], self._decoders[kind[0]].decode(payload), _refused(address)
+                    )
+                )
             except ConnectionError:
                 self.close()
                 raise
@@ -344,7 +391,8 @@ class BlockingTokenizerClient:
     def abort(self, request_id: str) -> None:
         """Abort a request (idempotent)."""
         self._socket(request_id).send_multipart(
-            _frames(ApiRequestType.ABORT, AbortRequest([request_id])))
+            _frames(ApiRequestType.ABORT, AbortRequest([request_id]))
+        )
 
     def close(self) -> None:
         """Close the sockets."""
@@ -354,8 +402,9 @@ class BlockingTokenizerClient:
     def _socket(self, request_id: str) -> zmq.Socket:
         return self._sockets[pin_worker(request_id, len(self._sockets))]
 
-    def _receive(self, sock: zmq.Socket, request_id: str,
-                 timeout: float) -> RequestDelta | RequestError:
+    def _receive(
+        self, sock: zmq.Socket, request_id: str, timeout: float
+    ) -> RequestDelta | RequestError:
         deadline = time.monotonic() + timeout
         while True:
             if not sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):

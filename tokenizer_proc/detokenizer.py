@@ -39,8 +39,9 @@ class IncrementalDetokenizer:
         self._min_tokens = params.min_tokens
         self._sent = 0
 
-    def update(self, new_token_ids: list[int], finished: bool,
-               stop_terminated: bool = False) -> str | None:
+    def update(
+        self, new_token_ids: list[int], finished: bool, stop_terminated: bool = False
+    ) -> str | None:
         """Append sampled tokens; return the stop string they complete, if any (caller aborts).
 
         stop_terminated: the last token is the stop token (EOS or a stop_token_id) that ended
@@ -98,9 +99,7 @@ class IncrementalDetokenizer:
         return match
 
 
-def convert_logprobs(
-    tokenizer: PreTrainedTokenizerBase, lp: Logprobs
-) -> list[dict[int, Logprob]]:
+def convert_logprobs(tokenizer: PreTrainedTokenizerBase, lp: Logprobs) -> list[dict[int, Logprob]]:
     """Map each position's sampled and top-k token ids to Logprob(logprob, rank, decoded_token).
 
     lp holds lists (in-process) or numpy arrays (decoded from an engine core process).

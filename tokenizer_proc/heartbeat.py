@@ -36,8 +36,12 @@ class Link:
         self.heard = False
 
 
-async def keep_alive(link: Link, send_heartbeat: Callable[[], Awaitable[None]],
-                     input_pending: Callable[[], bool], timeout: float) -> float:
+async def keep_alive(
+    link: Link,
+    send_heartbeat: Callable[[], Awaitable[None]],
+    input_pending: Callable[[], bool],
+    timeout: float,
+) -> float:
     """Send a heartbeat after each interval in which nothing was sent on link; return the
     silence in seconds once nothing was heard for more than timeout. Input waiting to be read
     (input_pending(): our reader is behind) postpones the verdict, and a wake-up that came late

@@ -97,14 +97,20 @@ class OutputProcessor:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._requests
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    owner: Any = None) -> list[str]:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        owner: Any = None,
+    ) -> list[str]:
         """Track a request; returns the engine ids of its n sequences, to send to the engine."""
         request = RequestState(request_id, params, len(prompt_token_ids), owner)
         cumulative = 0.0 if params.logprobs is not None else None
         for index, child_id in enumerate(child_request_ids(request_id, params.n)):
-            seq = SequenceState(index, IncrementalDetokenizer(self.tokenizer, prompt_token_ids,
-                                                              params), cumulative)
+            seq = SequenceState(
+                index, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params), cumulative
+            )
             request.sequences[child_id] = seq
             self._children[child_id] = (request, seq)
         self._requests[request_id] = request
@@ -123,8 +129,9 @@ class OutputProcessor:
         """Every live request."""
         return list(self._requests.values())
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]
-                        ) -> tuple[list[SequenceDelta], list[str]]:
+    def process_outputs(
+        self, outputs: list[EngineCoreOutput]
+    ) -> tuple[list[SequenceDelta], list[str]]:
         """Apply one step's outputs: a delta per output of a live sequence, and the engine ids to
         abort (stopped by a stop string before the engine core saw them finish)."""
         deltas: list[SequenceDelta] = []
@@ -134,8 +141,9 @@ class OutputProcessor:
             if entry is None:
                 continue  # forgotten after a stop string or an abort
             request, seq = entry
-            stop = seq.detokenizer.update(out.new_token_ids, out.finished,
-                                          out.finish_reason == FinishReason.STOP)
+            stop = seq.detokenizer.update(
+                out.new_token_ids, out.finished, out.finish_reason == FinishReason.STOP
+            )
             finish_reason, stop_reason = None, None
             if stop is not None:
                 finish_reason, stop_reason = "stop", stop
@@ -153,12 +161,24 @@ class OutputProcessor:
             if out.new_logprobs is not None:
                 logprobs = convert_logprobs(self.tokenizer, out.new_logprobs)
                 if seq.cumulative_logprob is not None:
-                    seq.cumulative_logprob += sum(float(row[0])
-                                                  for row in out.new_logprobs.logprobs)
-            deltas.append(SequenceDelta(request, out.request_id, seq.index,
-                                        seq.detokenizer.get_next_delta(), list(out.new_token_ids),
-                                        logprobs, prompt_logprobs, seq.cumulative_logprob,
-                                        finish_reason, stop_reason, out.prefill_chunks))
+                    seq.cumulative_logprob += sum(
+                        float(row[0]) for row in out.new_logprobs.logprobs
+                    )
+            deltas.append(
+                SequenceDelta(
+                    request,
+                    out.request_id,
+                    seq.index,
+                    seq.detokenizer.get_next_delta(),
+                    list(out.new_token_ids),
+                    logprobs,
+                    prompt_logprobs,
+                    seq.cumulative_logprob,
+                    finish_reason,
+                    stop_reason,
+                    out.prefill_chunks,
+                )
+            )
             if finish_reason is not None:
                 self._finish(out.request_id)
         return deltas, to_abort

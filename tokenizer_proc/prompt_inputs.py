@@ -27,12 +27,15 @@ def bad_words_token_ids(tokenizer: PreTrainedTokenizerBase, words: list[str]) ->
     return out
 
 
-def with_bad_words_tokenized(tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> SamplingParams:
+def with_bad_words_tokenized(
+    tokenizer: PreTrainedTokenizerBase, params: SamplingParams
+) -> SamplingParams:
     """params, with bad_words_token_ids derived from bad_words when it has any."""
     if not params.bad_words:
         return params
     return msgspec.structs.replace(
-        params, bad_words_token_ids=bad_words_token_ids(tokenizer, params.bad_words))
+        params, bad_words_token_ids=bad_words_token_ids(tokenizer, params.bad_words)
+    )
 
 
 def truncate_prompt(token_ids: list[int], k: int | None, max_model_len: int) -> list[int]:
@@ -44,6 +47,8 @@ def truncate_prompt(token_ids: list[int], k: int | None, max_model_len: int) -> 
     if k == -1:
         k = max_model_len
     elif k > max_model_len:
-        raise ValueError(f"truncate_prompt_tokens value ({k}) is greater than max_model_len "
-                         f"({max_model_len}). Please, select a smaller truncation size.")
+        raise ValueError(
+            f"truncate_prompt_tokens value ({k}) is greater than max_model_len "
+            f"({max_model_len}). Please, select a smaller truncation size."
+        )
     return token_ids[-k:]

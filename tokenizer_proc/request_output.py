@@ -57,12 +57,28 @@ class RequestOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def empty(cls, request_id: str, prompt: str | None, prompt_token_ids: list[int], n: int,
-              with_logprobs: bool) -> RequestOutput:
+    def empty(
+        cls,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        n: int,
+        with_logprobs: bool,
+    ) -> RequestOutput:
         """A request's output before any token: n empty completions."""
-        return cls(request_id, prompt, prompt_token_ids, None,
-                   [CompletionOutput(i, "", [], 0.0 if with_logprobs else None,
-                                     [] if with_logprobs else None) for i in range(n)], False)
+        return cls(
+            request_id,
+            prompt,
+            prompt_token_ids,
+            None,
+            [
+                CompletionOutput(
+                    i, "", [], 0.0 if with_logprobs else None, [] if with_logprobs else None
+                )
+                for i in range(n)
+            ],
+            False,
+        )
 
     def add(self, delta: SequenceDelta) -> None:
         """Append what one engine step added to one completion (the output is cumulative)."""

@@ -22,7 +22,9 @@ class DeltaStreams:
     """Live requests of one tokenizer process, each owned by one API server (its socket
     identity)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stats: RequestStatsRecorder | None = None) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, stats: RequestStatsRecorder | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.stats = stats
         self._outputs = OutputProcessor(tokenizer)
@@ -35,20 +37,29 @@ class DeltaStreams:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._outputs
 
-    def add(self, request_id: str, owner: bytes, prompt_token_ids: list[int],
-            params: SamplingParams, arrival_time: float = 0.0, engine: int = 0) -> list[str]:
+    def add(
+        self,
+        request_id: str,
+        owner: bytes,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float = 0.0,
+        engine: int = 0,
+    ) -> list[str]:
         """Track a request served by engine (DP rank) `engine`; returns the engine request ids
         of its n completions."""
         child_ids = self._outputs.add_request(request_id, prompt_token_ids, params, owner)
         if self.stats is not None:
             self.stats.on_request(params.n, engine)
             for child_id in child_ids:
-                self.stats.on_arrival(child_id, arrival_time or time.time(), engine,
-                                      params.max_tokens)
+                self.stats.on_arrival(
+                    child_id, arrival_time or time.time(), engine, params.max_tokens
+                )
         return child_ids
 
-    def process(self, outputs: list[EngineCoreOutput], engine_timestamp: float = 0.0,
-                engine: int = 0) -> tuple[list[tuple[bytes, RequestDelta]], list[str]]:
+    def process(
+        self, outputs: list[EngineCoreOutput], engine_timestamp: float = 0.0, engine: int = 0
+    ) -> tuple[list[tuple[bytes, RequestDelta]], list[str]]:
         """One step's outputs of engine `engine`: the deltas with their owners, and engine ids
         to abort (stop strings)."""
         now = time.time()
@@ -65,12 +76,25 @@ class DeltaStreams:
             prompt_logprobs = None
             if d.prompt_logprobs is not None:
                 prompt_logprobs = [None, *map(_token_logprobs, d.prompt_logprobs[1:])]
-            sent.append((request.owner, RequestDelta(
-                request.request_id, d.index, d.text, d.token_ids,
-                None if d.logprobs is None else list(map(_token_logprobs, d.logprobs)),
-                prompt_logprobs, d.finish_reason, d.stop_reason, request.num_prompt_tokens,
-                request.num_cached_tokens,
-                returned.pop(request.request_id, None) if returned else None, d.prefill_chunks)))
+            sent.append(
+                (
+                    request.owner,
+                    RequestDelta(
+                        request.request_id,
+                        d.index,
+                        d.text,
+                        d.token_ids,
+                        None if d.logprobs is None else list(map(_token_logprobs, d.logprobs)),
+                        prompt_logprobs,
+                        d.finish_reason,
+                        d.stop_reason,
+                        request.num_prompt_tokens,
+                        request.num_cached_tokens,
+                        returned.pop(request.request_id, None) if returned else None,
+                        d.prefill_chunks,
+                    ),
+                )
+            )
             if d.finish_reason is not None and self.stats is not None:
                 self.stats.on_finish(d.child_id, d.finish_reason, request.num_prompt_tokens, now)
         return sent, to_abort
@@ -105,5 +129,7 @@ class DeltaStreams:
 
 
 def _token_logprobs(position: dict[int, Logprob]) -> PositionLogprobs:
-    return [TokenLogprob(token_id, p.logprob, p.rank, p.decoded_token)
-            for token_id, p in position.items()]
+    return [
+        TokenLogprob(token_id, p.logprob, p.rank, p.decoded_token)
+        for token_id, p in position.items()
+    ]

@@ -34,8 +34,9 @@ def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
         from transformers import AutoTokenizer  # imports torch, through the model configs
 
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    logger.info("tokenizer loaded in %.2f s (with importing transformers)",
-                time.perf_counter() - began)
+    logger.info(
+        "tokenizer loaded in %.2f s (with importing transformers)", time.perf_counter() - began
+    )
     return tokenizer
 
 
@@ -59,8 +60,9 @@ def load_chat_template(value: str | None) -> str | None:
             return f.read()
     except OSError as e:
         if not any(c in value for c in "{}\n"):
-            raise ValueError(f"the chat template {value!r} looks like a file path, but it "
-                             f"could not be read: {e}") from None
+            raise ValueError(
+                f"the chat template {value!r} looks like a file path, but it could not be read: {e}"
+            ) from None
     # Characters beyond latin-1 travel as \u escapes, which unicode_escape turns back.
     return value.encode("latin-1", "backslashreplace").decode("unicode_escape")
 
@@ -73,17 +75,24 @@ def reserved_template_kwargs() -> frozenset[str]:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     return frozenset(
-        {"messages", *inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters,
-         *inspect.signature(render_jinja_template).parameters} - {"self", "kwargs"})
+        {
+            "messages",
+            *inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters,
+            *inspect.signature(render_jinja_template).parameters,
+        }
+        - {"self", "kwargs"}
+    )
 
 
 def check_chat_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """The extra template variables, or ValueError naming one the server sets itself."""
     clashes = sorted(set(kwargs or ()) & reserved_template_kwargs()) if kwargs else []
     if clashes:
-        raise ValueError(f"chat_template_kwargs may not set {', '.join(map(repr, clashes))}: "
-                         "the server passes these to the chat template itself (use the "
-                         "request's own fields)")
+        raise ValueError(
+            f"chat_template_kwargs may not set {', '.join(map(repr, clashes))}: "
+            "the server passes these to the chat template itself (use the "
+            "request's own fields)"
+        )
     return dict(kwargs or {})
 
 
@@ -132,8 +141,7 @@ def apply_chat_template(
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def _template_message(message: dict[str, Any], index: int, knows_developer: bool
-                      ) -> dict[str, Any]:
+def _template_message(message: dict[str, Any], index: int, knows_developer: bool) -> dict[str, Any]:
     """The message as chat templates expect it (vLLM's conversions)."""
     message = _flatten_content(message)
     if message.get("content") is None:
@@ -141,8 +149,10 @@ def _template_message(message: dict[str, Any], index: int, knows_developer: bool
     if message.get("role") == "developer" and not knows_developer:
         message = {**message, "role": "system"}
     if message.get("tool_calls"):
-        calls = [_template_call(call, f"messages[{index}].tool_calls[{j}]")
-                 for j, call in enumerate(message["tool_calls"])]
+        calls = [
+            _template_call(call, f"messages[{index}].tool_calls[{j}]")
+            for j, call in enumerate(message["tool_calls"])
+        ]
         message = {**message, "tool_calls": calls}
     return message
 

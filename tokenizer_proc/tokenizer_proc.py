@@ -26,8 +26,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from engine_core.client import EngineDeadError, EngineRequestError
 from config.engine import ConfigError, EngineConfig, decode_config
+from engine_core.client import EngineDeadError, EngineRequestError
 from engine_core.dp_client import DPEngineCoreClient
 from engine_core.generation_config import cap_unset_max_tokens
 from engine_core.log_options import apply_log_options
@@ -35,16 +35,30 @@ from engine_core.protocol import EngineCoreRequest
 from engine_core.validation import check_completion_fits, validate_request
 from ipc.curve import key_from_env
 from ipc.handshake import READY, HandshakeServer
-from ipc.process import (EXIT_REQUESTS_CUT, StopOrder, host_identity, start_child_process,
-                         wait_for_exit)
+from ipc.process import (
+    EXIT_REQUESTS_CUT,
+    StopOrder,
+    host_identity,
+    start_child_process,
+    wait_for_exit,
+)
 from ipc.sockets import RouterServer
 from metrics.request_stats import RequestStatsRecorder
 from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, Link, keep_alive, silence_timeout
 from tokenizer_proc.output_processor import child_sampling_params
 from tokenizer_proc.prompt_inputs import truncate_prompt, with_bad_words_tokenized
-from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, ApiOutputType, ApiRequestType,
-                                     GenerateRequest, Heartbeat, RequestDelta, RequestError,
-                                     TokenizerHello, TokenizerReady, api_request_decoders)
+from tokenizer_proc.protocol import (
+    TOKENIZER_PROTOCOL_VERSION,
+    ApiOutputType,
+    ApiRequestType,
+    GenerateRequest,
+    Heartbeat,
+    RequestDelta,
+    RequestError,
+    TokenizerHello,
+    TokenizerReady,
+    api_request_decoders,
+)
 from tokenizer_proc.streams import DeltaStreams
 from tokenizer_proc.tokenizer import apply_chat_template
 
@@ -64,28 +78,51 @@ def process_name(index: int) -> str:
 class TokenizerProc:
     """Serves API servers on a bound ROUTER socket, forwarding to the engine cores."""
 
-    def __init__(self, index: int, config: EngineConfig, tokenizer: PreTrainedTokenizerBase,
-                 engine: DPEngineCoreClient, listen: str,
-                 chat_template: str | None = None, auth_key: str | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        config: EngineConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        engine: DPEngineCoreClient,
+        listen: str,
+        chat_template: str | None = None,
+        auth_key: str | None = None,
+    ) -> None:
         assert engine.ready is not None
         self.config = config
         self.tokenizer = tokenizer
         self.chat_template = chat_template  # --chat-template: for requests that give none
         self.engine = engine
-        self.ready = TokenizerReady(TOKENIZER_PROTOCOL_VERSION, index, engine.ready.model_name,
-                                    engine.ready.max_model_len, engine.ready.vocab_size,
-                                    engine.ready.num_blocks, engine.ready.block_size)
-        self.streams = DeltaStreams(tokenizer, RequestStatsRecorder(engine.ready.model_name,
-                                                                    engine.ready.max_model_len))
+        self.ready = TokenizerReady(
+            TOKENIZER_PROTOCOL_VERSION,
+            index,
+            engine.ready.model_name,
+            engine.ready.max_model_len,
+            engine.ready.vocab_size,
+            engine.ready.num_blocks,
+            engine.ready.block_size,
+        )
+        self.streams = DeltaStreams(
+            tokenizer, RequestStatsRecorder(engine.ready.model_name, engine.ready.max_model_len)
+        )
         self._handshake = HandshakeServer(
-            TOKENIZER_PROTOCOL_VERSION, "the tokenizer process", ApiOutputType.ERROR,
-            lambda message: RequestError("", message))
+            TOKENIZER_PROTOCOL_VERSION,
+            "the tokenizer process",
+            ApiOutputType.ERROR,
+            lambda message: RequestError("", message),
+        )
         self._ctx = zmq.asyncio.Context()
         # With a shared secret only its holders pass the handshake, and the wire is encrypted.
         self._server = RouterServer(
-            self._ctx, listen, auth_key, linger_ms=1000, log=logger, name=f"tokenizer {index}",
-            exposes="submit requests", peers="every process of the server and its clients set "
-            "the same")
+            self._ctx,
+            listen,
+            auth_key,
+            linger_ms=1000,
+            log=logger,
+            name=f"tokenizer {index}",
+            exposes="submit requests",
+            peers="every process of the server and its clients set the same",
+        )
         self._router = self._server.socket
         self.address = self._server.address
         self._encoder = msgspec.msgpack.Encoder()
@@ -97,8 +134,9 @@ class TokenizerProc:
         self._watched: dict[bytes, list[asyncio.Task[None]]] = {}
         self._links: dict[bytes, Link] = {}  # client identity -> its heartbeat link
 
-    async def serve(self, stop: asyncio.Event, stop_order: Callable[[], StopOrder],
-                    engine_pids: list[int] = ()) -> bool:
+    async def serve(
+        self, stop: asyncio.Event, stop_order: Callable[[], StopOrder], engine_pids: list[int] = ()
+    ) -> bool:
         """Serve until stop is set, then refuse new requests and drain until stop_order()'s
         deadline; requests still running then fail with its reason. True when some had to."""
         engine_task = asyncio.create_task(self._engine_loop())
@@ -112,8 +150,11 @@ class TokenizerProc:
             await asyncio.sleep(0.05)
         cut = len(self.streams)
         if cut:
-            logger.warning("%d requests still running at the drain deadline; failing them: %s",
-                           cut, order.reason)
+            logger.warning(
+                "%d requests still running at the drain deadline; failing them: %s",
+                cut,
+                order.reason,
+            )
             await self._fail_all(order.reason, 503, abort=True)
         tasks += [task for watches in self._watched.values() for task in watches]
         for task in tasks:
@@ -141,8 +182,11 @@ class TokenizerProc:
 
     async def _on_message(self, identity: bytes, body: list[bytes]) -> None:
         if len(body) != 2 or len(body[0]) != 1 or body[0][0] not in self._decoders:
-            await self._error(identity, "", "malformed message: expected two frames "
-                              "[type byte 0-3, msgpack payload]")
+            await self._error(
+                identity,
+                "",
+                "malformed message: expected two frames [type byte 0-3, msgpack payload]",
+            )
             return
         kind = ApiRequestType(body[0][0])
         try:
@@ -153,8 +197,11 @@ class TokenizerProc:
             return
         if kind == ApiRequestType.HELLO:
             answer, reply = self._handshake.answer(
-                msg, self.ready if not msg.heartbeat_s else
-                msgspec.structs.replace(self.ready, heartbeat_s=HEARTBEAT_INTERVAL_S))
+                msg,
+                self.ready
+                if not msg.heartbeat_s
+                else msgspec.structs.replace(self.ready, heartbeat_s=HEARTBEAT_INTERVAL_S),
+            )
             if answer == READY and identity not in self._watched:
                 self._watch_client(identity, msg)
             await self._send(identity, ApiOutputType(answer), reply)
@@ -180,12 +227,20 @@ class TokenizerProc:
             params = with_bad_words_tokenized(self.tokenizer, req.sampling_params)
             # In a thread: a long prompt must not stall the streams this loop forwards (new
             # requests still wait their turn: this loop takes them one at a time).
-            prompt_ids = truncate_prompt(await asyncio.to_thread(self._prompt_token_ids, req),
-                                         params.truncate_prompt_tokens,
-                                         self.config.max_model_len)
-            request = EngineCoreRequest(request_id, prompt_ids, params,
-                                        req.arrival_time or time.time(), req.priority,
-                                        req.cache_salt, req.api_server_index)
+            prompt_ids = truncate_prompt(
+                await asyncio.to_thread(self._prompt_token_ids, req),
+                params.truncate_prompt_tokens,
+                self.config.max_model_len,
+            )
+            request = EngineCoreRequest(
+                request_id,
+                prompt_ids,
+                params,
+                req.arrival_time or time.time(),
+                req.priority,
+                req.cache_salt,
+                req.api_server_index,
+            )
             validate_request(request, self.config)
             check_completion_fits(request, self.config)
             request = cap_unset_max_tokens(request, self.config)
@@ -194,33 +249,50 @@ class TokenizerProc:
             await self._error(identity, request_id, f"{e}")
             return
         rank = self.engine.pick_engine()  # the n completions share their engine (and prefix)
-        child_ids = self.streams.add(request_id, identity, prompt_ids, params,
-                                     request.arrival_time, rank)
+        child_ids = self.streams.add(
+            request_id, identity, prompt_ids, params, request.arrival_time, rank
+        )
         if req.return_prompt_token_ids:
             self.streams.return_prompt_token_ids(request_id, prompt_ids)
         for index, child_id in enumerate(child_ids):
-            child = request if len(child_ids) == 1 else msgspec.structs.replace(
-                request, request_id=child_id,
-                sampling_params=child_sampling_params(params, index))
+            child = (
+                request
+                if len(child_ids) == 1
+                else msgspec.structs.replace(
+                    request,
+                    request_id=child_id,
+                    sampling_params=child_sampling_params(params, index),
+                )
+            )
             await self.engine.add_request(child, rank)
 
     def _prompt_token_ids(self, req: GenerateRequest) -> list[int]:
-        given = [name for name in ("prompt", "prompt_token_ids", "messages")
-                 if getattr(req, name) is not None]
+        given = [
+            name
+            for name in ("prompt", "prompt_token_ids", "messages")
+            if getattr(req, name) is not None
+        ]
         if len(given) != 1:
-            raise ValueError("give exactly one of prompt, prompt_token_ids and messages; got "
-                             f"{', '.join(given) or 'none'}")
+            raise ValueError(
+                "give exactly one of prompt, prompt_token_ids and messages; got "
+                f"{', '.join(given) or 'none'}"
+            )
         if req.prompt is not None:
-            return self.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens
-                                  is not False).input_ids
+            return self.tokenizer(
+                req.prompt, add_special_tokens=req.add_special_tokens is not False
+            ).input_ids
         if req.prompt_token_ids is not None:
             return req.prompt_token_ids
-        return apply_chat_template(self.tokenizer, req.messages or [],
-                                   add_generation_prompt=req.add_generation_prompt,
-                                   continue_final_message=req.continue_final_message,
-                                   chat_template=req.chat_template or self.chat_template,
-                                   tools=req.tools, chat_template_kwargs=req.chat_template_kwargs,
-                                   add_special_tokens=bool(req.add_special_tokens))
+        return apply_chat_template(
+            self.tokenizer,
+            req.messages or [],
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            chat_template=req.chat_template or self.chat_template,
+            tools=req.tools,
+            chat_template_kwargs=req.chat_template_kwargs,
+            add_special_tokens=bool(req.add_special_tokens),
+        )
 
     # ---- engine core -> API servers ----
 
@@ -279,11 +351,13 @@ class TokenizerProc:
         await wait_for_exit(pid, _WATCH_INTERVAL_S)
         await self._drop_client(identity, f"client {name} (pid {pid}) exited")
 
-    async def _watch_silence(self, identity: bytes, name: str, link: Link,
-                             interval: float) -> None:
+    async def _watch_silence(self, identity: bytes, name: str, link: Link, interval: float) -> None:
         silence = await keep_alive(
-            link, lambda: self._send(identity, ApiOutputType.HEARTBEAT, Heartbeat()),
-            lambda: bool(self._router.get(zmq.EVENTS) & zmq.POLLIN), silence_timeout(interval))
+            link,
+            lambda: self._send(identity, ApiOutputType.HEARTBEAT, Heartbeat()),
+            lambda: bool(self._router.get(zmq.EVENTS) & zmq.POLLIN),
+            silence_timeout(interval),
+        )
         why = f"client {name} fell silent ({silence:.1f} s without a message or heartbeat)"
         # Heard only by a client that still reads (it was frozen, or the network healed).
         await self._error(identity, "", why, 503)
@@ -315,8 +389,9 @@ class TokenizerProc:
         if abort and child_ids and self._engine_dead is None:
             await self.engine.abort_requests(child_ids)
 
-    async def _error(self, identity: bytes, request_id: str, message: str,
-                     status: int = 400) -> None:
+    async def _error(
+        self, identity: bytes, request_id: str, message: str, status: int = 400
+    ) -> None:
         await self._send(identity, ApiOutputType.ERROR, RequestError(request_id, message, status))
 
     async def _send(self, identity: bytes, kind: ApiOutputType, msg: Any) -> None:
@@ -335,10 +410,16 @@ def _first_str(payload: bytes) -> str:
     return raw[0] if isinstance(raw, list) and raw and isinstance(raw[0], str) else ""
 
 
-async def run_tokenizer_proc(index: int, listen: str, engine_addresses: list[str],
-                             config: EngineConfig, engine_pids: list[int] = (),
-                             drain_timeout: float = 10.0, chat_template: str | None = None,
-                             stop_file: str | None = None) -> int:
+async def run_tokenizer_proc(
+    index: int,
+    listen: str,
+    engine_addresses: list[str],
+    config: EngineConfig,
+    engine_pids: list[int] = (),
+    drain_timeout: float = 10.0,
+    chat_template: str | None = None,
+    stop_file: str | None = None,
+) -> int:
     """Load the tokenizer, connect to the engine cores (DP rank i at engine_addresses[i]),
     serve until SIGTERM/SIGINT; the exit code (EXIT_REQUESTS_CUT when requests were cut).
     stop_file: where the launcher writes its StopOrder before the signal (else drain for
@@ -351,8 +432,9 @@ async def run_tokenizer_proc(index: int, listen: str, engine_addresses: list[str
         loop.add_signal_handler(sig, stop.set)
     apply_log_options(config.observability)
     tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
-    connect = asyncio.create_task(DPEngineCoreClient.create(
-        engine_addresses, client_name=f"tokenizer-{index}"))
+    connect = asyncio.create_task(
+        DPEngineCoreClient.create(engine_addresses, client_name=f"tokenizer-{index}")
+    )
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait([connect, stopping], return_when=asyncio.FIRST_COMPLETED)
     if not connect.done():  # stopped while the engine core was still loading
@@ -361,10 +443,13 @@ async def run_tokenizer_proc(index: int, listen: str, engine_addresses: list[str
     stopping.cancel()
     engine = connect.result()
     if engine.ready.max_model_len != config.max_model_len:  # not the configuration we were given
-        raise ConfigError(f"the engine core serves max_model_len {engine.ready.max_model_len}, "
-                          f"the launcher's configuration says {config.max_model_len}")
-    proc = TokenizerProc(index, config, tokenizer, engine, listen,
-                         load_chat_template(chat_template), key_from_env())
+        raise ConfigError(
+            f"the engine core serves max_model_len {engine.ready.max_model_len}, "
+            f"the launcher's configuration says {config.max_model_len}"
+        )
+    proc = TokenizerProc(
+        index, config, tokenizer, engine, listen, load_chat_template(chat_template), key_from_env()
+    )
     cut = await proc.serve(stop, lambda: StopOrder.read(stop_file, drain_timeout), engine_pids)
     return EXIT_REQUESTS_CUT if cut else 0
 
@@ -374,25 +459,50 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokenizer_proc.tokenizer_proc")
     parser.add_argument("--index", type=int, default=0, help="this worker's index")
     parser.add_argument("--listen", required=True, help="ZeroMQ address to bind for API servers")
-    parser.add_argument("--engine-address", required=True, action="append",
-                        help="an engine core's address; once per DP rank, in rank order")
-    parser.add_argument("--config", required=True,
-                        help="the resolved configuration (EngineConfig.encode())")
-    parser.add_argument("--engine-pid", type=int, action="append", default=[],
-                        help="fail requests when this (engine core) process exits; repeatable")
+    parser.add_argument(
+        "--engine-address",
+        required=True,
+        action="append",
+        help="an engine core's address; once per DP rank, in rank order",
+    )
+    parser.add_argument(
+        "--config", required=True, help="the resolved configuration (EngineConfig.encode())"
+    )
+    parser.add_argument(
+        "--engine-pid",
+        type=int,
+        action="append",
+        default=[],
+        help="fail requests when this (engine core) process exits; repeatable",
+    )
     parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
-    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
-                        help="seconds in-flight requests may take to finish after SIGTERM")
-    parser.add_argument("--chat-template", help="the chat template (a file, or inline) for "
-                        "requests that give none")
-    parser.add_argument("--stop-file", help="where the launcher writes why and until when to "
-                        "drain, before it sends SIGTERM")
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests may take to finish after SIGTERM",
+    )
+    parser.add_argument(
+        "--chat-template", help="the chat template (a file, or inline) for requests that give none"
+    )
+    parser.add_argument(
+        "--stop-file",
+        help="where the launcher writes why and until when to drain, before it sends SIGTERM",
+    )
     args = parser.parse_args(argv)
     start_child_process(process_name(args.index), args.parent_pid)
-    return asyncio.run(run_tokenizer_proc(args.index, args.listen, args.engine_address,
-                                          decode_config(args.config), args.engine_pid,
-                                          args.shutdown_timeout, args.chat_template,
-                                          args.stop_file))
+    return asyncio.run(
+        run_tokenizer_proc(
+            args.index,
+            args.listen,
+            args.engine_address,
+            decode_config(args.config),
+            args.engine_pid,
+            args.shutdown_timeout,
+            args.chat_template,
+            args.stop_file,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -24,12 +24,13 @@ class GrammarBackend:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
         # vocab_size is the model's (the logits' width), which may pad the tokenizer's.
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None)
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None
+        )
         # The manager keeps its own cache, keyed by the request's constraint.
-        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1,
-                                            cache_enabled=False)
-        logger.info("grammar backend ready for %s in %.2f s", tokenizer_path,
-                    time.perf_counter() - start)
+        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1, cache_enabled=False)
+        logger.info(
+            "grammar backend ready for %s in %.2f s", tokenizer_path, time.perf_counter() - start
+        )
 
     def compile(self, grammar: xgr.Grammar) -> xgr.CompiledGrammar:
         """The grammar against this vocabulary: what a matcher needs to fill bitmasks."""

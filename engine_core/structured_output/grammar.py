@@ -33,8 +33,10 @@ def grammar_key(params: StructuredOutputsParams) -> str:
         spec = json.dumps(spec, sort_keys=True, ensure_ascii=False)
     options = ""
     if kind in ("json", "json_object"):
-        options = (f"ws={not params.disable_any_whitespace},"
-                   f"addl={not params.disable_additional_properties}")
+        options = (
+            f"ws={not params.disable_any_whitespace},"
+            f"addl={not params.disable_additional_properties}"
+        )
     return f"{kind}:{options}:{spec}"
 
 
@@ -71,8 +73,12 @@ def choice_ebnf(choices: list[str]) -> str:
 def _structural_tag(spec: str | dict[str, Any]) -> xgr.Grammar:
     tag = _schema(spec, "structural_tag")
     if "structures" in tag:  # vLLM's legacy form: begin / schema / end items and triggers
-        items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})),
-                                       end=s["end"]) for s in tag["structures"]]
+        items = [
+            xgr.StructuralTagItem(
+                begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"]
+            )
+            for s in tag["structures"]
+        ]
         return xgr.Grammar.from_structural_tag(items, list(tag.get("triggers", [])))
     return xgr.Grammar.from_structural_tag(json.dumps(tag))
 
@@ -81,20 +87,26 @@ def build_grammar(params: StructuredOutputsParams) -> xgr.Grammar:
     """The constraint as a Grammar; ValueError naming the field and the problem when invalid."""
     kind = params.kind
     if params.whitespace_pattern is not None:
-        raise ValueError("structured_outputs.whitespace_pattern is not supported by this "
-                         "engine's grammar backend (xgrammar); use disable_any_whitespace")
+        raise ValueError(
+            "structured_outputs.whitespace_pattern is not supported by this "
+            "engine's grammar backend (xgrammar); use disable_any_whitespace"
+        )
     any_ws = not params.disable_any_whitespace
     try:
         if kind == "json":
             schema = _schema(params.json, "structured_outputs.json")  # type: ignore[arg-type]
             if params.disable_additional_properties:
                 schema = _no_additional_properties(schema)
-            return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=any_ws,
-                                                max_whitespace_cnt=MAX_WHITESPACE)
+            return xgr.Grammar.from_json_schema(
+                json.dumps(schema), any_whitespace=any_ws, max_whitespace_cnt=MAX_WHITESPACE
+            )
         if kind == "json_object":
             return xgr.Grammar.from_json_schema(
-                '{"type": "object", "additionalProperties": true}', any_whitespace=any_ws,
-                strict_mode=False, max_whitespace_cnt=MAX_WHITESPACE)
+                '{"type": "object", "additionalProperties": true}',
+                any_whitespace=any_ws,
+                strict_mode=False,
+                max_whitespace_cnt=MAX_WHITESPACE,
+            )
         if kind == "regex":
             return xgr.Grammar.from_regex(params.regex)  # type: ignore[arg-type]
         if kind == "choice":
@@ -108,8 +120,13 @@ def build_grammar(params: StructuredOutputsParams) -> xgr.Grammar:
         return _structural_tag(params.structural_tag)  # type: ignore[arg-type]
     except ValueError:
         raise
-    except (RuntimeError, TypeError, KeyError, xgr.InvalidJSONError,
-            xgr.InvalidStructuralTagError) as e:
+    except (
+        RuntimeError,
+        TypeError,
+        KeyError,
+        xgr.InvalidJSONError,
+        xgr.InvalidStructuralTagError,
+    ) as e:
         lines = str(e).strip().splitlines()
         message = _LOCATION.sub("", lines[-1]) if lines else type(e).__name__
         raise ValueError(f"invalid structured_outputs.{kind}: {message}") from None

@@ -15,7 +15,6 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
-import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -67,8 +66,9 @@ class RequestGrammar:
 class StructuredOutputManager:
     """Grammar compiles (cached, on one thread) and the bitmask of each step."""
 
-    def __init__(self, tokenizer_path: str, vocab_size: int, stop_token_ids: list[int],
-                 max_num_seqs: int) -> None:
+    def __init__(
+        self, tokenizer_path: str, vocab_size: int, stop_token_ids: list[int], max_num_seqs: int
+    ) -> None:
         self._tokenizer_path = tokenizer_path
         self.vocab_size = vocab_size
         self._stop_token_ids = stop_token_ids
@@ -93,8 +93,9 @@ class StructuredOutputManager:
         grammar = build_grammar(params)  # parse outside the lock; raises ValueError
         with self._lock:
             if self._backend is None:  # the first constrained request loads the vocabulary
-                self._backend = self._pool.submit(GrammarBackend, self._tokenizer_path,
-                                                  self.vocab_size, self._stop_token_ids)
+                self._backend = self._pool.submit(
+                    GrammarBackend, self._tokenizer_path, self.vocab_size, self._stop_token_ids
+                )
             backend = self._backend
             compiled = self._cache.get(key)
             if compiled is None or (compiled.done() and compiled.exception()):

@@ -23,7 +23,7 @@ class NamedFunctionParser(ToolCallParser):
         if not self._sent:
             text = text.lstrip()
         body = text.rstrip()
-        self._held_arguments = text[len(body):]
+        self._held_arguments = text[len(body) :]
         if body:
             self._out.append(ToolCallDelta(0, None, body))
             self._sent = True

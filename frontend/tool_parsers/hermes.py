@@ -28,8 +28,8 @@ class HermesToolParser(ToolCallParser):
                 k = text.find(START, i)
                 if k < 0:
                     keep = partial_suffix(text[i:], START)
-                    self._content(text[i:len(text) - keep])
-                    self._tail = text[len(text) - keep:]
+                    self._content(text[i : len(text) - keep])
+                    self._tail = text[len(text) - keep :]
                     return
                 self._content(text[i:k])
                 self._begin_call(START)
@@ -68,10 +68,10 @@ class HermesToolParser(ToolCallParser):
             return start
         if end < 0:
             keep = max(partial_suffix(text[i:], END), partial_suffix(text[i:], START))
-            self._record(text[i:len(text) - keep])
-            self._tail = text[len(text) - keep:]
+            self._record(text[i : len(text) - keep])
+            self._tail = text[len(text) - keep :]
             return len(text)
-        self._record(text[i:end + len(END)])
+        self._record(text[i : end + len(END)])
         self._end_call()
         return end + len(END)
 

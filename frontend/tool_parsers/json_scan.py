@@ -14,7 +14,7 @@ WHITESPACE = " \t\r\n"
 
 _STRING_STOP = re.compile(r'["\\]')
 _CONTAINER_STOP = re.compile(r'["{}\[\]]')
-_SCALAR_END = re.compile(r'[\s,}\]:]')
+_SCALAR_END = re.compile(r"[\s,}\]:]")
 
 
 class JsonValueScanner:
@@ -120,8 +120,11 @@ class CallObjectScanner:
     @property
     def in_string(self) -> bool:
         """The text so far ends inside a string (a key or a value)."""
-        return self._value is not None and self._state in (_IN_KEY, _IN_VALUE) \
+        return (
+            self._value is not None
+            and self._state in (_IN_KEY, _IN_VALUE)
             and self._value.in_string
+        )
 
     @property
     def valid(self) -> bool:

@@ -25,8 +25,12 @@ class Llama3JsonToolParser(CallSequenceParser):
     def _read_between(self, text: str, i: int) -> int:
         c = text[i]
         partial_tag = 0 < len(self._prefix) < len(PYTHON_TAG)
-        if partial_tag and PYTHON_TAG.startswith(self._prefix + c) or \
-                self._prefix.startswith(PYTHON_TAG) and c in WHITESPACE:
+        if (
+            partial_tag
+            and PYTHON_TAG.startswith(self._prefix + c)
+            or self._prefix.startswith(PYTHON_TAG)
+            and c in WHITESPACE
+        ):
             self._prefix += c
         elif c in WHITESPACE and not self._prefix:
             self._content(c)  # held: dropped before a call

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import uuid
 
-from frontend.openai_protocol import (ChatDelta, DeltaFunctionCall, DeltaToolCall, FunctionCall,
-                                      ToolCall)
+from frontend.openai_protocol import (
+    ChatDelta,
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+)
 from frontend.tool_parsers.streamer import ExtractedToolCalls, ToolCallParser
 
 
@@ -24,8 +29,10 @@ def finish_reason(reason: str | None, called: bool) -> str | None:
 def message_calls(extracted: ExtractedToolCalls, parallel: bool) -> list[ToolCall] | None:
     """The calls of a whole output for the response message (only the first without parallel)."""
     calls = extracted.calls if parallel else extracted.calls[:1]
-    return [ToolCall(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
-            for c in calls] or None
+    return [
+        ToolCall(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+        for c in calls
+    ] or None
 
 
 class StreamedCalls:
@@ -48,11 +55,15 @@ class StreamedCalls:
             elif event.index == 0 or self.parallel:
                 if event.name is not None:
                     self.called = True
-                    call = DeltaToolCall(index=event.index, id=call_id(), type="function",
-                                         function=DeltaFunctionCall(name=event.name,
-                                                                    arguments=""))
+                    call = DeltaToolCall(
+                        index=event.index,
+                        id=call_id(),
+                        type="function",
+                        function=DeltaFunctionCall(name=event.name, arguments=""),
+                    )
                 else:
-                    call = DeltaToolCall(index=event.index,
-                                         function=DeltaFunctionCall(arguments=event.arguments))
+                    call = DeltaToolCall(
+                        index=event.index, function=DeltaFunctionCall(arguments=event.arguments)
+                    )
                 out.append(ChatDelta(tool_calls=[call]))
         return out

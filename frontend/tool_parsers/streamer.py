@@ -111,10 +111,11 @@ class ToolCallParser:
             self._out.append(self._held_whitespace + body)
             self._held_whitespace = ""
             self._wrote_content = True
-        self._held_whitespace += text[len(body):]
+        self._held_whitespace += text[len(body) :]
 
-    def _begin_call(self, marker: str = "",
-                    argument_keys: tuple[str, ...] = ("arguments", "parameters")) -> None:
+    def _begin_call(
+        self, marker: str = "", argument_keys: tuple[str, ...] = ("arguments", "parameters")
+    ) -> None:
         """A call starts (marker: its opening text, returned to the content if it fails)."""
         self._call = CallObjectScanner(argument_keys)
         self._call_raw = [self._held_whitespace + marker]
@@ -135,8 +136,9 @@ class ToolCallParser:
                 self._call_started = True
                 self._call_events.append(ToolCallDelta(self.num_calls, call.name, ""))
             if self._call_args:
-                self._call_events.append(ToolCallDelta(self.num_calls, None,
-                                                       "".join(self._call_args)))
+                self._call_events.append(
+                    ToolCallDelta(self.num_calls, None, "".join(self._call_args))
+                )
                 self._call_args = []
         if self.eager and self._call_events:
             self._out.extend(self._call_events)
@@ -166,8 +168,13 @@ class ToolCallParser:
             last = out[-1] if out else None
             if isinstance(event, str) and isinstance(last, str):
                 out[-1] = last + event
-            elif (isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta)
-                  and event.name is None and last.name is None and last.index == event.index):
+            elif (
+                isinstance(event, ToolCallDelta)
+                and isinstance(last, ToolCallDelta)
+                and event.name is None
+                and last.name is None
+                and last.index == event.index
+            ):
                 out[-1] = last._replace(arguments=last.arguments + event.arguments)
             else:
                 out.append(event)
@@ -185,5 +192,7 @@ def collect(events: list[StreamEvent]) -> ExtractedToolCalls:
             if e.name is not None:
                 names[e.index] = e.name
             arguments.setdefault(e.index, []).append(e.arguments)
-    return ExtractedToolCalls(content if content.strip() else None,
-                              [ToolCall(names[i], "".join(arguments[i])) for i in sorted(names)])
+    return ExtractedToolCalls(
+        content if content.strip() else None,
+        [ToolCall(names[i], "".join(arguments[i])) for i in sorted(names)],
+    )

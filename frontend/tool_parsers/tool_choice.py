@@ -37,8 +37,12 @@ class ToolChoice:
         return self.parser(eager=eager) if self.parser is not None else None
 
 
-def resolve_tool_choice(tools: list[ChatTool] | None, choice: str | NamedToolChoice | None,
-                        parallel: bool, auto_parser: str | None) -> ToolChoice:
+def resolve_tool_choice(
+    tools: list[ChatTool] | None,
+    choice: str | NamedToolChoice | None,
+    parallel: bool,
+    auto_parser: str | None,
+) -> ToolChoice:
     """The tool use a request asks for; 400 naming the field when it cannot be served.
 
     auto_parser is --tool-call-parser when --enable-auto-tool-choice is set, else None.
@@ -54,11 +58,18 @@ def resolve_tool_choice(tools: list[ChatTool] | None, choice: str | NamedToolCho
         return ToolChoice(template_tools)
     if choice == "auto":
         if auto_parser is None:
-            raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
-                              "--tool-call-parser to be set", "tool_choice")
+            raise bad_request(
+                '"auto" tool choice requires --enable-auto-tool-choice and '
+                "--tool-call-parser to be set",
+                "tool_choice",
+            )
         parser = TOOL_PARSERS[auto_parser]
-        return ToolChoice(template_tools, parser=parser, parallel=parallel,
-                          keep_special_tokens=parser.needs_special_tokens)
+        return ToolChoice(
+            template_tools,
+            parser=parser,
+            parallel=parallel,
+            keep_special_tokens=parser.needs_special_tokens,
+        )
     if choice == "required":
         constraint = StructuredOutputsParams(json=_required_schema(functions, parallel))
         return ToolChoice(template_tools, constraint, RequiredParser, parallel)
@@ -68,20 +79,24 @@ def resolve_tool_choice(tools: list[ChatTool] | None, choice: str | NamedToolCho
             raise bad_request(f"Tool '{name}' has not been passed in `tools`.", "tool_choice")
         constraint = StructuredOutputsParams(json=functions[name].parameters or _NO_PARAMETERS)
         return ToolChoice(template_tools, constraint, functools.partial(NamedFunctionParser, name))
-    raise bad_request("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
-                      f"'function': {{'name': NAME}}}}; got {msgspec.to_builtins(choice)!r}",
-                      "tool_choice")
+    raise bad_request(
+        "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
+        f"'function': {{'name': NAME}}}}; got {msgspec.to_builtins(choice)!r}",
+        "tool_choice",
+    )
 
 
 def _functions(tools: list[ChatTool]) -> dict[str, FunctionDefinition]:
     functions: dict[str, FunctionDefinition] = {}
     for i, tool in enumerate(tools):
         if tool.type != "function":
-            raise bad_request(f"tool type {tool.type!r} is not supported; only 'function'",
-                              f"tools[{i}].type")
+            raise bad_request(
+                f"tool type {tool.type!r} is not supported; only 'function'", f"tools[{i}].type"
+            )
         if tool.function.name in functions:
-            raise bad_request(f"tool {tool.function.name!r} is given twice",
-                              f"tools[{i}].function.name")
+            raise bad_request(
+                f"tool {tool.function.name!r} is given twice", f"tools[{i}].function.name"
+            )
         functions[tool.function.name] = tool.function
     return functions
 
@@ -95,13 +110,25 @@ def _required_schema(functions: dict[str, FunctionDefinition], parallel: bool) -
         parameters = dict(fn.parameters or _NO_PARAMETERS)
         for name, schema in parameters.pop("$defs", {}).items():
             if defs.setdefault(name, schema) != schema:
-                raise bad_request(f"the tools define $defs {name!r} differently; tool_choice "
-                                  "'required' needs one definition", "tools")
-        calls.append({"properties": {"name": {"type": "string", "enum": [fn.name]},
-                                     "parameters": parameters},
-                      "required": ["name", "parameters"]})
-    schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                              "items": {"type": "object", "anyOf": calls}}
+                raise bad_request(
+                    f"the tools define $defs {name!r} differently; tool_choice "
+                    "'required' needs one definition",
+                    "tools",
+                )
+        calls.append(
+            {
+                "properties": {
+                    "name": {"type": "string", "enum": [fn.name]},
+                    "parameters": parameters,
+                },
+                "required": ["name", "parameters"],
+            }
+        )
+    schema: dict[str, Any] = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "object", "anyOf": calls},
+    }
     if not parallel:
         schema["maxItems"] = 1
     if defs:

@@ -6,10 +6,21 @@ from __future__ import annotations
 import os
 from typing import Any
 
-_ROLES = (("engine-api-", "API server"), ("engine-tok-", "tokenizer"),
-          ("engine-core", "engine core"))
-_STATES = {"R": "running", "S": "sleeping", "D": "disk wait", "Z": "zombie", "T": "stopped",
-           "t": "stopped", "X": "dead", "I": "idle"}
+_ROLES = (
+    ("engine-api-", "API server"),
+    ("engine-tok-", "tokenizer"),
+    ("engine-core", "engine core"),
+)
+_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "disk wait",
+    "Z": "zombie",
+    "T": "stopped",
+    "t": "stopped",
+    "X": "dead",
+    "I": "idle",
+}
 
 
 def _stat(pid: int) -> tuple[str, str, int] | None:
@@ -19,8 +30,8 @@ def _stat(pid: int) -> tuple[str, str, int] | None:
             text = f.read()
     except OSError:
         return None
-    comm = text[text.index("(") + 1:text.rindex(")")]
-    fields = text[text.rindex(")") + 2:].split()
+    comm = text[text.index("(") + 1 : text.rindex(")")]
+    fields = text[text.rindex(")") + 2 :].split()
     return comm, fields[0], int(fields[1])
 
 
@@ -56,8 +67,17 @@ def process_tree(root: int | None = None) -> list[dict[str, Any]]:
 
     def visit(pid: int, role: str, depth: int) -> None:
         comm, state, parent = stats[pid]
-        out.append({"pid": pid, "parent": parent, "name": comm, "role": role, "depth": depth,
-                    "state": _STATES.get(state, state), "alive": state not in ("Z", "X")})
+        out.append(
+            {
+                "pid": pid,
+                "parent": parent,
+                "name": comm,
+                "role": role,
+                "depth": depth,
+                "state": _STATES.get(state, state),
+                "alive": state not in ("Z", "X"),
+            }
+        )
         if depth < 2:
             for child in sorted(children.get(pid, ())):
                 visit(child, _role(stats[child][0], role, _cmdline(child)), depth + 1)

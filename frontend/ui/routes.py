@@ -61,24 +61,38 @@ def register(app: web.Application, ctx: ServingContext, config: Any) -> None:
     ctx.client = TimelineClient(ctx.client, timeline, ctx.api_server_index)
     ready = ctx.client.ready[0]
     page_config = {
-        "model": ctx.model_name, "model_path": ctx.model_root,
-        "max_model_len": ctx.max_model_len, "block_size": ready.block_size,
-        "num_kv_blocks": ready.num_blocks, "dtype": config.torch_dtype_name,
-        "device": config.device_type, "tensor_parallel_size": config.parallel.tensor_parallel_size,
+        "model": ctx.model_name,
+        "model_path": ctx.model_root,
+        "max_model_len": ctx.max_model_len,
+        "block_size": ready.block_size,
+        "num_kv_blocks": ready.num_blocks,
+        "dtype": config.torch_dtype_name,
+        "device": config.device_type,
+        "tensor_parallel_size": config.parallel.tensor_parallel_size,
         "data_parallel_size": config.parallel.data_parallel_size,
         "max_num_seqs": config.scheduler.max_num_seqs,
         "enable_prefix_caching": config.cache.enable_prefix_caching,
-        "tokenizer_workers": len(ctx.client.ready)}
-    app[STATS] = SharedAnswer(lambda: _ENCODER.encode(
-        {"time": time.time(), "metrics": snapshot(), "config": page_config,
-         "processes": process_tree()}))
+        "tokenizer_workers": len(ctx.client.ready),
+    }
+    app[STATS] = SharedAnswer(
+        lambda: _ENCODER.encode(
+            {
+                "time": time.time(),
+                "metrics": snapshot(),
+                "config": page_config,
+                "processes": process_tree(),
+            }
+        )
+    )
     app[TIMELINE] = timeline
     files = {name: _static(name) for name in _FILES}
 
     def page(name: str):
         async def handler(request: web.Request) -> web.Response:
-            return web.Response(body=files[name], content_type=_FILES[name],
-                                headers={"Cache-Control": "no-cache"})
+            return web.Response(
+                body=files[name], content_type=_FILES[name], headers={"Cache-Control": "no-cache"}
+            )
+
         return handler
 
     for path in ("/", "/ui"):

@@ -61,7 +61,10 @@ def snapshot(path: str | None = None) -> dict[str, Any]:
                 count += s.value
         bounds = sorted(buckets)
         # JSON has no infinity: the +Inf bucket's count is `count`.
-        out[key] = {"le": [b for b in bounds if b != math.inf],
-                    "cumulative": [buckets[b] for b in bounds if b != math.inf],
-                    "sum": total, "count": count}
+        out[key] = {
+            "le": [b for b in bounds if b != math.inf],
+            "cumulative": [buckets[b] for b in bounds if b != math.inf],
+            "sum": total,
+            "count": count,
+        }
     return out

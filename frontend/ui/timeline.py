@@ -79,22 +79,27 @@ class _Trace:
             ticks = [ticks[int(i * step)] for i in range(MAX_TICKS)]
         reasons = sorted(set(self.finish_reasons.values()))
         reason = failed or ("/".join(reasons) if reasons else "abort")
-        return {"id": self.request.request_id, "api_server": self.api_server,
-                "kind": "completion" if self.request.messages is None else "chat",
-                "arrival": self.arrival, "first_token": self.first_token, "finish": finish,
-                "ticks": [round(t - self.arrival, 6) for t in ticks],
-                "prefill_chunks": [[round(t - self.arrival, 6), n]
-                                   for t, n in self.prefill_chunks],
-                "finish_reason": reason, "n": self.request.sampling_params.n,
-                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
-                "cached_tokens": self.cached_tokens}
+        return {
+            "id": self.request.request_id,
+            "api_server": self.api_server,
+            "kind": "completion" if self.request.messages is None else "chat",
+            "arrival": self.arrival,
+            "first_token": self.first_token,
+            "finish": finish,
+            "ticks": [round(t - self.arrival, 6) for t in ticks],
+            "prefill_chunks": [[round(t - self.arrival, 6), n] for t, n in self.prefill_chunks],
+            "finish_reason": reason,
+            "n": self.request.sampling_params.n,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
 
 
 class RequestTimeline:
     """This process's finished requests, written where every API server reads them."""
 
-    def __init__(self, directory: str | None, capacity: int = 100,
-                 text_limit: int = 8192) -> None:
+    def __init__(self, directory: str | None, capacity: int = 100, text_limit: int = 8192) -> None:
         self.capacity = capacity
         self.text_limit = text_limit
         self.dir = Path(directory) if directory else None
@@ -111,8 +116,11 @@ class RequestTimeline:
 
     def add(self, record: dict[str, Any], prompt: str, outputs: list[str]) -> None:
         """Keep a finished request's record and its texts (each cut at text_limit characters)."""
-        text = {"id": record["id"], "prompt": prompt[:self.text_limit],
-                "outputs": [o[:self.text_limit] for o in outputs]}
+        text = {
+            "id": record["id"],
+            "prompt": prompt[: self.text_limit],
+            "outputs": [o[: self.text_limit] for o in outputs],
+        }
         self._records.append(record)
         self._texts.append(text)
         if self.dir is None:
@@ -154,7 +162,7 @@ class RequestTimeline:
         if cached is not None and cached[0] == key:
             return cached[1]
         records = []
-        for line in path.read_text(encoding="utf-8").splitlines()[-self.capacity:]:
+        for line in path.read_text(encoding="utf-8").splitlines()[-self.capacity :]:
             with contextlib.suppress(ValueError):  # a line being written
                 records.append(json.loads(line))
         self._parsed[path] = (key, records)
@@ -164,7 +172,7 @@ class RequestTimeline:
         """The last `capacity` finished requests of every API server, oldest first."""
         records = self._read_all("requests", self._records)
         records.sort(key=lambda r: r["finish"])
-        return records[-self.capacity:]
+        return records[-self.capacity :]
 
     def texts(self, request_id: str) -> dict[str, Any] | None:
         """A recent request's prompt and output texts, None when it is not kept."""
@@ -178,8 +186,7 @@ class RequestTimeline:
 class TimelineClient:
     """A TokenizerClient that also records each request's timeline in a RequestTimeline."""
 
-    def __init__(self, client: TokenizerClient, timeline: RequestTimeline,
-                 api_server: int) -> None:
+    def __init__(self, client: TokenizerClient, timeline: RequestTimeline, api_server: int) -> None:
         self._client = client
         self._timeline = timeline
         self._api_server = api_server

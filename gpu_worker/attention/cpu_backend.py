@@ -32,8 +32,9 @@ class CpuAttentionBackend:
     name = "cpu"
 
     @staticmethod
-    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                       head_dim: int) -> tuple[int, ...]:
+    def kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
         """[2, num_blocks, kv_heads, block_size, head_dim]; the key half is read as
         [num_blocks, kv_heads, head_dim, block_size] (see split_cache)."""
         return (2, num_blocks, num_kv_heads, block_size, head_dim)
@@ -44,15 +45,28 @@ class CpuAttentionBackend:
         num_blocks, kv_heads, block_size, head_dim = kv_cache.shape[1:]
         return kv_cache[0].view(num_blocks, kv_heads, head_dim, block_size), kv_cache[1]
 
-    def build(self, step: StepBatch | None, device_batch: DeviceBatch,
-              device: torch.device) -> CpuAttnMetadata:
-        return CpuAttnMetadata(device_batch.slot_mapping, device_batch.block_table,
-                               device_batch.query_start_loc, device_batch.seq_lens)
+    def build(
+        self, step: StepBatch | None, device_batch: DeviceBatch, device: torch.device
+    ) -> CpuAttnMetadata:
+        return CpuAttnMetadata(
+            device_batch.slot_mapping,
+            device_batch.block_table,
+            device_batch.query_start_loc,
+            device_batch.seq_lens,
+        )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: CpuAttnMetadata, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: CpuAttnMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; writes k/v into the cache, returns [T, Hq, D]."""
         key_cache, value_cache = self.split_cache(kv_cache)
         write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-        return paged_attention(q, key_cache, value_cache, meta.block_table, meta.query_start_loc,
-                               meta.seq_lens, scale)
+        return paged_attention(
+            q, key_cache, value_cache, meta.block_table, meta.query_start_loc, meta.seq_lens, scale
+        )

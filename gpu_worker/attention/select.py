@@ -7,8 +7,12 @@ import torch
 from config.engine import attention_backends_for
 
 
-def attention_backend(device: torch.device, dtype: torch.dtype = torch.float32, head_dim: int = 64,
-                      block_size: int = 16):
+def attention_backend(
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    head_dim: int = 64,
+    block_size: int = 16,
+):
     """The first backend of config.engine.ATTENTION_BACKENDS for the device type that runs
     this dtype, head size and block size: Triton kernels on CUDA; on the CPU the C kernels (fp32,
     head_dim 64 or 128, block_size a multiple of 16) when they build here, else vectorized torch

@@ -36,10 +36,14 @@ class TorchAttnMetadata:
     num_tokens: int
 
 
-def _positions_to_slots(block_table: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+def _positions_to_slots(
+    block_table: np.ndarray, positions: np.ndarray, block_size: int
+) -> np.ndarray:
     rows = np.arange(block_table.shape[0])[:, None]
-    return (block_table[rows, positions // block_size].astype(np.int64) * block_size
-            + positions % block_size)
+    return (
+        block_table[rows, positions // block_size].astype(np.int64) * block_size
+        + positions % block_size
+    )
 
 
 def _build_group(step: StepBatch, rows: np.ndarray, device: torch.device) -> _Group:
@@ -48,8 +52,9 @@ def _build_group(step: StepBatch, rows: np.ndarray, device: torch.device) -> _Gr
     seq_lens = step.seq_lens[rows].astype(np.int64)
     lq, lkv = int(q_lens.max()), int(seq_lens.max())
     kv_pos = np.arange(lkv)[None, :]
-    kv_slots = _positions_to_slots(step.block_table[rows], np.minimum(kv_pos, seq_lens[:, None] - 1),
-                                   step.block_size)
+    kv_slots = _positions_to_slots(
+        step.block_table[rows], np.minimum(kv_pos, seq_lens[:, None] - 1), step.block_size
+    )
     j = np.arange(lq)[None, :]
     real = j < q_lens[:, None]  # [Bg, Lq]
     q_pos = seq_lens[:, None] - q_lens[:, None] + j  # absolute position of each query row
@@ -57,8 +62,11 @@ def _build_group(step: StepBatch, rows: np.ndarray, device: torch.device) -> _Gr
     allowed |= ~real[:, :, None] & (kv_pos[:, None, :] == 0)  # padded rows: any finite row
     src = np.where(real, q_start[:, None] + j, q_start[:, None]).reshape(-1)
     all_real = bool(real.all())
-    identity = all_real and len(rows) == step.query_lens.shape[0] and np.array_equal(
-        src, np.arange(src.shape[0]))
+    identity = (
+        all_real
+        and len(rows) == step.query_lens.shape[0]
+        and np.array_equal(src, np.arange(src.shape[0]))
+    )
     needs_mask = not (lq == 1 and bool((seq_lens == lkv).all()))
 
     def dev(a: np.ndarray) -> torch.Tensor:
@@ -81,12 +89,15 @@ class TorchAttentionBackend:
     plans_on_host = True  # build() reads the step's host arrays (StepBatch)
 
     @staticmethod
-    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                       head_dim: int) -> tuple[int, ...]:
+    def kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
         """The kernels' layout, [2, num_blocks, block_size, kv_heads, head_dim]."""
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
-    def build(self, step: StepBatch, device_batch: DeviceBatch, device: torch.device) -> TorchAttnMetadata:
+    def build(
+        self, step: StepBatch, device_batch: DeviceBatch, device: torch.device
+    ) -> TorchAttnMetadata:
         """Precompute gather indices and masks for the whole step."""
         q_lens = step.query_lens
         groups = []
@@ -95,8 +106,15 @@ class TorchAttentionBackend:
                 groups.append(_build_group(step, rows, device))
         return TorchAttnMetadata(device_batch.slot_mapping, groups, int(step.query_start_loc[-1]))
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: TorchAttnMetadata, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: TorchAttnMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; writes k/v into the cache, returns [T, Hq, D]."""
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         key_cache = kv_cache[0].view(-1, num_kv_heads, head_dim)
@@ -114,8 +132,13 @@ class TorchAttentionBackend:
         return out
 
     @staticmethod
-    def _attend(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                group: _Group, scale: float) -> torch.Tensor:
+    def _attend(
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        group: _Group,
+        scale: float,
+    ) -> torch.Tensor:
         # index_select: advanced indexing costs ~10x more per call on CPU.
         qg = q if group.src_tokens is None else q.index_select(0, group.src_tokens)
         bg, lq = group.kv_slots.shape[0], group.num_queries
@@ -124,6 +147,7 @@ class TorchAttentionBackend:
         kv_shape = (bg, -1, key_cache.shape[1], key_cache.shape[2])
         keys = key_cache.index_select(0, slots).view(kv_shape).transpose(1, 2)  # [Bg, Hkv, Lkv, D]
         values = value_cache.index_select(0, slots).view(kv_shape).transpose(1, 2)
-        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=group.mask, scale=scale,
-                                             enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            qg, keys, values, attn_mask=group.mask, scale=scale, enable_gqa=True
+        )
         return out.transpose(1, 2).reshape(bg * lq, q.shape[1], q.shape[2])

@@ -30,13 +30,15 @@ class TritonAttentionBackend:
     name = "triton"
 
     @staticmethod
-    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                       head_dim: int) -> tuple[int, ...]:
+    def kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
         """The kernels' layout: [2, num_blocks, block_size, kv_heads, head_dim]."""
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
-    def build(self, step: StepBatch | None, device_batch: DeviceBatch,
-              device: torch.device) -> DeviceBatch:
+    def build(
+        self, step: StepBatch | None, device_batch: DeviceBatch, device: torch.device
+    ) -> DeviceBatch:
         """The kernels read the device batch directly."""
         return device_batch
 
@@ -44,16 +46,43 @@ class TritonAttentionBackend:
     def uses_split_decode(meta: DeviceBatch, num_kv_heads: int, device: torch.device) -> bool:
         """Whether forward runs this step through the split-context decode kernels; decided from
         host values only (no device sync)."""
-        return use_split_decode(meta.max_query_len, meta.seq_lens.shape[0], num_kv_heads,
-                                meta.max_seq_len, _num_sms(device))
+        return use_split_decode(
+            meta.max_query_len,
+            meta.seq_lens.shape[0],
+            num_kv_heads,
+            meta.max_seq_len,
+            _num_sms(device),
+        )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: DeviceBatch, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: DeviceBatch,
+        scale: float,
+    ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]."""
         write_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
         if self.uses_split_decode(meta, kv_cache.shape[3], q.device):
-            return paged_decode_split(q, kv_cache[0], kv_cache[1], meta.block_table,
-                                      meta.query_start_loc, meta.seq_lens, scale,
-                                      max_seq_len=meta.max_seq_len)
-        return paged_attention(q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc,
-                               meta.seq_lens, scale, max_query_len=meta.max_query_len)
+            return paged_decode_split(
+                q,
+                kv_cache[0],
+                kv_cache[1],
+                meta.block_table,
+                meta.query_start_loc,
+                meta.seq_lens,
+                scale,
+                max_seq_len=meta.max_seq_len,
+            )
+        return paged_attention(
+            q,
+            kv_cache[0],
+            kv_cache[1],
+            meta.block_table,
+            meta.query_start_loc,
+            meta.seq_lens,
+            scale,
+            max_query_len=meta.max_query_len,
+        )

@@ -10,7 +10,6 @@ from gpu_worker.layers.quant_linear import QuantizedProjection
 from kernels import cpu_ops
 from kernels.gguf_quant import QuantizedWeight
 
-
 # Row count from which F.linear beats the split layout plus its output copy, measured on the
 # 49152 x 576 output projection (2 threads, dev box): split + copy 22.6 ms against 27.9 at 64
 # rows, 38.6 against 43.9 at 128, 190 against 89 at 256.
@@ -42,18 +41,27 @@ class Linear(nn.Module):
         """Run on W given as quantized row runs (in order) and drop the fp32 W (a tied
         embedding keeps its own reference)."""
         projection = QuantizedProjection(parts)
-        if projection.out_features != self.weight.shape[0] or \
-                projection.in_features != self.weight.shape[1]:
-            raise ValueError(f"quantized weight [{projection.out_features}, "
-                             f"{projection.in_features}] does not fit {tuple(self.weight.shape)}")
+        if (
+            projection.out_features != self.weight.shape[0]
+            or projection.in_features != self.weight.shape[1]
+        ):
+            raise ValueError(
+                f"quantized weight [{projection.out_features}, "
+                f"{projection.in_features}] does not fit {tuple(self.weight.shape)}"
+            )
         self.quantized = projection
         self.weight = None
 
     def use_blocked_layout(self) -> bool:
         """Switch to the C kernel's layout; False (nothing changed) where it does not apply."""
         weight = self.weight
-        if (weight is None or weight.dtype != torch.float32 or weight.device.type != "cpu"
-                or weight.shape[0] % cpu_ops.LINEAR_BLOCK or not cpu_ops.available()):
+        if (
+            weight is None
+            or weight.dtype != torch.float32
+            or weight.device.type != "cpu"
+            or weight.shape[0] % cpu_ops.LINEAR_BLOCK
+            or not cpu_ops.available()
+        ):
             return False
         self.blocked_weight = cpu_ops.block_weight(weight)
         return True
@@ -65,14 +73,16 @@ class Linear(nn.Module):
         out_features, in_features = self.weight.shape
         if out_features % splits:
             return
-        self.split_weight = (self.weight.detach().t().reshape(in_features, splits, -1)
-                             .transpose(0, 1).contiguous())
+        self.split_weight = (
+            self.weight.detach().t().reshape(in_features, splits, -1).transpose(0, 1).contiguous()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.project(x, self.bias)
 
-    def project(self, x: torch.Tensor, bias: torch.Tensor | None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+    def project(
+        self, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x @ W^T + bias in whichever layout W is held. out, a contiguous fp32 buffer of the
         result's shape, receives the result where the C kernels compute it (use the return)."""
         if self.quantized is not None:
@@ -102,8 +112,10 @@ class Embedding(nn.Module):
     def use_quantized(self, table: QuantizedWeight) -> None:
         """Look rows up in the packed table and drop the fp32 one."""
         if (table.out_features, table.in_features) != tuple(self.weight.shape):
-            raise ValueError(f"quantized table [{table.out_features}, {table.in_features}] does "
-                             f"not fit {tuple(self.weight.shape)}")
+            raise ValueError(
+                f"quantized table [{table.out_features}, {table.in_features}] does "
+                f"not fit {tuple(self.weight.shape)}"
+            )
         self.quantized = table
         self.weight = None
 
@@ -134,5 +146,6 @@ def use_cpu_layout(model: nn.Module, threads: int) -> None:
 
 def _shared(linear: Linear, model: nn.Module) -> bool:
     """True when the Linear's weight is also used elsewhere (tied embeddings)."""
-    return any(m is not linear and getattr(m, "weight", None) is linear.weight
-               for m in model.modules())
+    return any(
+        m is not linear and getattr(m, "weight", None) is linear.weight for m in model.modules()
+    )

@@ -33,11 +33,13 @@ def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> to
 class RotaryEmbedding(nn.Module):
     """Applies rotary embeddings to q and k at given positions, from a precomputed table."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float,
-                 scaling: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None = None
+    ) -> None:
         super().__init__()
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64),
-                            _inv_freq(head_dim, theta, scaling))
+        freqs = torch.outer(
+            torch.arange(max_positions, dtype=torch.float64), _inv_freq(head_dim, theta, scaling)
+        )
         emb = torch.cat([freqs, freqs], dim=-1)
         self.half = head_dim // 2
         sin = emb.sin()
@@ -45,9 +47,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos().float(), persistent=False)
         self.register_buffer("sin", sin.float(), persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token [T, 1, head_dim] tables; computed once per step and shared by all layers."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(
+            dtype
+        )
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, head_dim] -> rotated copy."""

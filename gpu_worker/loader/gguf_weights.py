@@ -15,9 +15,9 @@ from pathlib import Path
 
 from torch import nn
 
-from gpu_worker.layers.linear import Embedding, Linear
 from config.gguf_convert import dense_tensor, hf_row_order, hf_tensor_name
 from config.gguf_tensors import GGUFTensor, read_gguf_tensors
+from gpu_worker.layers.linear import Embedding, Linear
 from gpu_worker.loader.packed_cache import PackedCache
 from gpu_worker.models.weights import WeightLoadError
 from gpu_worker.parallel.group import tp_world_size
@@ -41,8 +41,7 @@ def _checkpoint_rows(model: nn.Module, name: str) -> list[str]:
     return [f"{parent}.{s.original}.weight" for s in shards]
 
 
-def _packed(tensor: GGUFTensor, name: str, model: nn.Module, cache: PackedCache
-            ) -> QuantizedWeight:
+def _packed(tensor: GGUFTensor, name: str, model: nn.Module, cache: PackedCache) -> QuantizedWeight:
     in_features, out_features = (int(d) for d in tensor.shape)
     if (data := cache.get(name)) is not None:
         return QuantizedWeight(tensor.tensor_type, data, out_features, in_features)
@@ -57,12 +56,16 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
     """Fill model from gguf_path, linear weights and the embedding quantized where a kernel runs
     their type."""
     if tp_world_size() > 1:
-        raise WeightLoadError("GGUF quantized weights are not split across tensor-parallel ranks; "
-                              "use --dtype float32 (dequantized weights) with tensor parallelism")
+        raise WeightLoadError(
+            "GGUF quantized weights are not split across tensor-parallel ranks; "
+            "use --dtype float32 (dequantized weights) with tensor parallelism"
+        )
     if not gguf_path.is_file():
-        raise WeightLoadError(f"{gguf_path.parent}: no {gguf_path.name} to load quantized weights "
-                              f"from; load_format 'gguf' needs a GGUF model (a .gguf file or the "
-                              f"default model)")
+        raise WeightLoadError(
+            f"{gguf_path.parent}: no {gguf_path.name} to load quantized weights "
+            f"from; load_format 'gguf' needs a GGUF model (a .gguf file or the "
+            f"default model)"
+        )
     tensors = {hf_tensor_name(t.name): t for t in read_gguf_tensors(gguf_path)}
     packed: dict[str, QuantizedWeight] = {}  # one copy of a table the output projection shares
     cache = PackedCache(gguf_path)
@@ -91,8 +94,13 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
     cache.save()
     types = Counter(tensors[name].tensor_type.name for name in packed)
     dense = [name for name in tensors if name not in packed]
-    logger.info("%s: kept quantized: %s; %d tensors dequantized to fp32", gguf_path.name,
-                ", ".join(f"{n} x{c}" for n, c in sorted(types.items())), len(dense))
+    logger.info(
+        "%s: kept quantized: %s; %d tensors dequantized to fp32",
+        gguf_path.name,
+        ", ".join(f"{n} x{c}" for n, c in sorted(types.items())),
+        len(dense),
+    )
     heads = model.cfg.num_attention_heads, model.cfg.num_key_value_heads
-    model.load_weights((str(gguf_path), name, dense_tensor(tensors[name], name, *heads))
-                       for name in dense)
+    model.load_weights(
+        (str(gguf_path), name, dense_tensor(tensors[name], name, *heads)) for name in dense
+    )

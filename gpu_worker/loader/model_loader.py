@@ -13,9 +13,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
+from config.gguf_convert import GGUF_LINK
 from config.model_arch import ModelArchConfig
 from gpu_worker.layers.linear import use_cpu_layout
-from config.gguf_convert import GGUF_LINK
 from gpu_worker.loader.gguf_weights import load_gguf_weights
 from gpu_worker.models.registry import model_class
 from gpu_worker.models.weights import WeightLoadError
@@ -73,15 +73,23 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def load_model(model_dir: str | Path, arch: ModelArchConfig, dtype: torch.dtype,
-               device: torch.device, load_format: str = "auto", seed: int = 0) -> nn.Module:
+def load_model(
+    model_dir: str | Path,
+    arch: ModelArchConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    load_format: str = "auto",
+    seed: int = 0,
+) -> nn.Module:
     """The model with weights from model_dir, or random weights when load_format is 'dummy';
     with 'gguf' the linear weights stay quantized as in the GGUF file model_dir links (CPU)."""
     began = time.perf_counter()
     cls = model_class(arch.architecture, source=str(Path(model_dir) / "config.json"))
     if load_format == "gguf" and (device.type != "cpu" or dtype != torch.float32):
-        raise ValueError(f"GGUF quantized weights run on the CPU with float32 activations, not on "
-                         f"{device.type} in {dtype}; dequantize them with --dtype")
+        raise ValueError(
+            f"GGUF quantized weights run on the CPU with float32 activations, not on "
+            f"{device.type} in {dtype}; dequantize them with --dtype"
+        )
     with _default_dtype(dtype), torch.device(device):
         model = cls(arch)
     if load_format == "dummy":
@@ -92,8 +100,13 @@ def load_model(model_dir: str | Path, arch: ModelArchConfig, dtype: torch.dtype,
         model.load_weights(iter_safetensors(model_dir))
     if device.type == "cpu":
         use_cpu_layout(model, torch.get_num_threads())
-    logger.info("model loaded in %.2f s (load format %s, %s on %s)", time.perf_counter() - began,
-                load_format, str(dtype).removeprefix("torch."), device.type)
+    logger.info(
+        "model loaded in %.2f s (load format %s, %s on %s)",
+        time.perf_counter() - began,
+        load_format,
+        str(dtype).removeprefix("torch."),
+        device.type,
+    )
     return model.eval()
 
 

@@ -26,8 +26,11 @@ logger = logging.getLogger(__name__)
 MIN_CACHED_BYTES = 16 * 2**20
 
 # What decides the packed bytes besides the GGUF file: the packers and the row order.
-_PACKING_SOURCES = (Path(gguf_quant.__file__), Path(gguf_convert.__file__),
-                    Path(__file__).parent / "gguf_weights.py")
+_PACKING_SOURCES = (
+    Path(gguf_quant.__file__),
+    Path(gguf_convert.__file__),
+    Path(__file__).parent / "gguf_weights.py",
+)
 
 
 def cache_file(gguf_path: Path) -> Path:
@@ -56,8 +59,9 @@ class PackedCache:
             try:
                 self._stored = load_file(str(self.path))  # a memory map of the file
             except (OSError, SafetensorError) as e:
-                logger.warning("ignoring the packed weights in %s (%s); packing again",
-                               self.path, e)
+                logger.warning(
+                    "ignoring the packed weights in %s (%s); packing again", self.path, e
+                )
 
     def get(self, name: str) -> torch.Tensor | None:
         """name's packed bytes as stored, None when they are not."""

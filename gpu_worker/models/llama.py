@@ -9,15 +9,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from config.model_arch import ModelArchConfig
-from kernels import cpu_ops
 from gpu_worker.layers.attention import Attention
 from gpu_worker.layers.norm import RMSNorm
 from gpu_worker.layers.rotary import RotaryEmbedding
 from gpu_worker.models.fused_decode import FusedDecode
 from gpu_worker.models.weights import StackedShard, load_named_weights
 from gpu_worker.parallel.group import tp_all_reduce
-from gpu_worker.parallel.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
-                                        VocabParallelEmbedding, divide)
+from gpu_worker.parallel.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    divide,
+)
+from kernels import cpu_ops
 
 
 class LlamaAttention(nn.Module):
@@ -39,10 +44,14 @@ class LlamaAttention(nn.Module):
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, (heads + 2 * kv_heads) * cfg.head_dim,
-                                             bias=self.qkv_bias or cfg.attention_bias)
-        self.o_proj = RowParallelLinear(heads * cfg.head_dim, cfg.hidden_size,
-                                        bias=cfg.attention_bias and not self.qkv_bias)
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size,
+            (heads + 2 * kv_heads) * cfg.head_dim,
+            bias=self.qkv_bias or cfg.attention_bias,
+        )
+        self.o_proj = RowParallelLinear(
+            heads * cfg.head_dim, cfg.hidden_size, bias=cfg.attention_bias and not self.qkv_bias
+        )
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -50,18 +59,25 @@ class LlamaAttention(nn.Module):
 
     def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
         """Rows of this rank's qkv_proj holding q, k or v: (start, size)."""
-        return {"q": (0, self.q_size), "k": (self.q_size, self.kv_size),
-                "v": (self.q_size + self.kv_size, self.kv_size)}[shard_id]
+        return {
+            "q": (0, self.q_size),
+            "k": (self.q_size, self.kv_size),
+            "v": (self.q_size + self.kv_size, self.kv_size),
+        }[shard_id]
 
-    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor,
-                sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         tokens, heads, kv_heads = qkv.shape[0], self.num_heads, self.num_kv_heads
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, kv_heads, self.head_dim)
         if self.qk_norm:
             q = self.q_norm(qkv[:, : self.q_size].reshape(tokens, heads, self.head_dim))
-            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size]
-                            .reshape(tokens, kv_heads, self.head_dim))
+            k = self.k_norm(
+                qkv[:, self.q_size : self.q_size + self.kv_size].reshape(
+                    tokens, kv_heads, self.head_dim
+                )
+            )
             q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
         else:
             # q and k rotate together: one set of ops instead of two.
@@ -92,9 +108,14 @@ class LlamaMLP(nn.Module):
         SwiGLU kernel, which never writes the [tokens, 2I] intermediate. False where it does not
         apply or pay (then the children take the plain blocked layout)."""
         weight = self.gate_up_proj.weight
-        if (weight is None or weight.dtype != torch.float32 or weight.device.type != "cpu"
-                or self.intermediate % cpu_ops.LINEAR_BLOCK or not cpu_ops.available()
-                or not cpu_ops.fused_swiglu_pays()):
+        if (
+            weight is None
+            or weight.dtype != torch.float32
+            or weight.device.type != "cpu"
+            or self.intermediate % cpu_ops.LINEAR_BLOCK
+            or not cpu_ops.available()
+            or not cpu_ops.fused_swiglu_pays()
+        ):
             return False
         self.fused_gate_up = cpu_ops.block_weight_pairs(weight.detach())
         self.gate_up_proj.weight = None
@@ -116,7 +137,9 @@ class LlamaMLP(nn.Module):
         gate = gate_up[:, :inter].reshape(hidden, splits, -1)
         up = gate_up[:, inter:].reshape(hidden, splits, -1)
         self.split_gate_up = torch.cat([gate, up], dim=-1).transpose(0, 1).contiguous()
-        self.split_down = self.down_proj.weight.detach().t().reshape(splits, -1, hidden).contiguous()
+        self.split_down = (
+            self.down_proj.weight.detach().t().reshape(splits, -1, hidden).contiguous()
+        )
         self.gate_up_proj.weight = None
         self.down_proj.weight = None
 
@@ -137,7 +160,9 @@ class LlamaMLP(nn.Module):
         return tp_all_reduce(out)
 
     def _split_forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.bmm(x.unsqueeze(0).expand(self.split_gate_up.shape[0], -1, -1), self.split_gate_up)
+        y = torch.bmm(
+            x.unsqueeze(0).expand(self.split_gate_up.shape[0], -1, -1), self.split_gate_up
+        )
         return torch.bmm(_silu_and_mul(y), self.split_down).sum(dim=0)
 
 
@@ -168,8 +193,14 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rotary: RotaryEmbedding,
-                cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rotary: RotaryEmbedding,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
@@ -208,8 +239,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                      cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
         self.fused_decode = FusedDecode(self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -223,8 +255,7 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.model.norm.forward_with_residual(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None
-                       ) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [N, vocab] in fp32 for the given hidden states [N, hidden]; out, a reused
         [N, vocab] fp32 buffer, receives them where the kernels can write into it (CPU)."""
         return self.lm_head(hidden, out).float()

@@ -23,8 +23,12 @@ class WeightLoadError(ValueError):
     """A checkpoint does not fit the model; the message names the file and the tensor."""
 
 
-def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, str, torch.Tensor]],
-                       stacked: Iterable[StackedShard], skip: tuple[str, ...] = ()) -> None:
+def load_named_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, str, torch.Tensor]],
+    stacked: Iterable[StackedShard],
+    skip: tuple[str, ...] = (),
+) -> None:
     """Copy every (file, name, tensor) into model; refuse unknown, misshapen or missing tensors.
 
     A parameter split across tensor-parallel ranks (tp_dim set) receives this rank's slice.
@@ -41,8 +45,9 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, str, torch
         target = name.replace(f".{shard.original}.", f".{shard.fused}.") if shard else name
         param = params.get(target)
         if param is None:
-            raise WeightLoadError(f"{source}: tensor {name!r} does not belong to this model "
-                                  f"({type(model).__name__})")
+            raise WeightLoadError(
+                f"{source}: tensor {name!r} does not belong to this model ({type(model).__name__})"
+            )
         dest = param.data
         if shard is not None:
             owner = model.get_submodule(target.rsplit(".", 2)[0])
@@ -50,16 +55,21 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, str, torch
             dest = dest.narrow(0, start, size)
         expected = _checkpoint_shape(param, dest)
         if tuple(tensor.shape) != expected:
-            raise WeightLoadError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                  f"the model expects {expected}")
+            raise WeightLoadError(
+                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                f"the model expects {expected}"
+            )
         tensor, dest = _rank_slice(param, tensor, dest)
         dest.copy_(tensor)
         pending[target].discard(shard.shard_id if shard else None)
     # Name what is missing as the checkpoint would (k_proj, not the fused qkv_proj).
-    missing = sorted(_checkpoint_name(n, shard_id, stacked)
-                     for n, left in pending.items() for shard_id in left)
+    missing = sorted(
+        _checkpoint_name(n, shard_id, stacked) for n, left in pending.items() for shard_id in left
+    )
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
         where = ", ".join(sources) or "checkpoint"
         raise WeightLoadError(f"{where}: checkpoint is missing tensors: {shown}")
 
@@ -73,8 +83,9 @@ def _checkpoint_shape(param: torch.Tensor, dest: torch.Tensor) -> tuple[int, ...
     return tuple(shape)
 
 
-def _rank_slice(param: torch.Tensor, tensor: torch.Tensor,
-                dest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _rank_slice(
+    param: torch.Tensor, tensor: torch.Tensor, dest: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's part of a checkpoint tensor and the part of dest it fills.
 
     Ranks hold equal slices; where the size does not divide (the vocabulary), the last rank's
@@ -95,8 +106,9 @@ def _expected_shards(param_name: str, stacked: tuple[StackedShard, ...]) -> set[
     return ids or {None}
 
 
-def _checkpoint_name(param_name: str, shard_id: str | int | None,
-                     stacked: tuple[StackedShard, ...]) -> str:
+def _checkpoint_name(
+    param_name: str, shard_id: str | int | None, stacked: tuple[StackedShard, ...]
+) -> str:
     if shard_id is None:
         return param_name
     shard = next(s for s in stacked if s.shard_id == shard_id and f".{s.fused}." in param_name)

@@ -16,14 +16,20 @@ _rank = 0
 _world_size = 1
 
 
-def init_tensor_parallel(rank: int, world_size: int, init_method: str, device: torch.device,
-                         timeout_s: float = 600.0) -> None:
+def init_tensor_parallel(
+    rank: int, world_size: int, init_method: str, device: torch.device, timeout_s: float = 600.0
+) -> None:
     """Join the group of world_size ranks: gloo on CPU, NCCL on CUDA."""
     global _rank, _world_size
     if world_size > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
     _rank, _world_size = rank, world_size
 
 

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.layers.linear import Embedding, Linear
-from kernels import cpu_ops
 from gpu_worker.parallel.group import tp_all_gather, tp_all_reduce, tp_rank, tp_world_size
+from kernels import cpu_ops
 
 
 def _shard(param: torch.Tensor, dim: int, full_size: int | None = None) -> None:
@@ -87,8 +87,13 @@ class ParallelLMHead(Linear):
     def greedy_tokens(self, x: torch.Tensor) -> torch.Tensor | None:
         """Each row's argmax over the vocabulary [N] without the logits, where the C kernel can
         (one rank, an fp32 weight in the blocked CPU layout); None elsewhere."""
-        if (tp_world_size() != 1 or self.quantized is not None or self.blocked_weight is None
-                or x.dtype != torch.float32 or x.dim() != 2):
+        if (
+            tp_world_size() != 1
+            or self.quantized is not None
+            or self.blocked_weight is None
+            or x.dtype != torch.float32
+            or x.dim() != 2
+        ):
             return None
         return cpu_ops.linear_argmax(x, self.blocked_weight, self.vocab_size)
 

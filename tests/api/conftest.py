@@ -12,10 +12,25 @@ MAX_BODY = 256 * 1024
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model):  # noqa: F811
-    srv = Server(["--model", str(tiny_model), "--device", "cpu", "--kv-cache-memory", "16MiB",
-                  "--max-model-len", "256", "--served-model-name", MODEL, "--api-key", API_KEY,
-                  "--max-request-body", str(MAX_BODY)])
+def server(tiny_model):
+    srv = Server(
+        [
+            "--model",
+            str(tiny_model),
+            "--device",
+            "cpu",
+            "--kv-cache-memory",
+            "16MiB",
+            "--max-model-len",
+            "256",
+            "--served-model-name",
+            MODEL,
+            "--api-key",
+            API_KEY,
+            "--max-request-body",
+            str(MAX_BODY),
+        ]
+    )
     assert srv.ready and srv.api_url, srv.stderr
     yield srv
     assert srv.stop() == 0, srv.stderr
@@ -25,7 +40,6 @@ def server(tiny_model):  # noqa: F811
 def client(server):
     import openai
 
-    c = openai.OpenAI(base_url=server.api_url + "/v1", api_key=API_KEY, max_retries=0,
-                      timeout=60)
+    c = openai.OpenAI(base_url=server.api_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
     yield c
     c.close()

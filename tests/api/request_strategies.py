@@ -10,19 +10,47 @@ import msgspec.inspect as mi
 from hypothesis import strategies as st
 
 # Integers at and beyond every range the server checks.
-EDGE_INTS = [-2**70, -2**64, -2**63 - 1, -2**63, -1, 0, 1, 2, 2**31, 2**63 - 1, 2**63, 2**64,
-             2**70]
+EDGE_INTS = [
+    -(2**70),
+    -(2**64),
+    -(2**63) - 1,
+    -(2**63),
+    -1,
+    0,
+    1,
+    2,
+    2**31,
+    2**63 - 1,
+    2**63,
+    2**64,
+    2**70,
+]
 # Fields that make a valid request costly when large: only small or out-of-range values.
-SIZE_FIELDS = {"max_tokens", "max_completion_tokens", "n", "min_tokens", "best_of",
-               "top_logprobs", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"}
-SIZE_VALUES = [-2**70, -1, 0, 1, 2, 2**31, 2**63, 2**70]
+SIZE_FIELDS = {
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "min_tokens",
+    "best_of",
+    "top_logprobs",
+    "logprobs",
+    "prompt_logprobs",
+    "truncate_prompt_tokens",
+}
+SIZE_VALUES = [-(2**70), -1, 0, 1, 2, 2**31, 2**63, 2**70]
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.sampled_from(EDGE_INTS)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                max_size=3),
-    max_leaves=8)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from(EDGE_INTS)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 
 _NAMED = {  # fields whose useful values are few
     "model": st.just("tiny"),
@@ -41,7 +69,8 @@ def _typed(info: mi.Type, name: str | None, depth: int, junk: bool) -> st.Search
         return st.integers(-3, 300) | st.sampled_from(EDGE_INTS)
     if isinstance(info, mi.FloatType):
         return st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(
-            [0.0, -0.0, 1e308, -1e308, 1e-320, 0.5, 2.0, -1.0])
+            [0.0, -0.0, 1e308, -1e308, 1e-320, 0.5, 2.0, -1.0]
+        )
     if isinstance(info, mi.StrType):
         return st.text(max_size=30)
     if isinstance(info, mi.BoolType):
@@ -51,9 +80,11 @@ def _typed(info: mi.Type, name: str | None, depth: int, junk: bool) -> st.Search
     if isinstance(info, mi.ListType):
         return st.lists(field_values(info.item_type, None, depth + 1, junk), max_size=4)
     if isinstance(info, mi.DictType):
-        return st.dictionaries(st.text(max_size=8),  # JSON's keys are strings
-                               field_values(info.value_type, None, depth + 1, junk),
-                               max_size=3)
+        return st.dictionaries(
+            st.text(max_size=8),  # JSON's keys are strings
+            field_values(info.value_type, None, depth + 1, junk),
+            max_size=3,
+        )
     if isinstance(info, mi.UnionType):
         return st.one_of([_typed(t, name, depth, junk) for t in info.types])
     if isinstance(info, mi.StructType):
@@ -61,8 +92,7 @@ def _typed(info: mi.Type, name: str | None, depth: int, junk: bool) -> st.Search
     return json_values
 
 
-def field_values(info: mi.Type, name: str | None, depth: int, junk: bool
-                 ) -> st.SearchStrategy[Any]:
+def field_values(info: mi.Type, name: str | None, depth: int, junk: bool) -> st.SearchStrategy[Any]:
     """A field's value of its declared type; with junk, any JSON value one time in five."""
     if depth > 4:
         return json_values
@@ -80,8 +110,11 @@ def struct_bodies(info: mi.StructType, depth: int, junk: bool) -> st.SearchStrat
 
     @st.composite
     def bodies(draw) -> dict:
-        body = {name: draw(values[name]) for name in required
-                if not junk or draw(st.integers(0, 19)) != 0}
+        body = {
+            name: draw(values[name])
+            for name in required
+            if not junk or draw(st.integers(0, 19)) != 0
+        }
         if optional:  # a few fields at a time: cheap to draw, and most bodies stay valid-ish
             for name in draw(st.lists(st.sampled_from(optional), max_size=5, unique=True)):
                 body[name] = draw(values[name])

@@ -25,27 +25,29 @@ class FakeClient:
         try:
             yield RequestDelta(request.request_id, 0, "Hello", [1], num_prompt_tokens=3)
             yield RequestDelta(request.request_id, 0, " world", [2], num_prompt_tokens=3)
-            raise TokenizerRequestError(RequestError(request.request_id,
-                                                     "the engine core process 1 exited", 503))
+            raise TokenizerRequestError(
+                RequestError(request.request_id, "the engine core process 1 exited", 503)
+            )
         finally:
             self.closed.append(request.request_id)
 
 
 async def _with_client(fn, engine_alive=lambda: True):
-    app = build_app(ServingContext("m", 256, 100, FakeClient(), None),
-                    engine_alive=engine_alive)
+    app = build_app(ServingContext("m", 256, 100, FakeClient(), None), engine_alive=engine_alive)
     async with TestClient(TestServer(app)) as client:
         return await fn(app, client)
 
 
 def _events(text: str) -> list:
-    return [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
 
 
 def test_error_after_streaming_began_is_an_event():
     async def run(app, client):
-        resp = await client.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "hi"}], "stream": True})
+        resp = await client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "stream": True},
+        )
         assert resp.status == 200 and resp.content_type == "text/event-stream"
         return _events(await resp.text())
 

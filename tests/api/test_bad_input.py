@@ -19,15 +19,23 @@ PROMPT = "The capital of France is"
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
-def _post(server, path: str, raw: bytes, content_type: str = "application/json",
-          timeout: float = 30) -> tuple[int, bytes]:
+def _post(
+    server, path: str, raw: bytes, content_type: str = "application/json", timeout: float = 30
+) -> tuple[int, bytes]:
     """POST raw bytes on a fresh connection; (status, body). A hang fails by the timeout."""
     url = urllib.parse.urlsplit(server.api_url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
     try:
-        conn.request("POST", path, body=raw, headers={
-            "Content-Type": content_type, "Authorization": f"Bearer {API_KEY}",
-            "Connection": "close"})
+        conn.request(
+            "POST",
+            path,
+            body=raw,
+            headers={
+                "Content-Type": content_type,
+                "Authorization": f"Bearer {API_KEY}",
+                "Connection": "close",
+            },
+        )
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -56,105 +64,164 @@ CASES = {
     "non-utf8 bare": (CHAT, b"\xff\xfe\xfd\x00\x01"),
     "nan literal": (COMPLETIONS, b'{"model": "tiny", "prompt": "x", "temperature": NaN}'),
     # wrong types
-    "max_tokens string": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT,
-                                            "max_tokens": "ten"})),
+    "max_tokens string": (
+        COMPLETIONS,
+        _js({"model": MODEL, "prompt": PROMPT, "max_tokens": "ten"}),
+    ),
     "messages not a list": (CHAT, _js({"model": MODEL, "messages": "hello"})),
     "messages of strings": (CHAT, _js({"model": MODEL, "messages": ["hello"]})),
     "message without role": (CHAT, _js({"model": MODEL, "messages": [{"content": "x"}]})),
-    "unknown role": (CHAT, _js({"model": MODEL, "messages": [{"role": "wizard",
-                                                              "content": "x"}]})),
+    "unknown role": (CHAT, _js({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]})),
     "prompt a number": (COMPLETIONS, _js({"model": MODEL, "prompt": 42})),
     "prompt an object": (COMPLETIONS, _js({"model": MODEL, "prompt": {"a": 1}})),
     "prompt ids of floats": (COMPLETIONS, _js({"model": MODEL, "prompt": [1.5, 2.5]})),
     "prompt missing": (COMPLETIONS, _js({"model": MODEL})),
     "n a bool": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "n": True})),
     "stop a number": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "stop": 5})),
-    "logit_bias bad key": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT,
-                                             "logit_bias": {"abc": 1}})),
-    "stream a string": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT,
-                                          "stream": "yes"})),
+    "logit_bias bad key": (
+        COMPLETIONS,
+        _js({"model": MODEL, "prompt": PROMPT, "logit_bias": {"abc": 1}}),
+    ),
+    "stream a string": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "stream": "yes"})),
     # unknown fields and models
     "unknown field": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "frobnicate": 1})),
-    "unknown nested field": (CHAT, _js({"model": MODEL, "messages": [
-        {"role": "user", "content": "x", "frobnicate": 1}]})),
+    "unknown nested field": (
+        CHAT,
+        _js({"model": MODEL, "messages": [{"role": "user", "content": "x", "frobnicate": 1}]}),
+    ),
     "unknown model": (COMPLETIONS, _js({"model": "no-such-model", "prompt": PROMPT})),
     # huge or out-of-range values
-    "max_tokens 2**70": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT,
-                                           "max_tokens": 2**70})),
-    "max_tokens negative": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT,
-                                              "max_tokens": -1})),
+    "max_tokens 2**70": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "max_tokens": 2**70})),
+    "max_tokens negative": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "max_tokens": -1})),
     "n 1e6": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "n": 10**6})),
     "n 0": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "n": 0})),
     "chat n 1e6": (CHAT, _js({"model": MODEL, "messages": MESSAGES, "n": 10**6})),
-    "temperature overflow": (COMPLETIONS, b'{"model": "tiny", "prompt": "x", '
-                                          b'"temperature": 1e400}'),
-    "temperature negative": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT,
-                                               "temperature": -1})),
+    "temperature overflow": (
+        COMPLETIONS,
+        b'{"model": "tiny", "prompt": "x", "temperature": 1e400}',
+    ),
+    "temperature negative": (
+        COMPLETIONS,
+        _js({"model": MODEL, "prompt": PROMPT, "temperature": -1}),
+    ),
     "top_p 2": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "top_p": 2.0})),
     "logprobs 1e6": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "logprobs": 10**6})),
-    "logit_bias huge": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT,
-                                          "logit_bias": {"5": 1e308}})),
+    "logit_bias huge": (
+        COMPLETIONS,
+        _js({"model": MODEL, "prompt": PROMPT, "logit_bias": {"5": 1e308}}),
+    ),
     "token id out of range": (COMPLETIONS, _js({"model": MODEL, "prompt": [10**9]})),
     "negative token id": (COMPLETIONS, _js({"model": MODEL, "prompt": [-1]})),
     "empty prompt list": (COMPLETIONS, _js({"model": MODEL, "prompt": []})),
     "token id 2**70": (COMPLETIONS, _js({"model": MODEL, "prompt": [2**70]})),
-    "stop_token_ids 2**70": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT,
-                                               "stop_token_ids": [2**70]})),
-    "logit_bias key 2**70": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT,
-                                               "logit_bias": {str(2**70): 1}})),
+    "stop_token_ids 2**70": (
+        COMPLETIONS,
+        _js({"model": MODEL, "prompt": PROMPT, "stop_token_ids": [2**70]}),
+    ),
+    "logit_bias key 2**70": (
+        COMPLETIONS,
+        _js({"model": MODEL, "prompt": PROMPT, "logit_bias": {str(2**70): 1}}),
+    ),
     "n 129": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "n": 129})),
     "seed 2**70": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "seed": 2**70})),
     "prompt longer than the model": (COMPLETIONS, _js({"model": MODEL, "prompt": [1] * 1000})),
     # prompt + max_tokens beyond the context: refused, as OpenAI and vLLM's server do
     "max_tokens 1e12": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "max_tokens": 10**12})),
-    "chat max_tokens 1e12": (CHAT, _js({"model": MODEL, "messages": MESSAGES,
-                                        "max_tokens": 10**12})),
-    "max_completion_tokens past the context": (CHAT, _js({"model": MODEL, "messages": MESSAGES,
-                                                          "max_completion_tokens": 256})),
+    "chat max_tokens 1e12": (
+        CHAT,
+        _js({"model": MODEL, "messages": MESSAGES, "max_tokens": 10**12}),
+    ),
+    "max_completion_tokens past the context": (
+        CHAT,
+        _js({"model": MODEL, "messages": MESSAGES, "max_completion_tokens": 256}),
+    ),
     # a prompt of many token ids, just under and just over the body limit
-    "many ids within the body limit": (COMPLETIONS, _js({"model": MODEL, "prompt": [1] * (
-        (MAX_BODY - 100) // 3)})),
-    "10**6 ids beyond the body limit": (COMPLETIONS, _js({"model": MODEL,
-                                                          "prompt": [1] * 10**6})),
+    "many ids within the body limit": (
+        COMPLETIONS,
+        _js({"model": MODEL, "prompt": [1] * ((MAX_BODY - 100) // 3)}),
+    ),
+    "10**6 ids beyond the body limit": (COMPLETIONS, _js({"model": MODEL, "prompt": [1] * 10**6})),
     # deeply nested JSON
-    "deep nesting": (COMPLETIONS, b'{"model": "tiny", "prompt": ' + b"[" * 10000
-                     + b"]" * 10000 + b"}"),
+    "deep nesting": (
+        COMPLETIONS,
+        b'{"model": "tiny", "prompt": ' + b"[" * 10000 + b"]" * 10000 + b"}",
+    ),
     # deeply nested free-form fields (RecursionError 500s before the depth limit)
-    "deep chat_template_kwargs": (CHAT, _deep({"model": MODEL, "messages": MESSAGES,
-                                               "chat_template_kwargs": {"a": "DEEP"}}, 5000)),
-    "chat_template_kwargs 900 deep": (CHAT, _deep({"model": MODEL, "messages": MESSAGES,
-                                                   "chat_template_kwargs": {"a": "DEEP"}}, 900)),
-    "deep tool parameters": (CHAT, _deep({"model": MODEL, "messages": MESSAGES, "tools": [
-        {"type": "function", "function": {"name": "f", "parameters": "DEEP"}}]}, 900)),
-    "deep response_format schema": (CHAT, _deep({"model": MODEL, "messages": MESSAGES,
-                                                 "response_format": {
-                                                     "type": "json_schema", "json_schema": {
-                                                         "name": "x", "schema": "DEEP"}}}, 5000)),
-    "deep structured_outputs": (COMPLETIONS, _deep({"model": MODEL, "prompt": PROMPT,
-                                                    "structured_outputs": {"json": "DEEP"}}, 900)),
-    "deep prediction": (CHAT, _deep({"model": MODEL, "messages": MESSAGES,
-                                     "prediction": "DEEP"}, 5000)),
-    "deep invocations": ("/invocations", b'{"prompt": "x", "a": ' + b"[" * 100000
-                         + b"]" * 100000 + b"}"),
-    "deep tokenize kwargs": ("/tokenize", _deep({"messages": MESSAGES,
-                                                 "chat_template_kwargs": {"a": "DEEP"}}, 900)),
+    "deep chat_template_kwargs": (
+        CHAT,
+        _deep({"model": MODEL, "messages": MESSAGES, "chat_template_kwargs": {"a": "DEEP"}}, 5000),
+    ),
+    "chat_template_kwargs 900 deep": (
+        CHAT,
+        _deep({"model": MODEL, "messages": MESSAGES, "chat_template_kwargs": {"a": "DEEP"}}, 900),
+    ),
+    "deep tool parameters": (
+        CHAT,
+        _deep(
+            {
+                "model": MODEL,
+                "messages": MESSAGES,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": "DEEP"}}],
+            },
+            900,
+        ),
+    ),
+    "deep response_format schema": (
+        CHAT,
+        _deep(
+            {
+                "model": MODEL,
+                "messages": MESSAGES,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": "DEEP"},
+                },
+            },
+            5000,
+        ),
+    ),
+    "deep structured_outputs": (
+        COMPLETIONS,
+        _deep({"model": MODEL, "prompt": PROMPT, "structured_outputs": {"json": "DEEP"}}, 900),
+    ),
+    "deep prediction": (
+        CHAT,
+        _deep({"model": MODEL, "messages": MESSAGES, "prediction": "DEEP"}, 5000),
+    ),
+    "deep invocations": (
+        "/invocations",
+        b'{"prompt": "x", "a": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+    ),
+    "deep tokenize kwargs": (
+        "/tokenize",
+        _deep({"messages": MESSAGES, "chat_template_kwargs": {"a": "DEEP"}}, 900),
+    ),
     # integers beyond 64 bits in any field (the IPC encoder overflowed: a 500)
     "priority 2**70": (COMPLETIONS, _js({"model": MODEL, "prompt": PROMPT, "priority": 2**70})),
-    "chat top_logprobs 2**70": (CHAT, _js({"model": MODEL, "messages": MESSAGES,
-                                           "logprobs": True, "top_logprobs": 2**70})),
+    "chat top_logprobs 2**70": (
+        CHAT,
+        _js({"model": MODEL, "messages": MESSAGES, "logprobs": True, "top_logprobs": 2**70}),
+    ),
     "detokenize 2**70": ("/detokenize", _js({"tokens": [2**70]})),
     # token ids checked before echo decodes them
-    "echo negative token id": (COMPLETIONS, _js({"model": MODEL, "prompt": [-1, 5],
-                                                 "echo": True, "max_tokens": 1})),
-    "echo out-of-vocabulary token id": (COMPLETIONS, _js({"model": MODEL, "prompt": [[10**6]],
-                                                          "echo": True, "logprobs": 1})),
+    "echo negative token id": (
+        COMPLETIONS,
+        _js({"model": MODEL, "prompt": [-1, 5], "echo": True, "max_tokens": 1}),
+    ),
+    "echo out-of-vocabulary token id": (
+        COMPLETIONS,
+        _js({"model": MODEL, "prompt": [[10**6]], "echo": True, "logprobs": 1}),
+    ),
 }
 
 NAMED = {  # the case and the field its 400 must name
-    "priority 2**70": "priority", "chat top_logprobs 2**70": "top_logprobs",
-    "detokenize 2**70": "tokens[0]", "echo negative token id": "prompt",
+    "priority 2**70": "priority",
+    "chat top_logprobs 2**70": "top_logprobs",
+    "detokenize 2**70": "tokens[0]",
+    "echo negative token id": "prompt",
     "echo out-of-vocabulary token id": "prompt",
-    "chat_template_kwargs 900 deep": "chat_template_kwargs", "deep tool parameters": "tools",
+    "chat_template_kwargs 900 deep": "chat_template_kwargs",
+    "deep tool parameters": "tools",
     "deep structured_outputs": "structured_outputs",
 }
 
@@ -173,22 +240,27 @@ def test_bad_input_is_a_4xx_in_openai_shape(server, name):
 
 
 def test_a_completion_past_the_context_is_refused_with_the_arithmetic(server):
-    status, body = _post(server, COMPLETIONS, _js({"model": MODEL, "prompt": [5] * 200,
-                                                   "max_tokens": 100}))
+    status, body = _post(
+        server, COMPLETIONS, _js({"model": MODEL, "prompt": [5] * 200, "max_tokens": 100})
+    )
     assert status == 400, body[:500]
     assert json.loads(body)["error"]["message"].startswith(
         "This model's maximum context length is 256 tokens. However, you requested 300 tokens "
-        "(200 in the messages, 100 in the completion).")
+        "(200 in the messages, 100 in the completion)."
+    )
 
 
 # Huge but valid: served, bounded by the context.
 ACCEPTED = {
-    "max_tokens filling the context": (COMPLETIONS, {"model": MODEL, "prompt": [5] * 200,
-                                                     "max_tokens": 56, "ignore_eos": True}),
-    "chat without max_tokens": (CHAT, {"model": MODEL, "messages": MESSAGES,
-                                       "ignore_eos": True}),
-    "temperature 1e308": (COMPLETIONS, {"model": MODEL, "prompt": PROMPT, "temperature": 1e308,
-                                        "max_tokens": 4}),
+    "max_tokens filling the context": (
+        COMPLETIONS,
+        {"model": MODEL, "prompt": [5] * 200, "max_tokens": 56, "ignore_eos": True},
+    ),
+    "chat without max_tokens": (CHAT, {"model": MODEL, "messages": MESSAGES, "ignore_eos": True}),
+    "temperature 1e308": (
+        COMPLETIONS,
+        {"model": MODEL, "prompt": PROMPT, "temperature": 1e308, "max_tokens": 4},
+    ),
     "n 128": (COMPLETIONS, {"model": MODEL, "prompt": PROMPT, "n": 128, "max_tokens": 2}),
 }
 
@@ -209,9 +281,16 @@ def test_huge_but_valid_values_are_served(server, name):
 def test_a_body_that_does_not_decompress_is_a_400(server, encoding):
     url = urllib.parse.urlsplit(server.api_url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-    conn.request("POST", COMPLETIONS, body=b"this is not compressed", headers={
-        "Content-Type": "application/json", "Content-Encoding": encoding,
-        "Authorization": f"Bearer {API_KEY}"})
+    conn.request(
+        "POST",
+        COMPLETIONS,
+        body=b"this is not compressed",
+        headers={
+            "Content-Type": "application/json",
+            "Content-Encoding": encoding,
+            "Authorization": f"Bearer {API_KEY}",
+        },
+    )
     resp = conn.getresponse()
     body = resp.read()
     conn.close()
@@ -233,17 +312,24 @@ def _raw_exchange(server, request: bytes) -> bytes:
 @pytest.mark.parametrize("key", [b"\xff\xfe", "t\u00e9st".encode(), "t\u00e9st".encode("latin-1")])
 def test_a_non_utf8_or_non_ascii_api_key_is_a_401(server, key):
     body = _js({"model": MODEL, "prompt": PROMPT, "max_tokens": 1})
-    answer = _raw_exchange(server, b"POST " + COMPLETIONS.encode() + b" HTTP/1.1\r\nHost: x\r\n"
-                           b"Authorization: Bearer " + key + b"\r\nContent-Type: "
-                           b"application/json\r\nConnection: close\r\nContent-Length: "
-                           + str(len(body)).encode() + b"\r\n\r\n" + body)
+    answer = _raw_exchange(
+        server,
+        b"POST " + COMPLETIONS.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+        b"Authorization: Bearer " + key + b"\r\nContent-Type: "
+        b"application/json\r\nConnection: close\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body,
+    )
     assert answer.startswith(b"HTTP/1.1 401 "), answer[:300]
 
 
 def test_expect_100_continue_over_the_limit_gets_413_before_the_body(server):
-    head = (f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
-            f"Content-Type: application/json\r\nExpect: 100-continue\r\n"
-            f"Content-Length: {MAX_BODY + 1}\r\n\r\n").encode()
+    head = (
+        f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+        f"Content-Length: {MAX_BODY + 1}\r\n\r\n"
+    ).encode()
     answer = _raw_exchange(server, head)  # the body is never sent
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
     assert b"larger than the limit" in answer
@@ -257,8 +343,12 @@ def test_expect_100_continue_over_the_limit_gets_413_before_the_body(server):
 
 
 def test_wrong_content_type_and_form_body(server):
-    status, body = _post(server, COMPLETIONS, b"model=tiny&prompt=hi",
-                         content_type="application/x-www-form-urlencoded")
+    status, body = _post(
+        server,
+        COMPLETIONS,
+        b"model=tiny&prompt=hi",
+        content_type="application/x-www-form-urlencoded",
+    )
     assert 400 <= status < 500, (status, body[:500])
     assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
 
@@ -266,8 +356,9 @@ def test_wrong_content_type_and_form_body(server):
 def test_server_still_serves_after_bad_input(server, client):
     for name in CASES:  # again, back to back, then a valid request
         _post(server, *CASES[name])
-    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0.0,
-                                    extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0.0, extra_body={"ignore_eos": True}
+    )
     assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 4
     chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
     assert chat.choices[0].message.content is not None

@@ -15,22 +15,39 @@ from frontend.cli import build_parser
 from tests.api.test_openai import _http
 from tests.serve.conftest import Server, tiny_model  # noqa: F401 - tiny_model is a fixture
 
-TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
-            "{% if tools %}tools: {% for t in tools %}{{ t.function.name }} {% endfor %}\n"
-            "{% endif %}{{ greeting | default('') }}"
-            "{% if add_generation_prompt %}[answer]{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    "{% if tools %}tools: {% for t in tools %}{{ t.function.name }} {% endfor %}\n"
+    "{% endif %}{{ greeting | default('') }}"
+    "{% if add_generation_prompt %}[answer]{% endif %}"
+)
 MESSAGES = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather"}}]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):  # noqa: F811
+def server(tiny_model, tmp_path_factory):
     path = tmp_path_factory.mktemp("template") / "template.jinja"
     path.write_text(TEMPLATE)
-    srv = Server(["--model", str(tiny_model), "--device", "cpu", "--kv-cache-memory", "16MiB",
-                  "--max-model-len", "256", "--chat-template", str(path),
-                  "--response-role", "bot", "--enable-auto-tool-choice",
-                  "--tool-call-parser", "hermes"])
+    srv = Server(
+        [
+            "--model",
+            str(tiny_model),
+            "--device",
+            "cpu",
+            "--kv-cache-memory",
+            "16MiB",
+            "--max-model-len",
+            "256",
+            "--chat-template",
+            str(path),
+            "--response-role",
+            "bot",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+        ]
+    )
     assert srv.ready and srv.api_url, srv.stderr
     yield srv
     assert srv.stop() == 0, srv.stderr
@@ -41,8 +58,13 @@ def _rendered(server, **fields) -> tuple[str, int]:
     status, tok = _http(server, "POST", "/tokenize", {"messages": MESSAGES, **fields}, key=None)
     assert status == 200, tok
     status, detok = _http(server, "POST", "/detokenize", {"tokens": tok["tokens"]}, key=None)
-    status, chat = _http(server, "POST", "/v1/chat/completions",
-                         {"messages": MESSAGES, "max_tokens": 1, **fields}, key=None)
+    status, chat = _http(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        {"messages": MESSAGES, "max_tokens": 1, **fields},
+        key=None,
+    )
     assert status == 200, chat
     return detok["prompt"], chat["usage"]["prompt_tokens"] - tok["count"]
 
@@ -56,34 +78,58 @@ def test_served_template_renders_tokenize_and_chat(server):
 def test_request_fields_win(server):
     text, difference = _rendered(server, chat_template="{{ messages[-1].content }}!")
     assert text == "Hi!" and difference == 0
-    text, difference = _rendered(server, chat_template_kwargs={"greeting": "Hello. "},
-                                 tools=TOOLS)
+    text, difference = _rendered(server, chat_template_kwargs={"greeting": "Hello. "}, tools=TOOLS)
     assert text.endswith("[user] Hi\ntools: get_weather Hello. [answer]") and difference == 0
 
 
 def test_response_role_and_auto_tool_choice(server):
-    status, chat = _http(server, "POST", "/v1/chat/completions",
-                         {"messages": MESSAGES, "max_tokens": 2, "tools": TOOLS}, key=None)
+    status, chat = _http(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        {"messages": MESSAGES, "max_tokens": 2, "tools": TOOLS},
+        key=None,
+    )
     assert status == 200, chat  # "auto" is served: the flags are set
     assert chat["choices"][0]["message"]["role"] == "bot"
 
 
-@pytest.mark.parametrize("flags,words", [
-    (["--chat-template", "/no/such/template.jinja"], "looks like a file path"),
-    (["--enable-auto-tool-choice"], "needs --tool-call-parser"),
-])
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--chat-template", "/no/such/template.jinja"], "looks like a file path"),
+        (["--enable-auto-tool-choice"], "needs --tool-call-parser"),
+    ],
+)
 def test_bad_flags_fail_before_start(flags, words):
-    proc = subprocess.run([sys.executable, "-m", "frontend.cli", "serve", "--port", "0", *flags],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "frontend.cli", "serve", "--port", "0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
 
 
 def test_inline_template_flag():
-    args = build_parser().parse_args(["serve", "--chat-template", "{{ messages[0].content }}\\n",
-                                      "--enable-auto-tool-choice", "--tool-call-parser",
-                                      "llama3_json"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--chat-template",
+            "{{ messages[0].content }}\\n",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "llama3_json",
+        ]
+    )
     chat = ChatOptions.from_args(args)
     assert chat.chat_template == "{{ messages[0].content }}\n"
     assert chat.argv("/tmp/t.jinja") == [
-        "--response-role", "assistant", "--chat-template", "/tmp/t.jinja",
-        "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"]
+        "--response-role",
+        "assistant",
+        "--chat-template",
+        "/tmp/t.jinja",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "llama3_json",
+    ]

@@ -17,10 +17,23 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * (10 * 1024 * 1024 // 
 
 
 @pytest.fixture(scope="module")
-def big_body_server(tiny_model):  # noqa: F811
-    srv = Server(["--model", str(tiny_model), "--device", "cpu", "--kv-cache-memory", "16MiB",
-                  "--max-model-len", "256", "--served-model-name", "tiny",
-                  "--max-request-body", str(32 * 1024 * 1024)])
+def big_body_server(tiny_model):
+    srv = Server(
+        [
+            "--model",
+            str(tiny_model),
+            "--device",
+            "cpu",
+            "--kv-cache-memory",
+            "16MiB",
+            "--max-model-len",
+            "256",
+            "--served-model-name",
+            "tiny",
+            "--max-request-body",
+            str(32 * 1024 * 1024),
+        ]
+    )
     assert srv.ready and srv.api_url, srv.stderr
     yield srv
     assert srv.stop() == 0, srv.stderr
@@ -33,8 +46,11 @@ def test_health_answers_while_a_10_mb_body_is_tokenized(big_body_server):
     def heavy() -> None:
         started = time.monotonic()
         resp = requests.post(url + "/tokenize", json={"prompt": PROMPT}, timeout=300)
-        result.update(status=resp.status_code, count=resp.json().get("count"),
-                      seconds=time.monotonic() - started)
+        result.update(
+            status=resp.status_code,
+            count=resp.json().get("count"),
+            seconds=time.monotonic() - started,
+        )
 
     worker = threading.Thread(target=heavy)
     worker.start()
@@ -57,13 +73,26 @@ def test_a_stream_keeps_flowing_while_a_10_mb_prompt_is_tokenized(big_body_serve
     result: dict = {}
 
     def heavy() -> None:
-        resp = requests.post(url + "/v1/completions", json={"model": "tiny", "prompt": PROMPT,
-                                                           "max_tokens": 1}, timeout=300)
+        resp = requests.post(
+            url + "/v1/completions",
+            json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1},
+            timeout=300,
+        )
         result.update(status=resp.status_code, done=time.monotonic())
 
-    stream = requests.post(url + "/v1/completions", json={
-        "model": "tiny", "prompt": "Hello", "max_tokens": 250, "ignore_eos": True, "n": 4,
-        "stream": True}, stream=True, timeout=300)
+    stream = requests.post(
+        url + "/v1/completions",
+        json={
+            "model": "tiny",
+            "prompt": "Hello",
+            "max_tokens": 250,
+            "ignore_eos": True,
+            "n": 4,
+            "stream": True,
+        },
+        stream=True,
+        timeout=300,
+    )
     worker = threading.Thread(target=heavy)
     arrivals = []
     for line in stream.iter_lines():

@@ -24,8 +24,10 @@ def test_brackets_in_strings_and_escapes_do_not_count():
 
 
 def test_an_integer_beyond_64_bits_is_named_by_its_path():
-    body = (b'{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": '
-            b'{"k": [1, 18446744073709551616]}}')
+    body = (
+        b'{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": '
+        b'{"k": [1, 18446744073709551616]}}'
+    )
     req = msgspec.json.decode(body, type=ChatCompletionRequest)
     with pytest.raises(ApiError) as e:
         check_int64(body, req)

@@ -14,13 +14,16 @@ import pytest
 from tests.api.conftest import API_KEY, MAX_BODY, MODEL
 
 PROMPT = "The capital of France is"
-MESSAGES = [{"role": "system", "content": "You are brief."},
-            {"role": "user", "content": "Name a color."}]
+MESSAGES = [
+    {"role": "system", "content": "You are brief."},
+    {"role": "user", "content": "Name a color."},
+]
 GREEDY = dict(temperature=0.0, max_tokens=8, extra_body={"ignore_eos": True})
 
 
-def _http(server, method: str, path: str, body=None, key: str | None = API_KEY,
-          raw: bytes | None = None) -> tuple[int, dict | None]:
+def _http(
+    server, method: str, path: str, body=None, key: str | None = API_KEY, raw: bytes | None = None
+) -> tuple[int, dict | None]:
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     headers = {"Content-Type": "application/json"}
     if key:
@@ -49,8 +52,9 @@ def test_health_version_models(server, client):
 
 
 def test_tokenize_round_trip(server):
-    status, body = _http(server, "POST", "/tokenize", {"model": MODEL, "prompt": PROMPT,
-                                                       "return_token_strs": True})
+    status, body = _http(
+        server, "POST", "/tokenize", {"model": MODEL, "prompt": PROMPT, "return_token_strs": True}
+    )
     assert status == 200 and body["count"] == len(body["tokens"]) == len(body["token_strs"])
     assert body["max_model_len"] == 256
     status, back = _http(server, "POST", "/detokenize", {"model": MODEL, "tokens": body["tokens"]})
@@ -72,8 +76,15 @@ def test_completion(client):
 
 def test_completion_streaming_equals_non_streaming(client):
     full = client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY)
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
     assert len({c.id for c in chunks}) == 1
     text_chunks = [c for c in chunks if c.choices]
     assert "".join(c.choices[0].text for c in text_chunks) == full.choices[0].text
@@ -102,22 +113,40 @@ def test_token_id_prompts(server, client):
 
 
 def test_n(client):
-    out = client.completions.create(model=MODEL, prompt=PROMPT, n=3, temperature=1.0, seed=7,
-                                    max_tokens=6, extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        n=3,
+        temperature=1.0,
+        seed=7,
+        max_tokens=6,
+        extra_body={"ignore_eos": True},
+    )
     assert sorted(c.index for c in out.choices) == [0, 1, 2]
     assert out.usage.completion_tokens == 18
     assert len({c.text for c in out.choices}) > 1
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, n=3, temperature=1.0,
-                                            seed=7, max_tokens=6, stream=True,
-                                            extra_body={"ignore_eos": True}))
-    streamed = {i: "".join(c.choices[0].text for c in chunks if c.choices[0].index == i)
-                for i in range(3)}
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            n=3,
+            temperature=1.0,
+            seed=7,
+            max_tokens=6,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    streamed = {
+        i: "".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(3)
+    }
     assert streamed == {c.index: c.text for c in out.choices}
 
 
 def test_seed(client):
-    kwargs = dict(model=MODEL, prompt=PROMPT, temperature=1.0, max_tokens=8,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=MODEL, prompt=PROMPT, temperature=1.0, max_tokens=8, extra_body={"ignore_eos": True}
+    )
     a = client.completions.create(seed=1234, **kwargs).choices[0].text
     b = client.completions.create(seed=1234, **kwargs).choices[0].text
     assert a == b
@@ -145,17 +174,24 @@ def test_echo(server, client):
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert all(x is not None for x in lp.token_logprobs[1:])
     assert "".join(lp.tokens) == choice.text
-    streamed = list(client.completions.create(model=MODEL, prompt=PROMPT, echo=True, stream=True,
-                                              **GREEDY))
+    streamed = list(
+        client.completions.create(model=MODEL, prompt=PROMPT, echo=True, stream=True, **GREEDY)
+    )
     assert "".join(c.choices[0].text for c in streamed) == PROMPT + plain
 
 
 def test_prompt_logprobs_as_vllm_returns_them(server, client):
     _, tok = _http(server, "POST", "/tokenize", {"prompt": PROMPT})
     ids = tok["tokens"]
-    out = client.completions.create(model=MODEL, prompt=PROMPT, echo=True, logprobs=1,
-                                    extra_body={"prompt_logprobs": 2, "ignore_eos": True},
-                                    temperature=0.0, max_tokens=2)
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        echo=True,
+        logprobs=1,
+        extra_body={"prompt_logprobs": 2, "ignore_eos": True},
+        temperature=0.0,
+        max_tokens=2,
+    )
     choice = out.choices[0]
     positions = choice.model_extra["prompt_logprobs"]
     assert len(positions) == len(ids) and positions[0] is None
@@ -165,10 +201,12 @@ def test_prompt_logprobs_as_vllm_returns_them(server, client):
         assert sorted(e["rank"] for e in position.values() if e["rank"] <= 2)[:2] == [1, 2]
         # The same number echo's logprobs report for that prompt token.
         assert position[str(ids[i])]["logprob"] == pytest.approx(
-            choice.logprobs.token_logprobs[i], abs=1e-5)
+            choice.logprobs.token_logprobs[i], abs=1e-5
+        )
         assert position[str(ids[i])]["decoded_token"] == choice.logprobs.tokens[i]
-    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
-                                          extra_body={"prompt_logprobs": 0})
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=2, extra_body={"prompt_logprobs": 0}
+    )
     chat_positions = chat.model_extra["prompt_logprobs"]
     assert chat_positions[0] is None and len(chat_positions) == chat.usage.prompt_tokens
     assert all(len(p) in (1, 2) for p in chat_positions[1:])  # own token (+ the top one)
@@ -176,11 +214,17 @@ def test_prompt_logprobs_as_vllm_returns_them(server, client):
     assert plain.model_extra.get("prompt_logprobs") is None
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"prompt": PROMPT, "prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
-    ({"prompt": PROMPT, "prompt_logprobs": -2}, "must be -1"),
-    ({"prompt": PROMPT, "prompt_logprobs": 10**6}, "exceeds the engine's max_logprobs (20)"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            {"prompt": PROMPT, "prompt_logprobs": 1, "stream": True},
+            "not available when `stream=True`",
+        ),
+        ({"prompt": PROMPT, "prompt_logprobs": -2}, "must be -1"),
+        ({"prompt": PROMPT, "prompt_logprobs": 10**6}, "exceeds the engine's max_logprobs (20)"),
+    ],
+)
 def test_bad_prompt_logprobs_are_refused(server, body, message):
     status, answer = _http(server, "POST", "/v1/completions", {"model": MODEL, **body})
     assert status == 400, answer
@@ -189,14 +233,15 @@ def test_bad_prompt_logprobs_are_refused(server, body, message):
 
 def test_stop(client):
     text = client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY).choices[0].text
-    stop = text[len(text) // 2:len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip(), text
     out = client.completions.create(model=MODEL, prompt=PROMPT, stop=[stop], **GREEDY)
     choice = out.choices[0]
-    assert choice.finish_reason == "stop" and choice.text == text[:text.index(stop)]
+    assert choice.finish_reason == "stop" and choice.text == text[: text.index(stop)]
     assert choice.model_extra["stop_reason"] == stop
-    streamed = list(client.completions.create(model=MODEL, prompt=PROMPT, stop=stop,
-                                              stream=True, **GREEDY))
+    streamed = list(
+        client.completions.create(model=MODEL, prompt=PROMPT, stop=stop, stream=True, **GREEDY)
+    )
     assert "".join(c.choices[0].text for c in streamed) == choice.text
     assert streamed[-1].choices[0].finish_reason == "stop"
 
@@ -212,29 +257,42 @@ def test_chat(client):
     assert out.usage.completion_tokens == 8
     parts = [{"role": "user", "content": [{"type": "text", "text": "Name a color."}]}]
     assert client.chat.completions.create(model=MODEL, messages=parts, **GREEDY).choices[0]
-    capped = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0.0,
-                                            max_completion_tokens=3,
-                                            extra_body={"ignore_eos": True})
+    capped = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0.0,
+        max_completion_tokens=3,
+        extra_body={"ignore_eos": True},
+    )
     assert capped.usage.completion_tokens == 3
 
 
 def test_chat_streaming_equals_non_streaming(client):
     full = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
-                                                 stream_options={"include_usage": True},
-                                                 **GREEDY))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
     assert len({c.id for c in chunks}) == 1 and chunks[0].object == "chat.completion.chunk"
     assert chunks[0].choices[0].delta.role == "assistant"
     text_chunks = [c for c in chunks if c.choices]
-    assert "".join(c.choices[0].delta.content or "" for c in text_chunks) == \
-        full.choices[0].message.content
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in text_chunks)
+        == full.choices[0].message.content
+    )
     assert text_chunks[-1].choices[0].finish_reason == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
 
 
 def test_chat_logprobs(client):
-    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True,
-                                         top_logprobs=2, **GREEDY)
+    out = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=2, **GREEDY
+    )
     content = out.choices[0].logprobs.content
     assert len(content) == 8
     assert "".join(c.token for c in content) == out.choices[0].message.content
@@ -249,8 +307,11 @@ def test_chat_logprobs(client):
 
 
 def _error(exc_info) -> dict:
-    return exc_info.value.body if "error" not in (exc_info.value.body or {}) \
+    return (
+        exc_info.value.body
+        if "error" not in (exc_info.value.body or {})
         else exc_info.value.body["error"]
+    )
 
 
 def test_bad_request_names_the_field(client):
@@ -269,13 +330,19 @@ def test_bad_request_names_the_field(client):
         assert info.value.status_code == 400 and err["param"] == param, err
         assert err["code"] == 400 and err["type"] == "BadRequestError" and err["message"]
     with pytest.raises(openai.BadRequestError) as info:  # "auto" needs the server's flags
-        client.chat.completions.create(model=MODEL, messages=MESSAGES,
-                                       tools=[{"type": "function", "function": {"name": "f"}}])
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, tools=[{"type": "function", "function": {"name": "f"}}]
+        )
     assert _error(info)["param"] == "tool_choice"
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES,
-                                       response_format={"type": "json_schema", "json_schema": {
-                                           "name": "x", "schema": {"type": "objekt"}}})
+        client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "objekt"}},
+            },
+        )
     assert _error(info)["param"] == "response_format"
 
 
@@ -308,10 +375,15 @@ def test_unknown_model(client):
 
 
 def test_body_too_large(server):
-    status, body = _http(server, "POST", "/v1/completions",
-                         raw=json.dumps({"prompt": "x" * (MAX_BODY + 10)}).encode())
-    assert status == 413 and body["error"]["code"] == 413 and str(MAX_BODY) in \
-        body["error"]["message"]
+    status, body = _http(
+        server,
+        "POST",
+        "/v1/completions",
+        raw=json.dumps({"prompt": "x" * (MAX_BODY + 10)}).encode(),
+    )
+    assert (
+        status == 413 and body["error"]["code"] == 413 and str(MAX_BODY) in body["error"]["message"]
+    )
 
 
 def test_malformed_and_unknown_routes(server):
@@ -331,12 +403,15 @@ def _engine_stats(server) -> dict:
         return core.call_utility("get_stats", timeout=10)
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/completions", {"prompt": PROMPT, "stream": True}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True}),
-    ("/v1/completions", {"prompt": [PROMPT, "Hello"], "stream": True}),
-    ("/v1/completions", {"prompt": PROMPT, "stream": False}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {"prompt": PROMPT, "stream": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True}),
+        ("/v1/completions", {"prompt": [PROMPT, "Hello"], "stream": True}),
+        ("/v1/completions", {"prompt": PROMPT, "stream": False}),
+    ],
+)
 def test_client_disconnect_aborts_the_request(server, path, body):
     import http.client
     import time
@@ -348,9 +423,12 @@ def test_client_disconnect_aborts_the_request(server, path, body):
     before = _engine_stats(server)["num_generation_tokens"]
     url = urlsplit(server.api_url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-    conn.request("POST", path, json.dumps({**body, "max_tokens": max_tokens,
-                                           "ignore_eos": True, "n": 2}),
-                 {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    conn.request(
+        "POST",
+        path,
+        json.dumps({**body, "max_tokens": max_tokens, "ignore_eos": True, "n": 2}),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+    )
     if body["stream"]:
         resp = conn.getresponse()
         assert resp.status == 200
@@ -372,13 +450,21 @@ def test_metrics_endpoint_shows_all_processes_with_vllm_names(server, client):
         assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
         text = resp.read().decode()
     # Engine-core gauges and counters and tokenizer-process histograms, in one exposition.
-    for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc",
-                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-                 "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
-                 'vllm:request_success_total{engine="0",finished_reason="length"',
-                 "vllm:prompt_tokens_cached_total", 'source="local_cache_hit"',
-                 "vllm:cache_config_info{", "vllm:request_inference_time_seconds_count",
-                 "vllm:request_time_per_output_token_seconds_count",
-                 "vllm:request_params_n_bucket", "vllm:request_params_max_tokens_bucket"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_count",
+        'vllm:request_success_total{engine="0",finished_reason="length"',
+        "vllm:prompt_tokens_cached_total",
+        'source="local_cache_hit"',
+        "vllm:cache_config_info{",
+        "vllm:request_inference_time_seconds_count",
+        "vllm:request_time_per_output_token_seconds_count",
+        "vllm:request_params_n_bucket",
+        "vllm:request_params_max_tokens_bucket",
+    ):
         assert name in text, f"{name} missing from /metrics"
     assert f'model_name="{MODEL}"' in text

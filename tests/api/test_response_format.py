@@ -17,67 +17,125 @@ from frontend.response_format import requested_constraint
 from frontend.serving import ServingContext
 from tests.api.test_tool_calling import ScriptedClient
 
-SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}},
-          "required": ["answer"]}
-LEGACY_TAG = {"type": "structural_tag",
-              "structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}],
-              "triggers": ["<f>"]}
-XGRAMMAR_TAG = {"type": "structural_tag",
-                "format": {"type": "const_string", "value": "hello"}}
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+LEGACY_TAG = {
+    "type": "structural_tag",
+    "structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}],
+    "triggers": ["<f>"],
+}
+XGRAMMAR_TAG = {"type": "structural_tag", "format": {"type": "const_string", "value": "hello"}}
 
 
 def _base(struct) -> dict:
-    return {"prompt": "x"} if struct is CompletionRequest else \
-        {"messages": [{"role": "user", "content": "x"}]}
+    return (
+        {"prompt": "x"}
+        if struct is CompletionRequest
+        else {"messages": [{"role": "user", "content": "x"}]}
+    )
 
 
 @pytest.mark.parametrize("struct", [CompletionRequest, ChatCompletionRequest])
-@pytest.mark.parametrize("fields,expected", [
-    ({}, None),
-    ({"response_format": {"type": "text"}}, None),
-    ({"response_format": {"type": "json_object"}}, StructuredOutputsParams(json_object=True)),
-    ({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "answer", "description": "d", "schema": SCHEMA, "strict": True}}},
-     StructuredOutputsParams(json=SCHEMA)),
-    ({"response_format": LEGACY_TAG}, StructuredOutputsParams(structural_tag=LEGACY_TAG)),
-    ({"response_format": XGRAMMAR_TAG}, StructuredOutputsParams(structural_tag=XGRAMMAR_TAG)),
-    ({"structured_outputs": {"regex": "[a-z]+"}}, StructuredOutputsParams(regex="[a-z]+")),
-    ({"structured_outputs": {"choice": ["yes", "no"]}},
-     StructuredOutputsParams(choice=["yes", "no"])),
-    ({"structured_outputs": {"grammar": 'root ::= "a" | "b"'}},
-     StructuredOutputsParams(grammar='root ::= "a" | "b"')),
-    ({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}},
-     StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)),
-    # options alone refine response_format's constraint, as vLLM merges them
-    ({"response_format": {"type": "json_object"},
-      "structured_outputs": {"disable_any_whitespace": True}},
-     StructuredOutputsParams(json_object=True, disable_any_whitespace=True)),
-])
+@pytest.mark.parametrize(
+    "fields,expected",
+    [
+        ({}, None),
+        ({"response_format": {"type": "text"}}, None),
+        ({"response_format": {"type": "json_object"}}, StructuredOutputsParams(json_object=True)),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "answer",
+                        "description": "d",
+                        "schema": SCHEMA,
+                        "strict": True,
+                    },
+                }
+            },
+            StructuredOutputsParams(json=SCHEMA),
+        ),
+        ({"response_format": LEGACY_TAG}, StructuredOutputsParams(structural_tag=LEGACY_TAG)),
+        ({"response_format": XGRAMMAR_TAG}, StructuredOutputsParams(structural_tag=XGRAMMAR_TAG)),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, StructuredOutputsParams(regex="[a-z]+")),
+        (
+            {"structured_outputs": {"choice": ["yes", "no"]}},
+            StructuredOutputsParams(choice=["yes", "no"]),
+        ),
+        (
+            {"structured_outputs": {"grammar": 'root ::= "a" | "b"'}},
+            StructuredOutputsParams(grammar='root ::= "a" | "b"'),
+        ),
+        (
+            {"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}},
+            StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
+        ),
+        # options alone refine response_format's constraint, as vLLM merges them
+        (
+            {
+                "response_format": {"type": "json_object"},
+                "structured_outputs": {"disable_any_whitespace": True},
+            },
+            StructuredOutputsParams(json_object=True, disable_any_whitespace=True),
+        ),
+    ],
+)
 def test_mapping(struct, fields, expected):
     req = msgspec.convert({**_base(struct), **fields}, struct)
     assert requested_constraint(req) == expected
 
 
-@pytest.mark.parametrize("fields,param,words", [
-    ({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "a", "schema": {"type": "objekt"}}}}, "response_format",
-     "response_format.json_schema.schema"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
-     "response_format", "schema is required"),
-    ({"response_format": {"type": "structural_tag", "format": {"type": "nope"}}},
-     "response_format", "nope"),
-    ({"response_format": {"type": "structural_tag", "structures": []}}, "response_format",
-     "triggers"),
-    ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs",
-     "structured_outputs.regex"),
-    ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs",
-     "structured_outputs.grammar"),
-    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "not valid JSON"),
-    ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
-     "structured_outputs", "give it once"),
-    ({"structured_outputs": {"disable_any_whitespace": True}}, "structured_outputs",
-     "exactly one of"),
-])
+@pytest.mark.parametrize(
+    "fields,param,words",
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {"type": "objekt"}},
+                }
+            },
+            "response_format",
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+            "response_format",
+            "schema is required",
+        ),
+        (
+            {"response_format": {"type": "structural_tag", "format": {"type": "nope"}}},
+            "response_format",
+            "nope",
+        ),
+        (
+            {"response_format": {"type": "structural_tag", "structures": []}},
+            "response_format",
+            "triggers",
+        ),
+        (
+            {"structured_outputs": {"regex": "a(b"}},
+            "structured_outputs",
+            "structured_outputs.regex",
+        ),
+        (
+            {"structured_outputs": {"grammar": "root ::= ("}},
+            "structured_outputs",
+            "structured_outputs.grammar",
+        ),
+        ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "not valid JSON"),
+        (
+            {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+            "structured_outputs",
+            "give it once",
+        ),
+        (
+            {"structured_outputs": {"disable_any_whitespace": True}},
+            "structured_outputs",
+            "exactly one of",
+        ),
+    ],
+)
 def test_invalid_constraint_is_a_400(fields, param, words):
     req = msgspec.convert({"prompt": "x", **fields}, CompletionRequest)
     with pytest.raises(ApiError) as info:
@@ -99,16 +157,20 @@ def _post(path: str, body: dict) -> tuple[int, dict, ScriptedClient]:
     return status, answer, client
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/completions", {"prompt": "2+2=", "n": 2}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "2+2?"}], "n": 2}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {"prompt": "2+2=", "n": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "2+2?"}], "n": 2}),
+    ],
+)
 def test_both_endpoints_send_the_constraint(path, body):
     fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
     status, answer, client = _post(path, {**body, "response_format": fmt})
     assert status == 200, answer
-    assert client.requests[0].sampling_params.structured_outputs == \
-        StructuredOutputsParams(json=SCHEMA)
+    assert client.requests[0].sampling_params.structured_outputs == StructuredOutputsParams(
+        json=SCHEMA
+    )
     status, answer, client = _post(path, {**body, "structured_outputs": {"regex": "a("}})
     assert status == 400 and answer["error"]["param"] == "structured_outputs"
     assert not client.requests

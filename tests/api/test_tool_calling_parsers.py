@@ -19,7 +19,7 @@ def _streamed(parser, text: str, sizes) -> list:
     events, i = [], 0
     while i < len(text):
         size = next(sizes)
-        events += parser.feed(text[i:i + size])
+        events += parser.feed(text[i : i + size])
         i += size
     return events + parser.finish()
 
@@ -53,37 +53,60 @@ def _check_streams(make, text: str, expected_content, expected_calls) -> None:
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}'
 
 
-@pytest.mark.parametrize("text,content,calls", [
-    (f"<tool_call>\n{WEATHER}\n</tool_call>", None,
-     [ToolCall("get_weather", '{"city": "Paris", "days": [1, 2]}')]),
-    (f"Let me look.\n\n<tool_call>{WEATHER}</tool_call>\n<tool_call>"
-     '{"arguments": {"q": "a \\"quoted\\" }"}, "name": "search"}</tool_call>\n',
-     "Let me look.", [ToolCall("get_weather", '{"city": "Paris", "days": [1, 2]}'),
-                      ToolCall("search", '{"q": "a \\"quoted\\" }"}')]),
-    # the last call may lack its closing tag
-    (f"Sure <tool_call>{WEATHER}", "Sure",
-     [ToolCall("get_weather", '{"city": "Paris", "days": [1, 2]}')]),
-    # "parameters" is read too; no arguments at all is {}; a string of JSON is taken as such
-    ('<tool_call>{"name": "a", "parameters": {"x": 1}}</tool_call>'
-     '<tool_call>{"name": "b"}</tool_call>'
-     '<tool_call>{"name": "c", "arguments": "{\\"y\\": 2}"}</tool_call>', None,
-     [ToolCall("a", '{"x": 1}'), ToolCall("b", "{}"), ToolCall("c", '{"y": 2}')]),
-    # a closing tag inside a string is text
-    ('<tool_call>{"name": "f", "arguments": {"s": "</tool_call>"}}</tool_call> done', " done",
-     [ToolCall("f", '{"s": "</tool_call>"}')]),
-    # no calls: all content, a partial tag at the end included
-    ("Just text, no tools. <tool_c", "Just text, no tools. <tool_c", []),
-])
+@pytest.mark.parametrize(
+    "text,content,calls",
+    [
+        (
+            f"<tool_call>\n{WEATHER}\n</tool_call>",
+            None,
+            [ToolCall("get_weather", '{"city": "Paris", "days": [1, 2]}')],
+        ),
+        (
+            f"Let me look.\n\n<tool_call>{WEATHER}</tool_call>\n<tool_call>"
+            '{"arguments": {"q": "a \\"quoted\\" }"}, "name": "search"}</tool_call>\n',
+            "Let me look.",
+            [
+                ToolCall("get_weather", '{"city": "Paris", "days": [1, 2]}'),
+                ToolCall("search", '{"q": "a \\"quoted\\" }"}'),
+            ],
+        ),
+        # the last call may lack its closing tag
+        (
+            f"Sure <tool_call>{WEATHER}",
+            "Sure",
+            [ToolCall("get_weather", '{"city": "Paris", "days": [1, 2]}')],
+        ),
+        # "parameters" is read too; no arguments at all is {}; a string of JSON is taken as such
+        (
+            '<tool_call>{"name": "a", "parameters": {"x": 1}}</tool_call>'
+            '<tool_call>{"name": "b"}</tool_call>'
+            '<tool_call>{"name": "c", "arguments": "{\\"y\\": 2}"}</tool_call>',
+            None,
+            [ToolCall("a", '{"x": 1}'), ToolCall("b", "{}"), ToolCall("c", '{"y": 2}')],
+        ),
+        # a closing tag inside a string is text
+        (
+            '<tool_call>{"name": "f", "arguments": {"s": "</tool_call>"}}</tool_call> done',
+            " done",
+            [ToolCall("f", '{"s": "</tool_call>"}')],
+        ),
+        # no calls: all content, a partial tag at the end included
+        ("Just text, no tools. <tool_c", "Just text, no tools. <tool_c", []),
+    ],
+)
 def test_hermes(text, content, calls):
     _check_streams(HermesToolParser, text, content, calls)
 
 
-@pytest.mark.parametrize("text", [
-    '<tool_call>{"name": "f", "arguments": {"a": }</tool_call>',  # not JSON
-    '<tool_call>{"name": 5, "arguments": {}}</tool_call>',  # a name that is no string
-    "<tool_call>no json here</tool_call>",
-    '<tool_call>{"name": "f", "arguments": {"a": 1',  # cut off
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"name": "f", "arguments": {"a": }</tool_call>',  # not JSON
+        '<tool_call>{"name": 5, "arguments": {}}</tool_call>',  # a name that is no string
+        "<tool_call>no json here</tool_call>",
+        '<tool_call>{"name": "f", "arguments": {"a": 1',  # cut off
+    ],
+)
 def test_hermes_malformed_call_stays_content(text):
     out = HermesToolParser().extract("Before " + text + " after")
     assert out.calls == []
@@ -91,30 +114,48 @@ def test_hermes_malformed_call_stays_content(text):
 
 
 def test_hermes_malformed_after_a_good_call():
-    out = HermesToolParser().extract(f"<tool_call>{WEATHER}</tool_call>\n"
-                                     "<tool_call>{oops}</tool_call>")
+    out = HermesToolParser().extract(
+        f"<tool_call>{WEATHER}</tool_call>\n<tool_call>{{oops}}</tool_call>"
+    )
     assert [c.name for c in out.calls] == ["get_weather"]
     assert out.content == "\n<tool_call>{oops}</tool_call>"  # as written
 
 
-@pytest.mark.parametrize("text,content,calls", [
-    ('{"name": "get_weather", "parameters": {"city": "Paris"}}', None,
-     [ToolCall("get_weather", '{"city": "Paris"}')]),
-    ('<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {}}',
-     None, [ToolCall("a", '{"x": 1}'), ToolCall("b", "{}")]),
-    ('  \n{"name": "a", "parameters": {"nested": {"k": [1, {"z": null}]}}}', None,
-     [ToolCall("a", '{"nested": {"k": [1, {"z": null}]}}')]),
-    ("The weather is fine.", "The weather is fine.", []),
-    ('Call {"name": "a", "parameters": {}}', 'Call {"name": "a", "parameters": {}}', []),
-    ('<|python_ta', "<|python_ta", []),
-])
+@pytest.mark.parametrize(
+    "text,content,calls",
+    [
+        (
+            '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+            None,
+            [ToolCall("get_weather", '{"city": "Paris"}')],
+        ),
+        (
+            '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {}}',
+            None,
+            [ToolCall("a", '{"x": 1}'), ToolCall("b", "{}")],
+        ),
+        (
+            '  \n{"name": "a", "parameters": {"nested": {"k": [1, {"z": null}]}}}',
+            None,
+            [ToolCall("a", '{"nested": {"k": [1, {"z": null}]}}')],
+        ),
+        ("The weather is fine.", "The weather is fine.", []),
+        ('Call {"name": "a", "parameters": {}}', 'Call {"name": "a", "parameters": {}}', []),
+        ("<|python_ta", "<|python_ta", []),
+    ],
+)
 def test_llama3_json(text, content, calls):
     _check_streams(Llama3JsonToolParser, text, content, calls)
 
 
-@pytest.mark.parametrize("text", ['{"name": "a", "parameters": {"x": ',
-                                  '{"nam": "a", "parameters": {}}',
-                                  '{"name": "a", "parameters": {"x": tru}}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "a", "parameters": {"x": ',
+        '{"nam": "a", "parameters": {}}',
+        '{"name": "a", "parameters": {"x": tru}}',
+    ],
+)
 def test_llama3_json_malformed_stays_content(text):
     assert Llama3JsonToolParser().extract(text) == (text, [])
 
@@ -126,15 +167,21 @@ def test_registry_has_vllm_names():
 
 def test_named_function_output_is_the_arguments():
     text = ' \n{"city": "Paris",\n "unit": "C"}\n '
-    _check_streams(lambda eager=True: NamedFunctionParser("get_weather", eager), text, None,
-                   [ToolCall("get_weather", '{"city": "Paris",\n "unit": "C"}')])
+    _check_streams(
+        lambda eager=True: NamedFunctionParser("get_weather", eager),
+        text,
+        None,
+        [ToolCall("get_weather", '{"city": "Paris",\n "unit": "C"}')],
+    )
 
 
 def test_required_output_is_an_array_of_calls():
     calls = [{"name": "a", "parameters": {"x": [1, 2]}}, {"name": "b", "parameters": {}}]
     text = json.dumps(calls, indent=2)
     out = RequiredParser().extract(text)
-    assert [(c.name, json.loads(c.arguments)) for c in out.calls] == \
-        [("a", {"x": [1, 2]}), ("b", {})]
+    assert [(c.name, json.loads(c.arguments)) for c in out.calls] == [
+        ("a", {"x": [1, 2]}),
+        ("b", {}),
+    ]
     _check_streams(RequiredParser, text, None, out.calls)
     assert RequiredParser().extract("not an array") == ("not an array", [])

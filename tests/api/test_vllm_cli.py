@@ -39,29 +39,59 @@ def _self_signed(folder) -> tuple[str, str]:
     except ImportError:
         if shutil.which("openssl") is None:
             pytest.skip("neither the cryptography package nor the openssl command is here")
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                        "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
-                        str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext",
-                        "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+                "-days",
+                "1",
+                "-subj",
+                "/CN=localhost",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            ],
+            check=True,
+            capture_output=True,
+        )
         return str(cert), str(key)
     private = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.timezone.utc)
     certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(private.public_key()).serial_number(x509.random_serial_number())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([
-            x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-            critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(private, hashes.SHA256()))
+        .sign(private, hashes.SHA256())
+    )
     cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return str(cert), str(key)
 
 
@@ -74,20 +104,57 @@ def tls(tmp_path_factory):
 def server(tiny_model, tls, tmp_path_factory):
     generation = tmp_path_factory.mktemp("generation")
     # top_k 1: every request that leaves top_k unset decodes greedily, whatever its temperature.
-    (generation / "generation_config.json").write_text(json.dumps({"top_k": 1,
-                                                                   "temperature": 0.7}))
+    (generation / "generation_config.json").write_text(json.dumps({"top_k": 1, "temperature": 0.7}))
     cert, key = tls
-    srv = Server([str(tiny_model), "--enforce-eager", "--disable-log-requests",
-                  "--served-model-name", "a", "b", "--max-model-len", "256",
-                  "--kv-cache-memory-bytes", str(16 * 2**20), "--gpu-memory-utilization", "0.9",
-                  "--generation-config", str(generation),
-                  "--override-generation-config", '{"max_new_tokens": 6}',
-                  "--trust-remote-code", "--disable-log-stats", "--uvicorn-log-level", "warning",
-                  "--swap-space", "4", "--disable-uvicorn-access-log", "--host", "127.0.0.1",
-                  "--port", "0", "--api-key", KEY, "other-key", "--enable-request-id-headers",
-                  "--allowed-origins", json.dumps([ORIGIN]), "--root-path", "/llm",
-                  "--ssl-keyfile", key, "--ssl-certfile", cert, "--seed", "0",
-                  "--max-num-seqs", "8", "--device", "cpu"])
+    srv = Server(
+        [
+            str(tiny_model),
+            "--enforce-eager",
+            "--disable-log-requests",
+            "--served-model-name",
+            "a",
+            "b",
+            "--max-model-len",
+            "256",
+            "--kv-cache-memory-bytes",
+            str(16 * 2**20),
+            "--gpu-memory-utilization",
+            "0.9",
+            "--generation-config",
+            str(generation),
+            "--override-generation-config",
+            '{"max_new_tokens": 6}',
+            "--trust-remote-code",
+            "--disable-log-stats",
+            "--uvicorn-log-level",
+            "warning",
+            "--swap-space",
+            "4",
+            "--disable-uvicorn-access-log",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--api-key",
+            KEY,
+            "other-key",
+            "--enable-request-id-headers",
+            "--allowed-origins",
+            json.dumps([ORIGIN]),
+            "--root-path",
+            "/llm",
+            "--ssl-keyfile",
+            key,
+            "--ssl-certfile",
+            cert,
+            "--seed",
+            "0",
+            "--max-num-seqs",
+            "8",
+            "--device",
+            "cpu",
+        ]
+    )
     assert srv.ready and srv.api_url.startswith("https://"), srv.stderr
     yield srv
     assert srv.stop() == 0, srv.stderr
@@ -117,8 +184,12 @@ class Http:
         if self.key:
             all_headers["Authorization"] = f"Bearer {self.key}"
         all_headers.update(headers or {})
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={k: v for k, v in all_headers.items() if v})
+        req = urllib.request.Request(
+            self.base + path,
+            data=data,
+            method=method,
+            headers={k: v for k, v in all_headers.items() if v},
+        )
         try:
             with urllib.request.urlopen(req, timeout=60, context=self.context) as r:
                 return Answer(r.status, dict(r.headers), r.read().decode())
@@ -143,8 +214,13 @@ def http(server, tls):
 @pytest.fixture(scope="module")
 def client(server, tls):
     http_client = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=tls[0]))
-    c = openai.OpenAI(base_url=server.api_url + "/v1", api_key=KEY, max_retries=0,
-                      timeout=60, http_client=http_client)
+    c = openai.OpenAI(
+        base_url=server.api_url + "/v1",
+        api_key=KEY,
+        max_retries=0,
+        timeout=60,
+        http_client=http_client,
+    )
     yield c
     c.close()
 
@@ -158,32 +234,51 @@ def test_served_model_names(client):
 
 
 def test_generation_config_defaults_apply_to_unset_fields(client):
-    greedy = client.completions.create(model="a", prompt=PROMPT, temperature=0.0,
-                                       max_tokens=6, extra_body={"ignore_eos": True})
+    greedy = client.completions.create(
+        model="a", prompt=PROMPT, temperature=0.0, max_tokens=6, extra_body={"ignore_eos": True}
+    )
     # temperature 0.7 and top_k 1 from the generation config: greedy; max_tokens 16 capped at 6.
-    default = client.completions.create(model="a", prompt=PROMPT,
-                                        extra_body={"ignore_eos": True})
+    default = client.completions.create(model="a", prompt=PROMPT, extra_body={"ignore_eos": True})
     assert default.choices[0].text == greedy.choices[0].text
     assert default.usage.completion_tokens == 6 and default.choices[0].finish_reason == "length"
-    sampled = client.completions.create(model="a", prompt=PROMPT, temperature=1.0, seed=1,
-                                        max_tokens=6, extra_body={"top_k": -1,
-                                                                  "ignore_eos": True})
+    sampled = client.completions.create(
+        model="a",
+        prompt=PROMPT,
+        temperature=1.0,
+        seed=1,
+        max_tokens=6,
+        extra_body={"top_k": -1, "ignore_eos": True},
+    )
     assert sampled.choices[0].text != greedy.choices[0].text  # the request's own top_k wins
-    chat = client.chat.completions.create(model="a", messages=MESSAGES,
-                                          extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model="a", messages=MESSAGES, extra_body={"ignore_eos": True}
+    )
     assert chat.usage.completion_tokens == 6 and chat.choices[0].finish_reason == "length"
-    chunks = list(client.chat.completions.create(model="b", messages=MESSAGES, stream=True,
-                                                 max_completion_tokens=4,
-                                                 extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="b",
+            messages=MESSAGES,
+            stream=True,
+            max_completion_tokens=4,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert chunks[-1].choices[0].finish_reason == "length"
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="a", prompt=PROMPT, stream=True, extra_body={"ignore_eos": True}))
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="a", prompt=PROMPT, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert streamed == greedy.choices[0].text
 
 
 def test_request_id_header(http):
-    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2},
-                  headers={"X-Request-Id": "trace-42"})
+    r = http.post(
+        "/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 2},
+        headers={"X-Request-Id": "trace-42"},
+    )
     assert r.status == 200 and r.headers["X-Request-Id"] == "trace-42"
     assert r.json()["id"] == "cmpl-trace-42"
     r = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2})
@@ -192,17 +287,23 @@ def test_request_id_header(http):
 
 
 def test_cors_from_a_browser_origin(http):
-    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}
+    preflight = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     r = http.options("/v1/chat/completions", headers={**preflight, "Authorization": ""})
     assert r.status == 200
     assert r.headers["Access-Control-Allow-Origin"] == ORIGIN
     assert "POST" in r.headers["Access-Control-Allow-Methods"]
     assert r.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
-    r = http.options("/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"})
+    r = http.options(
+        "/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"}
+    )
     assert r.status == 400 and "origin" in r.text
-    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1},
-                  headers={"Origin": ORIGIN})
+    r = http.post(
+        "/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}, headers={"Origin": ORIGIN}
+    )
     assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == ORIGIN
     r = http.get("/v1/models", headers={"Origin": "https://evil.example"})
     assert "Access-Control-Allow-Origin" not in r.headers
@@ -230,8 +331,10 @@ def test_sagemaker_and_operational_routes(http):
 
 
 def test_load_counts_requests_in_flight(http, client):
-    generation = threading.Thread(target=client.completions.create, kwargs=dict(
-        model="a", prompt=PROMPT, max_tokens=6, extra_body={"ignore_eos": True}))
+    generation = threading.Thread(
+        target=client.completions.create,
+        kwargs=dict(model="a", prompt=PROMPT, max_tokens=6, extra_body={"ignore_eos": True}),
+    )
     generation.start()
     seen = []
     while generation.is_alive():
@@ -269,8 +372,19 @@ def test_unix_socket_server(tiny_model, tmp_path):
     import aiohttp
 
     path = str(tmp_path / "engine.sock")
-    srv = Server([str(tiny_model), "--uds", path, "--device", "cpu",
-                  "--kv-cache-memory-bytes", "16MiB", "--max-model-len", "256"])
+    srv = Server(
+        [
+            str(tiny_model),
+            "--uds",
+            path,
+            "--device",
+            "cpu",
+            "--kv-cache-memory-bytes",
+            "16MiB",
+            "--max-model-len",
+            "256",
+        ]
+    )
     try:
         assert srv.ready and srv.api_url == f"unix:{path}", srv.stderr
 
@@ -278,8 +392,9 @@ def test_unix_socket_server(tiny_model, tmp_path):
             async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path)) as s:
                 async with s.get("http://localhost/health") as r:
                     health = r.status
-                async with s.post("http://localhost/v1/completions",
-                                  json={"prompt": PROMPT, "max_tokens": 3}) as r:
+                async with s.post(
+                    "http://localhost/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}
+                ) as r:
                     out = await r.json()
                 long = {"prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}
                 async with s.post("http://localhost/v1/completions", json=long) as stream:

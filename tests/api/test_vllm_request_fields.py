@@ -18,22 +18,44 @@ PROMPT = [100 + 7 * i for i in range(40)]
 
 @pytest.fixture(scope="module")
 def server(tiny_model):
-    srv = Server(["--model", str(tiny_model), "--device", "cpu", "--kv-cache-memory", "16MiB",
-                  "--max-model-len", "256", "--served-model-name", MODEL, "--api-key", API_KEY,
-                  "--enable-prompt-tokens-details"])
+    srv = Server(
+        [
+            "--model",
+            str(tiny_model),
+            "--device",
+            "cpu",
+            "--kv-cache-memory",
+            "16MiB",
+            "--max-model-len",
+            "256",
+            "--served-model-name",
+            MODEL,
+            "--api-key",
+            API_KEY,
+            "--enable-prompt-tokens-details",
+        ]
+    )
     assert srv.ready and srv.api_url, srv.stderr
     yield srv
     assert srv.stop() == 0, srv.stderr
 
 
 def post(server, path: str, body: dict, stream: bool = False) -> requests.Response:
-    return requests.post(server.api_url + path, json={"model": MODEL, **body}, stream=stream,
-                         headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)
+    return requests.post(
+        server.api_url + path,
+        json={"model": MODEL, **body},
+        stream=stream,
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=120,
+    )
 
 
 def complete(server, **body) -> dict:
-    r = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6,
-                                         "temperature": 0.0, "ignore_eos": True, **body})
+    r = post(
+        server,
+        "/v1/completions",
+        {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True, **body},
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -56,31 +78,65 @@ def test_return_token_ids_request_id_and_cached_tokens(server):
     # The second time the prompt's full blocks come from the prefix cache.
     assert first["usage"]["prompt_tokens"] == again["usage"]["prompt_tokens"] == len(PROMPT)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 32
-    chat = post(server, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0.0,
-        "return_token_ids": True, "request_id": "c1"}).json()
-    tokenized = requests.post(server.api_url + "/tokenize", json={
-        "messages": [{"role": "user", "content": "hi"}]},
-        headers={"Authorization": f"Bearer {API_KEY}"}).json()["tokens"]
+    chat = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "temperature": 0.0,
+            "return_token_ids": True,
+            "request_id": "c1",
+        },
+    ).json()
+    tokenized = requests.post(
+        server.api_url + "/tokenize",
+        json={"messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    ).json()["tokens"]
     assert chat["id"] == "chatcmpl-c1" and chat["prompt_token_ids"] == tokenized
     assert len(chat["choices"][0]["token_ids"]) == chat["usage"]["completion_tokens"]
     assert "cached_tokens" in chat["usage"]["prompt_tokens_details"]
 
 
 def test_streamed_token_ids_and_continuous_usage(server):
-    chunks = events(post(server, "/v1/completions", {
-        "prompt": PROMPT, "max_tokens": 5, "temperature": 0.0, "ignore_eos": True,
-        "stream": True, "return_token_ids": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}, True))
+    chunks = events(
+        post(
+            server,
+            "/v1/completions",
+            {
+                "prompt": PROMPT,
+                "max_tokens": 5,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "stream": True,
+                "return_token_ids": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            },
+            True,
+        )
+    )
     assert all(c["usage"] is not None for c in chunks)
     token_chunks = [c for c in chunks if c["choices"]]
     assert token_chunks[0]["choices"][0]["prompt_token_ids"] == PROMPT
     assert sum(len(c["choices"][0]["token_ids"]) for c in token_chunks) == 5
     assert chunks[-1]["usage"]["completion_tokens"] == 5
-    chat = events(post(server, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0.0,
-        "ignore_eos": True, "stream": True, "return_token_ids": True,
-        "stream_options": {"continuous_usage_stats": True}}, True))
+    chat = events(
+        post(
+            server,
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "stream": True,
+                "return_token_ids": True,
+                "stream_options": {"continuous_usage_stats": True},
+            },
+            True,
+        )
+    )
     assert chat[0]["prompt_token_ids"] and all(c["usage"] for c in chat)
     assert sum(len(c["choices"][0].get("token_ids") or []) for c in chat if c["choices"]) == 3
 
@@ -95,21 +151,34 @@ def test_bad_words_and_allowed_token_ids(server, tiny_model):
     got = complete(server, return_token_ids=True, allowed_token_ids=allowed)["choices"][0]
     assert set(got["token_ids"]) <= set(allowed)
     first = tok.decode(got["token_ids"][:1]).strip()
-    banned = complete(server, return_token_ids=True, allowed_token_ids=allowed,
-                      bad_words=[first])["choices"][0]
+    banned = complete(server, return_token_ids=True, allowed_token_ids=allowed, bad_words=[first])[
+        "choices"
+    ][0]
     assert set(banned["token_ids"]) <= set(allowed)
     assert first not in banned["text"]
     # A two-token word bans its second token only right after its first.
     pair = tok.decode(got["token_ids"][:2])
-    if tok.encode(pair.lstrip()) == got["token_ids"][:2] and got["token_ids"][1] != \
-            got["token_ids"][0]:
-        after = complete(server, return_token_ids=True, allowed_token_ids=allowed,
-                         bad_words=[pair])["choices"][0]["token_ids"]
+    if (
+        tok.encode(pair.lstrip()) == got["token_ids"][:2]
+        and got["token_ids"][1] != got["token_ids"][0]
+    ):
+        after = complete(
+            server, return_token_ids=True, allowed_token_ids=allowed, bad_words=[pair]
+        )["choices"][0]["token_ids"]
         assert after[0] == got["token_ids"][0] and after[1] != got["token_ids"][1]
-    chat = post(server, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 1.0,
-        "allowed_token_ids": allowed, "return_token_ids": True, "ignore_eos": True,
-        "bad_words": words[:3]}).json()
+    chat = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "temperature": 1.0,
+            "allowed_token_ids": allowed,
+            "return_token_ids": True,
+            "ignore_eos": True,
+            "bad_words": words[:3],
+        },
+    ).json()
     assert set(chat["choices"][0]["token_ids"]) <= set(allowed[6:])
 
 
@@ -121,15 +190,18 @@ def test_truncate_prompt_tokens(server):
     assert r.status_code == 400 and "truncate_prompt_tokens" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"priority": 1}, None),
-    ({"suffix": "x"}, "suffix"),
-    ({"best_of": 2}, "best_of"),
-    ({"allowed_token_ids": [10**6]}, None),
-    ({"allowed_token_ids": []}, "allowed_token_ids"),
-    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
-    ({"use_beam_search": True, "logprobs": 2}, "logprobs"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"priority": 1}, None),
+        ({"suffix": "x"}, "suffix"),
+        ({"best_of": 2}, "best_of"),
+        ({"allowed_token_ids": [10**6]}, None),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"use_beam_search": True, "logprobs": 2}, "logprobs"),
+    ],
+)
 def test_refusals_name_the_field(server, body, param):
     r = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **body})
     assert r.status_code == 400, r.text
@@ -144,16 +216,37 @@ def test_beam_search_over_http(server):
     greedy = complete(server, return_token_ids=True)["choices"][0]["token_ids"]
     one = complete(server, use_beam_search=True, n=1, return_token_ids=True)
     assert one["choices"][0]["token_ids"] == greedy
-    three = complete(server, use_beam_search=True, n=3, return_token_ids=True,
-                     length_penalty=0.8)
+    three = complete(server, use_beam_search=True, n=3, return_token_ids=True, length_penalty=0.8)
     beams = [c["token_ids"] for c in three["choices"]]
     assert len(beams) == 3 and len({tuple(b) for b in beams}) == 3
     assert [c["index"] for c in three["choices"]] == [0, 1, 2]
-    streamed = events(post(server, "/v1/completions", {
-        "prompt": PROMPT, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True,
-        "use_beam_search": True, "n": 3, "stream": True, "length_penalty": 0.8}, True))
+    streamed = events(
+        post(
+            server,
+            "/v1/completions",
+            {
+                "prompt": PROMPT,
+                "max_tokens": 6,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "use_beam_search": True,
+                "n": 3,
+                "stream": True,
+                "length_penalty": 0.8,
+            },
+            True,
+        )
+    )
     assert [c["choices"][0]["text"] for c in streamed] == [c["text"] for c in three["choices"]]
-    chat = post(server, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-        "use_beam_search": True, "n": 2, "ignore_eos": True}).json()
+    chat = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3,
+            "use_beam_search": True,
+            "n": 2,
+            "ignore_eos": True,
+        },
+    ).json()
     assert len(chat["choices"]) == 2 and chat["usage"]["completion_tokens"] == 6

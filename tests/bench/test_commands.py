@@ -16,31 +16,74 @@ from tests.tiny_models import make_tiny_model_with_tokenizer
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    return make_tiny_model_with_tokenizer(tmp_path_factory.mktemp("bench") / "tiny",
-                                          max_position_embeddings=2048)
+    return make_tiny_model_with_tokenizer(
+        tmp_path_factory.mktemp("bench") / "tiny", max_position_embeddings=2048
+    )
 
 
-@pytest.mark.parametrize("workload", ["throughput", "prefix-shared", "single-stream",
-                                      "null-model", "structured"])
+@pytest.mark.parametrize(
+    "workload", ["throughput", "prefix-shared", "single-stream", "null-model", "structured"]
+)
 def test_offline_workloads_take_their_flags(workload):
-    args = build_parser().parse_args(["bench", workload, "--in-process", "--no-hf", "--runs", "2",
-                                      "--output-json", "f.json", "--max-model-len", "512"])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            workload,
+            "--in-process",
+            "--no-hf",
+            "--runs",
+            "2",
+            "--output-json",
+            "f.json",
+            "--max-model-len",
+            "512",
+        ]
+    )
     assert (args.in_process, args.no_hf, args.runs, args.output_json) == (True, True, 2, "f.json")
     assert args.max_model_len == 512 and args.workload == workload
 
 
 def test_serve_workload_takes_its_flags():
-    args = build_parser().parse_args(["bench", "serve", "--rate", "4", "--num-prompts", "8",
-                                      "--prompt-len", "8", "16", "--output-json", "f.json"])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "serve",
+            "--rate",
+            "4",
+            "--num-prompts",
+            "8",
+            "--prompt-len",
+            "8",
+            "16",
+            "--output-json",
+            "f.json",
+        ]
+    )
     assert (args.rate, args.num_prompts, args.prompt_len) == (4.0, 8, [8, 16])
     assert args.output_json == "f.json"
 
 
 def test_single_stream_through_the_offline_api(tiny_model, tmp_path, capsys):
     out_file = tmp_path / "single.json"
-    assert main(["bench", "single-stream", "--model", str(tiny_model), "--device", "cpu",
-                 "--runs", "1", "--kv-cache-memory", "16MiB",
-                 "--output-json", str(out_file)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "single-stream",
+                "--model",
+                str(tiny_model),
+                "--device",
+                "cpu",
+                "--runs",
+                "1",
+                "--kv-cache-memory",
+                "16MiB",
+                "--output-json",
+                str(out_file),
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result == json.loads(out_file.read_text())
     assert set(result) == {"workload", "machine", "dtype", "engine_decode_tok_s", "runs"}
@@ -50,8 +93,19 @@ def test_single_stream_through_the_offline_api(tiny_model, tmp_path, capsys):
 
 
 def test_single_stream_through_the_model_runner(tiny_model, capsys):
-    single_stream.main(["--model", str(tiny_model), "--dtype", "float32", "--runs", "2",
-                        "--new-tokens", "8", "--no-hf"])
+    single_stream.main(
+        [
+            "--model",
+            str(tiny_model),
+            "--dtype",
+            "float32",
+            "--runs",
+            "2",
+            "--new-tokens",
+            "8",
+            "--no-hf",
+        ]
+    )
     result = json.loads(capsys.readouterr().out)
     runner = result["dtype=float32"]
     assert result["workload"] == "single-stream" and "torch" in result["machine"]
@@ -70,8 +124,10 @@ def test_the_workload_prompt_has_no_special_tokens(tiny_model):
 
 
 def test_the_serving_path_does_not_import_the_bench_package():
-    code = ("import sys, frontend.api_server, frontend.launcher, tokenizer_proc.tokenizer_proc, "
-            "frontend.cli; print([m for m in sys.modules if m == 'bench' or "
-            "m.startswith('bench.')])")
+    code = (
+        "import sys, frontend.api_server, frontend.launcher, tokenizer_proc.tokenizer_proc, "
+        "frontend.cli; print([m for m in sys.modules if m == 'bench' or "
+        "m.startswith('bench.')])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

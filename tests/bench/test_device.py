@@ -11,15 +11,39 @@ from bench.device import SHAPES, nominal_bandwidth, weight_bytes_per_step
 from config.model_arch import ModelArchConfig
 from frontend.cli import main
 
-RUN_FIELDS = {"batch_size", "async_scheduling", "ms_per_step", "output_tok_s", "steps_timed",
-              "kv_bytes_per_step", "bytes_per_step", "fraction_of_bandwidth_limit"}
+RUN_FIELDS = {
+    "batch_size",
+    "async_scheduling",
+    "ms_per_step",
+    "output_tok_s",
+    "steps_timed",
+    "kv_bytes_per_step",
+    "bytes_per_step",
+    "fraction_of_bandwidth_limit",
+}
 
 
 def test_bench_device_on_cpu_prints_its_figures(tmp_path, capsys):
     out_file = tmp_path / "device.json"
     start = time.perf_counter()
-    rc = main(["bench", "device", "--device", "cpu", "--shape", "small", "--batch-sizes", "1,4",
-               "--context-len", "16", "--output-len", "5", "--output-json", str(out_file)])
+    rc = main(
+        [
+            "bench",
+            "device",
+            "--device",
+            "cpu",
+            "--shape",
+            "small",
+            "--batch-sizes",
+            "1,4",
+            "--context-len",
+            "16",
+            "--output-len",
+            "5",
+            "--output-json",
+            str(out_file),
+        ]
+    )
     elapsed = time.perf_counter() - start
     assert rc == 0
     result = json.loads(capsys.readouterr().out)
@@ -31,12 +55,17 @@ def test_bench_device_on_cpu_prints_its_figures(tmp_path, capsys):
     bandwidth = result["bandwidth_gb_s"]
     assert bandwidth["nominal"] is None and bandwidth["limit"] == bandwidth["measured_copy"] > 0
     # 2 layers of hidden 256 (4 heads, 2 KV heads of 64), MLP 1024, vocab 32000, fp32.
-    assert result["weight_bytes_per_step"] == 4 * (2 * (256 * 512 + 256 * 256 + 3 * 256 * 1024
-                                                        + 512) + 256 + 32000 * 256)
+    assert result["weight_bytes_per_step"] == 4 * (
+        2 * (256 * 512 + 256 * 256 + 3 * 256 * 1024 + 512) + 256 + 32000 * 256
+    )
     assert result["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 4
     runs = result["runs"]
     assert [(r["batch_size"], r["async_scheduling"]) for r in runs] == [
-        (1, False), (4, False), (1, True), (4, True)]
+        (1, False),
+        (4, False),
+        (1, True),
+        (4, True),
+    ]
     for r in runs:
         assert set(r) == RUN_FIELDS
         # Five tokens: the first from the prefill, then four decode steps, three intervals.
@@ -58,21 +87,31 @@ def test_llama3_8b_weights_read_per_step():
     assert weight_bytes_per_step(arch, 2) == 2 * (8_030_261_248 - 128256 * 4096)
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("NVIDIA H100 80GB HBM3", 3.35e12), ("NVIDIA H100 PCIe", 2.0e12), ("NVIDIA H100 NVL", 3.9e12),
-    ("NVIDIA H200", 4.8e12), ("NVIDIA A10G", None), ("cpu", None),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("NVIDIA H100 80GB HBM3", 3.35e12),
+        ("NVIDIA H100 PCIe", 2.0e12),
+        ("NVIDIA H100 NVL", 3.9e12),
+        ("NVIDIA H200", 4.8e12),
+        ("NVIDIA A10G", None),
+        ("cpu", None),
+    ],
+)
 def test_nominal_bandwidth_by_gpu_name(name, expected):
     assert nominal_bandwidth(name) == expected
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model", "x"], "sets --model itself"),
-    (["--load-format", "safetensors"], "sets --load-format itself"),
-    (["--max-model-len", "4k"], "sets --max-model-len itself"),
-    (["--async-scheduling"], "sets --async-scheduling itself"),
-    (["--output-len", "2"], "--output-len must be at least 3"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "x"], "sets --model itself"),
+        (["--load-format", "safetensors"], "sets --load-format itself"),
+        (["--max-model-len", "4k"], "sets --max-model-len itself"),
+        (["--async-scheduling"], "sets --async-scheduling itself"),
+        (["--output-len", "2"], "--output-len must be at least 3"),
+    ],
+)
 def test_bench_device_refuses_what_it_cannot_honour(argv, message, capsys):
     assert main(["bench", "device", "--device", "cpu", *argv]) == 2
     assert message in capsys.readouterr().err
@@ -85,11 +124,12 @@ def test_batch_sizes_flag(capsys):
 
 
 def test_llama3_8b_shape_resolves_for_cuda_in_bf16(tmp_path):
-    from engine_core.resolve import resolved_config
     from bench.device import write_model_dir
+    from engine_core.resolve import resolved_config
 
-    cfg = resolved_config(model=str(write_model_dir(tmp_path, "llama3-8b")),
-                                    device="cuda", load_format="dummy")
+    cfg = resolved_config(
+        model=str(write_model_dir(tmp_path, "llama3-8b")), device="cuda", load_format="dummy"
+    )
     assert cfg.torch_dtype_name == "bfloat16" and cfg.max_model_len == 131072
     arch = cfg.arch
     assert (arch.num_hidden_layers, arch.num_key_value_heads, arch.head_dim) == (32, 8, 128)
@@ -101,17 +141,28 @@ def test_step_overhead_reports_phases(tmp_path):
     from tests.tiny_models import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny")
-    res = step_overhead({"model": str(model), "max_num_seqs": 8, "max_model_len": 64},
-                        num_requests=8, prompt_len=4, output_len=5)
+    res = step_overhead(
+        {"model": str(model), "max_num_seqs": 8, "max_model_len": 64},
+        num_requests=8,
+        prompt_len=4,
+        output_len=5,
+    )
     # A prefill step that samples, four decodes, and one that tells the workers who finished.
     assert res["steps"] == 6
     phases = res["phases_ms"]
-    assert {"schedule", "update_from_output", "prepare", "post_update", "forward",
-            "get_output"} <= set(phases)
+    assert {
+        "schedule",
+        "update_from_output",
+        "prepare",
+        "post_update",
+        "forward",
+        "get_output",
+    } <= set(phases)
     # Greedy steps: the output projection and argmax fused where the C kernels run, else
     # logits then the sampler.
     head = {"greedy_tokens"} if "greedy_tokens" in phases else {"compute_logits", "sampler"}
     assert head <= set(phases)
     assert res["model_ms"] == pytest.approx(
-        phases["forward"] + sum(phases[p] for p in head), abs=0.02)
+        phases["forward"] + sum(phases[p] for p in head), abs=0.02
+    )
     assert res["ms_per_step"] >= res["model_ms"] + res["overhead_ms"] - 0.05

@@ -9,8 +9,13 @@ import pytest
 
 from engine_core.client import EngineDeadError
 from engine_core.dp_client import DPEngineCoreClient
-from engine_core.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
-                                  FinishReason, SchedulerStats)
+from engine_core.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    SchedulerStats,
+)
 from engine_core.sampling_params import SamplingParams
 
 
@@ -44,8 +49,9 @@ def _request(request_id: str) -> EngineCoreRequest:
 
 
 def _load(waiting: int, running: int, kv: float = 0.0) -> EngineCoreOutputs:
-    return EngineCoreOutputs([], SchedulerStats(num_running_reqs=running,
-                                                num_waiting_reqs=waiting, kv_cache_usage=kv))
+    return EngineCoreOutputs(
+        [], SchedulerStats(num_running_reqs=running, num_waiting_reqs=waiting, kv_cache_usage=kv)
+    )
 
 
 def test_routing_follows_the_published_load_and_pins_requests() -> None:

@@ -30,25 +30,46 @@ PROMPTS = [f"Request number {i} says" for i in range(8)]
 MAX_TOKENS = 4
 
 
-def _args(tiny_model, *extra: str) -> list[str]:  # noqa: F811
-    return ["--model", str(tiny_model), "--device", "cpu", "--kv-cache-memory", "16MiB",
-            "--max-model-len", "256", "--served-model-name", MODEL, *extra]
+def _args(tiny_model, *extra: str) -> list[str]:
+    return [
+        "--model",
+        str(tiny_model),
+        "--device",
+        "cpu",
+        "--kv-cache-memory",
+        "16MiB",
+        "--max-model-len",
+        "256",
+        "--served-model-name",
+        MODEL,
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model):  # noqa: F811
+def server(tiny_model):
     srv = Server(_args(tiny_model, "-dp", "2"))
     assert srv.ready and srv.api_url, srv.stderr
     yield srv
     srv.stop()  # the drain test stops it first
 
 
-async def _stream(session: aiohttp.ClientSession, url: str, prompt: str,
-                  max_tokens: int = MAX_TOKENS, started: asyncio.Event | None = None
-                  ) -> tuple[int, str, str | None]:
+async def _stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt: str,
+    max_tokens: int = MAX_TOKENS,
+    started: asyncio.Event | None = None,
+) -> tuple[int, str, str | None]:
     """One streamed completion: (HTTP status, text, error message of an error event or body)."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     async with session.post(url + "/v1/completions", json=body) as resp:
         if resp.status != 200:
             return resp.status, "", (await resp.json())["error"]["message"]
@@ -71,18 +92,22 @@ async def _stream_all(url: str, prompts: list[str], **kwargs) -> list[tuple[int,
         return await asyncio.gather(*(_stream(session, url, p, **kwargs) for p in prompts))
 
 
-async def _streaming(session: aiohttp.ClientSession, url: str, n: int, max_tokens: int
-                     ) -> list[asyncio.Task]:
+async def _streaming(
+    session: aiohttp.ClientSession, url: str, n: int, max_tokens: int
+) -> list[asyncio.Task]:
     """n long streams, returned once every one has produced text."""
     events = [asyncio.Event() for _ in range(n)]
-    tasks = [asyncio.create_task(_stream(session, url, PROMPTS[i], max_tokens, e))
-             for i, e in enumerate(events)]
+    tasks = [
+        asyncio.create_task(_stream(session, url, PROMPTS[i], max_tokens, e))
+        for i, e in enumerate(events)
+    ]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
     return tasks
 
 
 def _kill_mid_stream(url: str, victim: int) -> tuple[list[tuple[int, str, str | None]], float]:
     """SIGKILL victim while 4 long streams run: their results, and seconds from kill to end."""
+
     async def run() -> tuple[list[tuple[int, str, str | None]], float]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             tasks = await _streaming(session, url, 4, 200)
@@ -118,17 +143,22 @@ print(json.dumps([out.outputs[0].text for out in llm.generate(json.loads(sys.arg
 """
 
 
-def _one_engine_greedy(tiny_model) -> list[str]:  # noqa: F811
+def _one_engine_greedy(tiny_model) -> list[str]:
     """PROMPTS' greedy texts from one engine (the offline LLM), in a process of its own: the
     metrics it records would otherwise stay in this one."""
-    out = subprocess.run([sys.executable, "-c", _ONE_ENGINE, str(tiny_model), str(MAX_TOKENS),
-                          json.dumps(PROMPTS)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _ONE_ENGINE, str(tiny_model), str(MAX_TOKENS), json.dumps(PROMPTS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def assert_streams_share_both_engines(server: Server, tiny_model,  # noqa: F811
-                                      prompts: list[str]) -> dict[tuple[str, str], float]:
+def assert_streams_share_both_engines(
+    server: Server, tiny_model, prompts: list[str]
+) -> dict[tuple[str, str], float]:
     """Stream prompts (of PROMPTS) at once: each completes with one engine's greedy text, and
     both engines (the `engine` label) served some. Returns _samples(server)."""
     results = asyncio.run(_stream_all(server.api_url, prompts))
@@ -143,9 +173,10 @@ def assert_streams_share_both_engines(server: Server, tiny_model,  # noqa: F811
     return s
 
 
-def test_128_streams_share_both_engines_and_match_one_engine(server, tiny_model):  # noqa: F811
-    s = assert_streams_share_both_engines(server, tiny_model,
-                                          [PROMPTS[i % len(PROMPTS)] for i in range(128)])
+def test_128_streams_share_both_engines_and_match_one_engine(server, tiny_model):
+    s = assert_streams_share_both_engines(
+        server, tiny_model, [PROMPTS[i % len(PROMPTS)] for i in range(128)]
+    )
     tokens = [s.get(("vllm:generation_tokens_total", e), 0) for e in ("0", "1")]
     assert sum(tokens) == 128 * MAX_TOKENS and min(tokens) > 0, tokens
     # Each engine's requests produced that engine's tokens: the totals agree per engine.
@@ -159,8 +190,10 @@ def test_sigterm_drains_both_engines(server):
             tasks = await _streaming(session, server.api_url, 6, 150)
             # The gauges follow the engines' step reports: poll until both show their share.
             deadline = time.monotonic() + 15
-            while not all((running := _samples(server)).get(("vllm:num_requests_running", e), 0)
-                          > 0 for e in "01"):
+            while not all(
+                (running := _samples(server)).get(("vllm:num_requests_running", e), 0) > 0
+                for e in "01"
+            ):
                 assert time.monotonic() < deadline, running
                 await asyncio.sleep(0.2)
             server.proc.send_signal(signal.SIGTERM)
@@ -171,7 +204,7 @@ def test_sigterm_drains_both_engines(server):
     assert server.proc.wait(timeout=60) == 0, server.stderr
 
 
-def test_a_killed_engine_core_fails_its_requests_and_stops_the_tree(tiny_model):  # noqa: F811
+def test_a_killed_engine_core_fails_its_requests_and_stops_the_tree(tiny_model):
     srv = Server(_args(tiny_model, "-dp", "2"))
     assert srv.ready, srv.stderr
     children = srv.children()
@@ -196,10 +229,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_hosts(tiny_model) -> tuple[Server, Server]:  # noqa: F811
+def _two_hosts(tiny_model) -> tuple[Server, Server]:
     """A first host with rank 0 and a headless host with rank 1, over loopback."""
-    dp = ["-dp", "2", "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
-          "--data-parallel-rpc-port", str(_free_port())]
+    dp = [
+        "-dp",
+        "2",
+        "--data-parallel-size-local",
+        "1",
+        "--data-parallel-address",
+        "127.0.0.1",
+        "--data-parallel-rpc-port",
+        str(_free_port()),
+    ]
     first: list[Server] = []
     starter = threading.Thread(target=lambda: first.append(Server(_args(tiny_model, *dp))))
     starter.start()  # it waits for the headless rank before it is ready
@@ -210,7 +251,7 @@ def _two_hosts(tiny_model) -> tuple[Server, Server]:  # noqa: F811
     return first[0], headless
 
 
-def test_a_headless_host_joins_the_first_host(tiny_model):  # noqa: F811
+def test_a_headless_host_joins_the_first_host(tiny_model):
     srv, headless = _two_hosts(tiny_model)
     try:
         assert list(headless.children().values()) == ["engine-core-1"]
@@ -226,7 +267,7 @@ def test_a_headless_host_joins_the_first_host(tiny_model):  # noqa: F811
         assert headless.proc.wait(timeout=30) == 0, headless.stderr
 
 
-def test_a_headless_engine_core_death_fails_requests_and_both_hosts(tiny_model):  # noqa: F811
+def test_a_headless_engine_core_death_fails_requests_and_both_hosts(tiny_model):
     srv, headless = _two_hosts(tiny_model)
     victim = next(iter(headless.children()))
     try:

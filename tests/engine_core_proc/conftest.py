@@ -38,8 +38,9 @@ def headless(engine_args, socket_dir):
     """`engine core --listen ipc://...` running for the whole session: (process, address)."""
     address = f"ipc://{socket_dir}/headless.sock"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in engine_args.items()]
-    proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "core", "--listen", address,
-                             *flags])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "frontend.cli", "core", "--listen", address, *flags]
+    )
     with EngineCoreClient(address, startup_timeout=120):  # waits until it serves
         pass
     yield proc, address

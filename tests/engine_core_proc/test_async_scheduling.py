@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from engine_core.client import EngineCoreClient
-from engine_core.resolve import resolved_config
 from engine_core.inproc_client import InprocClient
 from engine_core.protocol import EngineCoreRequest
+from engine_core.resolve import resolved_config
 from engine_core.sampling_params import SamplingParams
 from tests.engine_core_proc.utils import PROMPTS, collect
 
@@ -25,8 +25,11 @@ def _requests(stop_ids: dict[int, int]) -> list[EngineCoreRequest]:
         if i in stop_ids:
             params["stop_token_ids"] = [stop_ids[i]]
             params["min_tokens"] = 2 if i % 2 else 0
-        reqs.append(EngineCoreRequest(f"q{i}", PROMPTS[i % len(PROMPTS)] * (2 + i % 3),
-                                      SamplingParams(**params)))
+        reqs.append(
+            EngineCoreRequest(
+                f"q{i}", PROMPTS[i % len(PROMPTS)] * (2 + i % 3), SamplingParams(**params)
+            )
+        )
     return reqs
 
 
@@ -41,8 +44,11 @@ def expected(engine_args):
     """The synchronous engine's results, with stop ids chosen from its own outputs."""
     sync = InprocClient(resolved_config(**engine_args))
     plain = _run(sync, _requests({}))
-    stop_ids = {i: plain[f"q{i}"][0][len(plain[f"q{i}"][0]) // 2]
-                for i in (1, 3, 6) if len(plain[f"q{i}"][0]) > 4}
+    stop_ids = {
+        i: plain[f"q{i}"][0][len(plain[f"q{i}"][0]) // 2]
+        for i in (1, 3, 6)
+        if len(plain[f"q{i}"][0]) > 4
+    }
     results = _run(sync, [_with_id(r, "again") for r in _requests(stop_ids)])
     sync.shutdown()
     reasons = [reason.name for _, reason in results.values()]
@@ -54,16 +60,19 @@ def _with_id(req: EngineCoreRequest, prefix: str) -> EngineCoreRequest:
     return EngineCoreRequest(prefix + req.request_id, req.prompt_token_ids, req.sampling_params)
 
 
-@pytest.mark.parametrize("extra", [
-    {},
-    {"max_num_batched_tokens": 24, "max_num_seqs": 3},  # chunked prefill, fewer rows
-    {"num_gpu_blocks_override": 16, "enable_prefix_caching": False},  # preemption
-    {"distributed_executor_backend": "mp"},  # the worker in its own process
-], ids=["uni", "chunked", "preempting", "mp"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"max_num_batched_tokens": 24, "max_num_seqs": 3},  # chunked prefill, fewer rows
+        {"num_gpu_blocks_override": 16, "enable_prefix_caching": False},  # preemption
+        {"distributed_executor_backend": "mp"},  # the worker in its own process
+    ],
+    ids=["uni", "chunked", "preempting", "mp"],
+)
 def test_in_process_engine_matches_synchronous(engine_args, expected, extra):
     stop_ids, want = expected
-    client = InprocClient(resolved_config(**engine_args, **extra,
-                                                    async_scheduling=True))
+    client = InprocClient(resolved_config(**engine_args, **extra, async_scheduling=True))
     engine = client.engine_core
     depths = []
     submit = engine.executor.submit

@@ -37,8 +37,10 @@ def secured(engine_args):
         # A port free when probed can be taken before the engine core binds it (by a process
         # of an earlier test still going away); then that process, not ours, would answer.
         address = f"tcp://127.0.0.1:{_free_port()}"
-        proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "core", "--listen",
-                                 address, *flags], env={**os.environ, "ENGINE_CORE_KEY": SECRET})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "frontend.cli", "core", "--listen", address, *flags],
+            env={**os.environ, "ENGINE_CORE_KEY": SECRET},
+        )
         try:
             with EngineCoreClient(address, startup_timeout=120, auth_key=SECRET):
                 break
@@ -98,10 +100,17 @@ def test_keys_are_derived_alike_and_differ_by_secret():
     assert zmq.curve_public(a.client_secret) == a.client_public
 
 
-@pytest.mark.parametrize("address, exposed", [
-    ("tcp://127.0.0.1:5555", False), ("tcp://localhost:5555", False), ("tcp://[::1]:5555", False),
-    ("tcp://0.0.0.0:5555", True), ("tcp://*:5555", True), ("ipc:///tmp/x.sock", False),
-])
+@pytest.mark.parametrize(
+    "address, exposed",
+    [
+        ("tcp://127.0.0.1:5555", False),
+        ("tcp://localhost:5555", False),
+        ("tcp://[::1]:5555", False),
+        ("tcp://0.0.0.0:5555", True),
+        ("tcp://*:5555", True),
+        ("ipc:///tmp/x.sock", False),
+    ],
+)
 def test_exposed_addresses(address, exposed):
     assert is_exposed(address) is exposed
 
@@ -109,9 +118,20 @@ def test_exposed_addresses(address, exposed):
 def test_public_address_without_a_secret_warns(engine_args):
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in engine_args.items()]
     env = {k: v for k, v in os.environ.items() if k != "ENGINE_CORE_KEY"}
-    proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "core", "--listen",
-                             f"tcp://0.0.0.0:{_free_port()}", *flags], env=env,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "frontend.cli",
+            "core",
+            "--listen",
+            f"tcp://0.0.0.0:{_free_port()}",
+            *flags,
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines = []
     try:
         for line in proc.stderr:
@@ -130,8 +150,22 @@ def test_node_client_with_the_secret(secured):
     if _skip_reason() is not None:
         pytest.skip(_skip_reason())
     run = subprocess.run(
-        ["node", str(NODE_CLIENT / "generate.mjs"), "--address", secured, "--max-tokens", "3",
-         "--ignore-eos", "5", "6", "7"], capture_output=True, text=True, timeout=60,
-        env={**os.environ, "ENGINE_CORE_KEY": SECRET})
+        [
+            "node",
+            str(NODE_CLIENT / "generate.mjs"),
+            "--address",
+            secured,
+            "--max-tokens",
+            "3",
+            "--ignore-eos",
+            "5",
+            "6",
+            "7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ENGINE_CORE_KEY": SECRET},
+    )
     assert run.returncode == 0, run.stderr
     assert len(run.stdout.split()) == 3

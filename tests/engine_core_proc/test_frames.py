@@ -6,8 +6,14 @@ import msgspec
 import numpy as np
 import pytest
 
-from engine_core.frames import (INLINE_MAX_BYTES, FloatMatrix, FrameDecoder, FrameEncoder,
-                                IntMatrix, IntVector)
+from engine_core.frames import (
+    INLINE_MAX_BYTES,
+    FloatMatrix,
+    FrameDecoder,
+    FrameEncoder,
+    IntMatrix,
+    IntVector,
+)
 from engine_core.protocol import EngineCoreRequest, OutputType, output_decoders
 from engine_core.sampling_params import SamplingParams
 
@@ -49,8 +55,9 @@ def test_sender_frames_are_the_arrays_own_memory():
 
 def test_small_and_empty_arrays_stay_inline_lists():
     small = np.arange(INLINE_MAX_BYTES // 4 - 1, dtype=np.int32)
-    got, buffers = _round_trip(Arrays(small, np.zeros((0, 3), np.int64),
-                                      np.zeros((2, 2), np.float32)))
+    got, buffers = _round_trip(
+        Arrays(small, np.zeros((0, 3), np.int64), np.zeros((2, 2), np.float32))
+    )
     assert buffers == []
     assert got.ints == small.tolist() and got.matrix == [] and got.floats == [[0.0, 0.0]] * 2
 

@@ -8,12 +8,16 @@ import asyncio
 import numpy as np
 import pytest
 
-from engine_core.client import (AsyncEngineCoreClient, EngineCoreClient, EngineRequestError,
-                                UtilityCallError)
-from engine_core.resolve import resolved_config
-from engine_core.inproc_client import InprocClient
+from engine_core.client import (
+    AsyncEngineCoreClient,
+    EngineCoreClient,
+    EngineRequestError,
+    UtilityCallError,
+)
 from engine_core.frames import tolist
+from engine_core.inproc_client import InprocClient
 from engine_core.protocol import PROTOCOL_VERSION, EngineCoreRequest, FinishReason
+from engine_core.resolve import resolved_config
 from engine_core.sampling_params import SamplingParams
 from tests.engine_core_proc.utils import PROMPTS, collect, greedy_request
 
@@ -22,7 +26,7 @@ def _run_all(client, prefix: str) -> dict[str, list[int]]:
     for i, prompt in enumerate(PROMPTS):
         client.add_request(greedy_request(f"{prefix}{i}", prompt))
     done = collect(client, {f"{prefix}{i}" for i in range(len(PROMPTS))})
-    return {rid[len(prefix):]: tokens for rid, (tokens, _) in done.items()}
+    return {rid[len(prefix) :]: tokens for rid, (tokens, _) in done.items()}
 
 
 def test_child_process_matches_in_process_engine(engine_args):
@@ -150,15 +154,18 @@ def _assert_same_logprobs(local, remote) -> None:
 def test_long_prompt_and_whole_vocabulary_logprobs_over_frames(engine_args, monkeypatch):
     args = {**engine_args, "max_logprobs": -1}
     prompt = [(7 * i) % 500 + 3 for i in range(200)]  # 800 bytes as int32: an array frame
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4, logprobs=-1,
-                            prompt_logprobs=-1)
-    local = _outputs(InprocClient(resolved_config(**args)),
-                     EngineCoreRequest("lp", prompt, params))
+    params = SamplingParams(
+        temperature=0.0, ignore_eos=True, max_tokens=4, logprobs=-1, prompt_logprobs=-1
+    )
+    local = _outputs(InprocClient(resolved_config(**args)), EngineCoreRequest("lp", prompt, params))
     with EngineCoreClient(engine_args=args) as client:
         sent = []
         send = client._socket.send_multipart
-        monkeypatch.setattr(client._socket, "send_multipart",
-                            lambda frames, **kw: (sent.append(len(frames)), send(frames, **kw))[1])
+        monkeypatch.setattr(
+            client._socket,
+            "send_multipart",
+            lambda frames, **kw: (sent.append(len(frames)), send(frames, **kw))[1],
+        )
         remote = _outputs(client, EngineCoreRequest("lp", prompt, params))
     assert sent == [3], "the prompt should travel as [type, payload, array frame]"
     assert [o.new_token_ids for o in remote] == [o.new_token_ids for o in local]

@@ -33,8 +33,20 @@ def test_node_client_streams_the_same_tokens(address, prompt):
         client.add_request(greedy_request("py-ref", prompt, max_tokens=10))
         expected, _ = collect(client, {"py-ref"})["py-ref"]
     run = subprocess.run(
-        ["node", str(NODE_CLIENT / "generate.mjs"), "--address", address, "--max-tokens", "10",
-         "--ignore-eos", *map(str, prompt)], capture_output=True, text=True, timeout=60)
+        [
+            "node",
+            str(NODE_CLIENT / "generate.mjs"),
+            "--address",
+            address,
+            "--max-tokens",
+            "10",
+            "--ignore-eos",
+            *map(str, prompt),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr
     assert [int(line) for line in run.stdout.split()] == expected
     assert "finish_reason: length" in run.stderr
@@ -49,9 +61,21 @@ def test_node_client_decodes_logprob_array_frames(engine_args):
         while not expected or not expected[-1].finished:
             expected += client.get_output().outputs
         run = subprocess.run(
-            ["node", str(NODE_CLIENT / "generate.mjs"), "--address", client.address,
-             "--max-tokens", "3", "--ignore-eos", "--logprobs=-1", *map(str, PROMPTS[0])],
-            capture_output=True, text=True, timeout=60)
+            [
+                "node",
+                str(NODE_CLIENT / "generate.mjs"),
+                "--address",
+                client.address,
+                "--max-tokens",
+                "3",
+                "--ignore-eos",
+                "--logprobs=-1",
+                *map(str, PROMPTS[0]),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert run.returncode == 0, run.stderr
     lines = [line.split() for line in run.stdout.splitlines()]
     assert [int(token) for token, _, _ in lines] == [o.new_token_ids[0] for o in expected]

@@ -19,12 +19,19 @@ import pytest
 import zmq
 
 from engine_core.client import EngineCoreClient, EngineDeadError
-from engine_core.resolve import resolved_config
 from engine_core.core_proc import EngineCoreProc
 from engine_core.engine_core import EngineCore
 from engine_core.frames import ARRAY_EXT_CODE
-from engine_core.protocol import (PROTOCOL_VERSION, ClientHello, OutputType, RequestType,
-                                  UtilityOutput, UtilityRequest, output_decoders)
+from engine_core.protocol import (
+    PROTOCOL_VERSION,
+    ClientHello,
+    OutputType,
+    RequestType,
+    UtilityOutput,
+    UtilityRequest,
+    output_decoders,
+)
+from engine_core.resolve import resolved_config
 from tests.engine_core_proc.utils import PROMPTS, collect, greedy_request
 
 _encode = msgspec.msgpack.encode
@@ -62,8 +69,9 @@ def _array_add(request_id: str, header: list, code: int = ARRAY_EXT_CODE) -> lis
 def _fuzz_frames() -> list[list[bytes]]:
     rng = random.Random(0)
     valid_add = _encode(greedy_request("fz-valid", [1, 2, 3]))
-    frames = [[bytes([t]), rng.randbytes(rng.randrange(0, 64))]
-              for t in range(4) for _ in range(25)]
+    frames = [
+        [bytes([t]), rng.randbytes(rng.randrange(0, 64))] for t in range(4) for _ in range(25)
+    ]
     frames += [[bytes([RequestType.ADD]), valid_add[:n]] for n in range(len(valid_add))]
     frames += [
         [bytes([RequestType.ADD]), _encode(["fz-types", "not a list", {}])],
@@ -74,8 +82,12 @@ def _fuzz_frames() -> list[list[bytes]]:
         [bytes([RequestType.UTILITY]), _encode([8, "ping", [[[[[]]]]] * 3])],
         [bytes([RequestType.UTILITY]), b"\x91" * 100_000 + b"\x00"],
         [bytes([RequestType.HELLO]), _encode(["x"])],
-        [bytes([9]), valid_add], [bytes([255]), b""], [b"", valid_add], [b"\x01\x01", valid_add],
-        [bytes([RequestType.ADD])], [b""],
+        [bytes([9]), valid_add],
+        [bytes([255]), b""],
+        [b"", valid_add],
+        [b"\x01\x01", valid_add],
+        [bytes([RequestType.ADD])],
+        [b""],
         [bytes([RequestType.ADD]), _encode(["fz-ext-data", msgspec.msgpack.Ext(1, b"\xc1"), {}])],
         _array_add("fz-ext-code", ["int32", [100], 0], code=7),
         _array_add("fz-ext-header", ["int32", [100]]),
@@ -183,8 +195,11 @@ def test_engine_core_exits_when_its_parent_dies(engine_args):
         print(client.process.pid, flush=True)
         time.sleep(600)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", parent_code, json.dumps(engine_args)],
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code, json.dumps(engine_args)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     child = int(parent.stdout.readline())
     with open(f"/proc/{child}/comm") as f:
         assert f.read().strip() == "engine-core"
@@ -202,8 +217,9 @@ def test_start_up_failure_is_reported(engine_args, tmp_path):
     # The configuration resolves (config.json and the tokenizer are there); loading the
     # weights fails in the child.
     model = tmp_path / "no-weights"
-    shutil.copytree(engine_args["model"], model,
-                    ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    shutil.copytree(
+        engine_args["model"], model, ignore=shutil.ignore_patterns("*.safetensors", "*.bin")
+    )
     args = {**engine_args, "model": str(model)}
     with pytest.raises(EngineDeadError, match="exited with code 1 during start-up"):
         EngineCoreClient(engine_args=args, startup_timeout=60)
@@ -227,9 +243,12 @@ def test_stop_signal_on_a_thread_that_does_not_block_it_stops_cleanly(engine_arg
         sys.exit(main(sys.argv[1:]))
     """)
     address = f"ipc://{socket_dir}/early-thread.sock"
-    proc = subprocess.Popen([sys.executable, "-c", code, "--listen", address,
-                             "--engine-args", json.dumps(engine_args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "--listen", address, "--engine-args", json.dumps(engine_args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     thread_id = int(proc.stdout.readline())
     with EngineCoreClient(address, startup_timeout=120) as client:
         assert client.call_utility("ping") == "pong"

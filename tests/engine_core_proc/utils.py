@@ -7,8 +7,12 @@ from typing import Any
 from engine_core.protocol import EngineCoreRequest, FinishReason
 from engine_core.sampling_params import SamplingParams
 
-PROMPTS = [[1, 17, 250, 3, 99], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21],
-           [400, 401], [33] * 40]
+PROMPTS = [
+    [1, 17, 250, 3, 99],
+    [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21],
+    [400, 401],
+    [33] * 40,
+]
 
 
 def greedy_request(request_id: str, prompt: list[int], max_tokens: int = 12) -> EngineCoreRequest:

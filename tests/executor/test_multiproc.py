@@ -56,13 +56,19 @@ def _tiny(path: Path, family: str, **overrides) -> Path:
 
 def _prompts(vocab: int) -> dict[str, list[int]]:
     gen = torch.Generator().manual_seed(7)
-    return {f"len{n}": torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (1, 7, 16, 45)}
+    return {
+        f"len{n}": torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (1, 7, 16, 45)
+    }
 
 
 def _config(model_dir: Path, tp: int, backend: str = "mp") -> EngineConfig:
-    return resolved_config(model=str(model_dir), device="cpu", kv_cache_memory="4MiB",
-                                     tensor_parallel_size=tp,
-                                     distributed_executor_backend=backend)
+    return resolved_config(
+        model=str(model_dir),
+        device="cpu",
+        kv_cache_memory="4MiB",
+        tensor_parallel_size=tp,
+        distributed_executor_backend=backend,
+    )
 
 
 @contextmanager
@@ -131,8 +137,9 @@ def test_worker_error_at_start_up_is_reported(tmp_path, llama_dir):
 def _hold_executor(model_dir: str, conn: Connection) -> None:
     executor = MultiprocExecutor(_config(Path(model_dir), 2), num_threads=1)
     executor.initialize()
-    conn.send_bytes(msgspec.msgpack.encode(
-        ([proc.pid for proc in executor.procs], executor._ring.handle.name)))
+    conn.send_bytes(
+        msgspec.msgpack.encode(([proc.pid for proc in executor.procs], executor._ring.handle.name))
+    )
     time.sleep(600)
 
 

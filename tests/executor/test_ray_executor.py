@@ -33,12 +33,15 @@ from tests.ray_cluster import actor_pids, cluster_with_two_head_cpus  # noqa: F4
 CPUS = 3  # two on the head node, one on the other
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
-PROMPTS = [[1, 400, 401, 402], [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
-           [1, 30000]]
+PROMPTS = [
+    [1, 400, 401, 402],
+    [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
+    [1, 30000],
+]
 
 
 @pytest.fixture(scope="module")
-def cluster(cluster_with_two_head_cpus):  # noqa: F811 (the imported fixture)
+def cluster(cluster_with_two_head_cpus):
     return cluster_with_two_head_cpus
 
 
@@ -58,8 +61,14 @@ def expected(model_dir) -> list[list[int]]:
 
 
 def _llm(model_dir, **kwargs) -> LLM:
-    return LLM(str(model_dir), engine_process=False, device="cpu", max_model_len=256,
-               kv_cache_memory="4MiB", **kwargs)
+    return LLM(
+        str(model_dir),
+        engine_process=False,
+        device="cpu",
+        max_model_len=256,
+        kv_cache_memory="4MiB",
+        **kwargs,
+    )
 
 
 def _generate(llm: LLM) -> list[list[int]]:
@@ -68,8 +77,10 @@ def _generate(llm: LLM) -> list[list[int]]:
 
 
 def _dead(rank: int) -> str:
-    return (rf"^engine worker rank {rank} \(Ray actor, pid \d+ on node \w+ at [\d.]+\) died: "
-            r"The actor is dead because its worker process has died;")
+    return (
+        rf"^engine worker rank {rank} \(Ray actor, pid \d+ on node \w+ at [\d.]+\) died: "
+        r"The actor is dead because its worker process has died;"
+    )
 
 
 def _head_node() -> str:
@@ -77,7 +88,8 @@ def _head_node() -> str:
 
 
 def test_tp2_on_the_engine_core_node_reads_the_ring_and_a_killed_reader_is_named(
-        cluster, model_dir, expected):
+    cluster, model_dir, expected
+):
     llm = _llm(model_dir, tensor_parallel_size=2, distributed_executor_backend="ray")
     try:
         executor = llm.engine_core.executor
@@ -102,8 +114,9 @@ def test_tp2_on_the_engine_core_node_reads_the_ring_and_a_killed_reader_is_named
             _generate(llm)
     finally:
         llm.shutdown()
-    assert wait_until(lambda: ray.available_resources().get("CPU") == CPUS, timeout=10), \
+    assert wait_until(lambda: ray.available_resources().get("CPU") == CPUS, timeout=10), (
         "the bundles should be given back"
+    )
 
 
 @ray.remote(num_cpus=1)
@@ -114,11 +127,11 @@ class _Holder:
         return True
 
 
-def test_tp2_across_two_nodes_equals_tp1_and_a_killed_worker_is_named(cluster, model_dir,
-                                                                      expected):
+def test_tp2_across_two_nodes_equals_tp1_and_a_killed_worker_is_named(cluster, model_dir, expected):
     # One of the head node's CPUs is taken, so that the ranks go to different nodes.
-    holder = _Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        _head_node(), soft=False)).remote()
+    holder = _Holder.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(_head_node(), soft=False)
+    ).remote()
     ray.get(holder.ready.remote())
     llm = _llm(model_dir, tensor_parallel_size=2, distributed_executor_backend="ray")
     try:
@@ -126,10 +139,14 @@ def test_tp2_across_two_nodes_equals_tp1_and_a_killed_worker_is_named(cluster, m
         assert isinstance(executor, RayExecutor)
         nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
         assert len(nodes) == 2
-        assert {node_id for node_id, _, _ in executor.locations} == nodes, \
+        assert {node_id for node_id, _, _ in executor.locations} == nodes, (
             "the two ranks should run on different nodes"
-        assert executor.ring_ranks == [rank for rank, (node_id, _, _)
-                                       in enumerate(executor.locations) if node_id == _head_node()]
+        )
+        assert executor.ring_ranks == [
+            rank
+            for rank, (node_id, _, _) in enumerate(executor.locations)
+            if node_id == _head_node()
+        ]
         assert len(executor.ring_ranks) == 1
         assert _generate(llm) == expected
         os.kill(executor.locations[1][2], signal.SIGKILL)
@@ -139,23 +156,30 @@ def test_tp2_across_two_nodes_equals_tp1_and_a_killed_worker_is_named(cluster, m
         llm.shutdown()
         ray.kill(holder)
     # Ray frees a removed placement group's bundles a little later.
-    assert wait_until(lambda: ray.available_resources().get("CPU") == CPUS, timeout=10), \
+    assert wait_until(lambda: ray.available_resources().get("CPU") == CPUS, timeout=10), (
         "the bundles should be given back"
+    )
 
 
 def _config(model_dir, tp: int):
-    return resolved_config(model=str(model_dir), device="cpu", kv_cache_memory="4MiB",
-                                     tensor_parallel_size=tp,
-                                     distributed_executor_backend="ray")
+    return resolved_config(
+        model=str(model_dir),
+        device="cpu",
+        kv_cache_memory="4MiB",
+        tensor_parallel_size=tp,
+        distributed_executor_backend="ray",
+    )
 
 
 def test_too_small_a_cluster_is_refused_saying_what_is_missing(cluster, tmp_path):
     four_kv_heads = make_tiny_model_with_tokenizer(tmp_path / "m", num_key_value_heads=4)
     start = time.monotonic()
-    with pytest.raises(RayResourcesError,
-                       match=r"^tensor_parallel_size 4 needs 4 CPU bundles \(one CPU per rank\); "
-                             r"the Ray cluster has \d CPU free of 3 on 2 node\(s\) \(node \w+ "
-                             r"at [\d.]+: [12] CPU, node \w+ at [\d.]+: [12] CPU\)$"):
+    with pytest.raises(
+        RayResourcesError,
+        match=r"^tensor_parallel_size 4 needs 4 CPU bundles \(one CPU per rank\); "
+        r"the Ray cluster has \d CPU free of 3 on 2 node\(s\) \(node \w+ "
+        r"at [\d.]+: [12] CPU, node \w+ at [\d.]+: [12] CPU\)$",
+    ):
         _llm(four_kv_heads, tensor_parallel_size=4, distributed_executor_backend="ray")
     assert time.monotonic() - start < 10, "a cluster that can never hold it is refused at once"
 
@@ -164,38 +188,59 @@ def test_bundles_held_elsewhere_are_awaited_then_refused(cluster, model_dir):
     taken = placement_group([{"CPU": 2}])  # the head node's two CPUs are busy elsewhere
     assert taken.wait(30)
     try:
-        with pytest.raises(RayResourcesError, match=r"tensor_parallel_size 2 needs 2 CPU bundles "
-                                                    r"\(one CPU per rank\); the Ray cluster has 1 "
-                                                    r"CPU free of 3 .*; the bundles could not be "
-                                                    r"placed in 2 s$"):
+        with pytest.raises(
+            RayResourcesError,
+            match=r"tensor_parallel_size 2 needs 2 CPU bundles "
+            r"\(one CPU per rank\); the Ray cluster has 1 "
+            r"CPU free of 3 .*; the bundles could not be "
+            r"placed in 2 s$",
+        ):
             RayExecutor(_config(model_dir, 2), placement_timeout_s=2).initialize()
     finally:
         remove_placement_group(taken)
 
 
-def test_a_worker_failing_at_start_up_is_reported_and_its_bundles_freed(cluster, model_dir,
-                                                                         tmp_path):
+def test_a_worker_failing_at_start_up_is_reported_and_its_bundles_freed(
+    cluster, model_dir, tmp_path
+):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text((model_dir / "config.json").read_text())
     (broken / "model.safetensors").write_bytes(b"not a checkpoint")
     executor = RayExecutor(_config(broken, 2))
-    with pytest.raises(WorkerError, match=r"engine worker rank \d \(Ray actor, pid \d+ on node "
-                                          r"\w+ at [\d.]+\) failed:\n"
-                                          r"ray::EngineWorker.load_model\(\)(.|\n)*"
-                                          r"cannot read safetensors file"):
+    with pytest.raises(
+        WorkerError,
+        match=r"engine worker rank \d \(Ray actor, pid \d+ on node "
+        r"\w+ at [\d.]+\) failed:\n"
+        r"ray::EngineWorker.load_model\(\)(.|\n)*"
+        r"cannot read safetensors file",
+    ):
         executor.initialize()
     assert not executor.actors
     assert wait_until(lambda: ray.available_resources().get("CPU") == CPUS, timeout=10)
 
 
 def test_serve_with_ray_workers_fails_requests_and_exits_1_when_one_is_killed(
-        cluster, model_dir, monkeypatch):
+    cluster, model_dir, monkeypatch
+):
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # the engine core joins this cluster
     before = set(actor_pids("EngineWorker"))
-    server = Server(["--model", str(model_dir), "--device", "cpu", "--kv-cache-memory", "16MiB",
-                     "--max-model-len", "256", "--tensor-parallel-size", "2",
-                     "--distributed-executor-backend", "ray"])
+    server = Server(
+        [
+            "--model",
+            str(model_dir),
+            "--device",
+            "cpu",
+            "--kv-cache-memory",
+            "16MiB",
+            "--max-model-len",
+            "256",
+            "--tensor-parallel-size",
+            "2",
+            "--distributed-executor-backend",
+            "ray",
+        ]
+    )
     try:
         assert server.ready, server.stderr
         workers = set(actor_pids("EngineWorker")) - before

@@ -97,8 +97,10 @@ def test_large_messages_go_through_overflow_blocks():
 def test_several_readers_each_get_every_message(ring):
     writer = ring(num_readers=3, num_slots=3, slot_bytes=128)
     results: list[list[bytes]] = [[] for _ in range(3)]
-    threads = [threading.Thread(target=_read_all, args=(writer.handle, i, 200, results[i]))
-               for i in range(3)]
+    threads = [
+        threading.Thread(target=_read_all, args=(writer.handle, i, 200, results[i]))
+        for i in range(3)
+    ]
     for t in threads:
         t.start()
     for i in range(200):
@@ -113,8 +115,9 @@ def test_typed_messages_decode_in_place(ring):
     writer = ring(num_readers=1, num_slots=2, slot_bytes=4096)
     reader = ShmRingReader(writer.handle, 0)
     decoder = msgspec.msgpack.Decoder(SchedulerOutput)
-    step = SchedulerOutput(num_scheduled_tokens={"a": 3, "b": 1}, total_num_scheduled_tokens=4,
-                           finished_req_ids=["c"])
+    step = SchedulerOutput(
+        num_scheduled_tokens={"a": 3, "b": 1}, total_num_scheduled_tokens=4, finished_req_ids=["c"]
+    )
     writer.write(msgspec.msgpack.encode(step))
     assert reader.read(decoder.decode) == step
     reader.close()
@@ -133,8 +136,9 @@ def test_reader_in_another_process(ring):
     messages = [_message(i, 50 * i) for i in range(20)]  # the later ones overflow
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_process_reader,
-                       args=(msgspec.msgpack.encode(writer.handle), len(messages), child))
+    proc = ctx.Process(
+        target=_process_reader, args=(msgspec.msgpack.encode(writer.handle), len(messages), child)
+    )
     proc.start()
     local: list[bytes] = []
     thread = threading.Thread(target=_read_all, args=(writer.handle, 0, len(messages), local))

@@ -33,9 +33,18 @@ def test_a_reader_of_another_process_tree_sleeps_on_its_host_doorbell():
     try:
         assert [h.index for h in writer.doorbell_handles] == [0, 1]
         proc = subprocess.Popen(
-            [sys.executable, "-c", _READER, msgspec.json.encode(writer.handle).decode(),
-             msgspec.json.encode(writer.doorbell_handles[1]).decode()],
-            stdout=subprocess.PIPE, text=True, cwd=os.getcwd(), start_new_session=True)
+            [
+                sys.executable,
+                "-c",
+                _READER,
+                msgspec.json.encode(writer.handle).decode(),
+                msgspec.json.encode(writer.doorbell_handles[1]).decode(),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=os.getcwd(),
+            start_new_session=True,
+        )
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "attached"
         time.sleep(3.0)  # the reader spins 1 ms, then sleeps on its doorbell
@@ -53,4 +62,3 @@ def test_a_reader_of_another_process_tree_sleeps_on_its_host_doorbell():
         writer.close()
     assert not os.path.exists(f"/dev/shm/{writer.handle.name}")
     assert not os.path.exists(writer.doorbell_handles[1].pipe)
-

@@ -14,9 +14,11 @@ def test_tp3_matches_transformers():
     prompts = {name: ids[name] for name in ("p0", "p5", "p10")}
     llm = LLM(tensor_parallel_size=3, max_model_len=512, kv_cache_memory="128MiB")
     try:
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts.values()],
-                               SamplingParams(temperature=0.0, ignore_eos=True,
-                                              max_tokens=NEW_TOKENS), use_tqdm=False)
+        outputs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts.values()],
+            SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS),
+            use_tqdm=False,
+        )
     finally:
         llm.shutdown()
     got = {name: out.outputs[0].token_ids for name, out in zip(prompts, outputs)}

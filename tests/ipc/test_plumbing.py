@@ -33,33 +33,42 @@ def _wait_gone(pid: int, timeout: float) -> float:
 
 
 @pytest.mark.parametrize("own_session", [False, True])
-def test_spawn_module_runs_this_copy_with_the_extra_environment(tmp_path, monkeypatch,
-                                                                own_session):
+def test_spawn_module_runs_this_copy_with_the_extra_environment(tmp_path, monkeypatch, own_session):
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     out = tmp_path / "env.json"
-    proc = spawn_module("tests.ipc._print_env", [str(out)], extra_env={"X": "1"},
-                        own_session=own_session)
+    proc = spawn_module(
+        "tests.ipc._print_env", [str(out)], extra_env={"X": "1"}, own_session=own_session
+    )
     assert proc.wait(30) == 0
-    assert json.loads(out.read_text()) == [f"{PROJECT_ROOT}{os.pathsep}/elsewhere", "1",
-                                           own_session]
+    assert json.loads(out.read_text()) == [
+        f"{PROJECT_ROOT}{os.pathsep}/elsewhere",
+        "1",
+        own_session,
+    ]
 
 
 def _child(script: str, tmp_path, *args: str) -> subprocess.Popen:
     """A parent (`sh`) that starts a Python child running script and prints the child's pid."""
     path = tmp_path / "child.py"
     path.write_text(textwrap.dedent(script))
-    return subprocess.Popen(["sh", "-c", f"{sys.executable} {path} $$ {' '.join(args)} & "
-                             "echo $!; sleep 60"], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": PROJECT_ROOT})
+    return subprocess.Popen(
+        ["sh", "-c", f"{sys.executable} {path} $$ {' '.join(args)} & echo $!; sleep 60"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": PROJECT_ROOT},
+    )
 
 
 def test_a_child_exits_at_once_when_its_parent_goes(tmp_path):
-    parent = _child("""
+    parent = _child(
+        """
         import sys, time
         from ipc.process import watch_parent
         watch_parent(int(sys.argv[1]), interval_s=0.05)
         time.sleep(60)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     pid = int(parent.stdout.readline())
     time.sleep(0.5)
     assert pid_alive(pid)
@@ -70,13 +79,17 @@ def test_a_child_exits_at_once_when_its_parent_goes(tmp_path):
 
 def test_on_exit_runs_first_then_the_grace_period_ends_it(tmp_path):
     marker = tmp_path / "drained"
-    parent = _child("""
+    parent = _child(
+        """
         import sys, time
         from ipc.process import watch_parent
         watch_parent(int(sys.argv[1]), interval_s=0.05, grace_s=1.0,
                      on_exit=lambda why: open(sys.argv[2], "w").write(why))
         time.sleep(60)  # never stops on its own: the grace period must end it
-    """, tmp_path, str(marker))
+    """,
+        tmp_path,
+        str(marker),
+    )
     pid = int(parent.stdout.readline())
     time.sleep(0.5)
     parent.kill()
@@ -88,6 +101,7 @@ def test_on_exit_runs_first_then_the_grace_period_ends_it(tmp_path):
 
 def _sleep_with_lifeline(parent_pid: int, lifeline, kill_with_parent: bool) -> None:
     from ipc.process import watch_parent
+
     watch_parent(parent_pid, lifeline=lifeline, kill_with_parent=kill_with_parent)
     time.sleep(60)
 
@@ -95,8 +109,9 @@ def _sleep_with_lifeline(parent_pid: int, lifeline, kill_with_parent: bool) -> N
 def test_the_lifeline_ends_a_child_when_the_parent_closes_it():
     ctx = multiprocessing.get_context("spawn")
     child_end, parent_end = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_sleep_with_lifeline, args=(os.getpid(), child_end, False),
-                       daemon=True)
+    proc = ctx.Process(
+        target=_sleep_with_lifeline, args=(os.getpid(), child_end, False), daemon=True
+    )
     proc.start()
     child_end.close()
     time.sleep(1.0)
@@ -132,7 +147,8 @@ def test_the_handshake_answers_ready_or_refuses_naming_both_versions():
     assert server.answer(_Hello(7, "c"), "ready!") == (READY, "ready!")
     kind, refusal = server.answer(_Hello(6, "c"), "ready!")
     assert kind == 9 and refusal.message == (
-        "protocol version mismatch: the test server speaks version 7, the client 6")
+        "protocol version mismatch: the test server speaks version 7, the client 6"
+    )
     assert ready_or_refused(READY, "ready!", "x") == "ready!"
     with pytest.raises(ConnectionError, match="^the test server refused: protocol version"):
         ready_or_refused(kind, refusal, "the test server refused")
@@ -142,9 +158,16 @@ def test_the_handshake_answers_ready_or_refuses_naming_both_versions():
 @pytest.mark.parametrize("secret", [None, SECRET])
 def test_router_and_dealer_talk_with_or_without_a_secret(secret):
     ctx = zmq.Context()
-    server = RouterServer(ctx, "tcp://127.0.0.1:*", secret, linger_ms=0,
-                          log=logging.getLogger("test"), name="the test server",
-                          exposes="talk", peers="its clients")
+    server = RouterServer(
+        ctx,
+        "tcp://127.0.0.1:*",
+        secret,
+        linger_ms=0,
+        log=logging.getLogger("test"),
+        name="the test server",
+        exposes="talk",
+        peers="its clients",
+    )
     assert server.address.startswith("tcp://127.0.0.1:")
     sock, watch = connect_dealer(ctx, server.address, secret, peer="the test server")
     sock.send_multipart([b"\x00", b"hi"])
@@ -163,9 +186,16 @@ def test_router_and_dealer_talk_with_or_without_a_secret(secret):
 
 def test_a_dealer_without_the_secret_is_told_why():
     ctx = zmq.Context()
-    server = RouterServer(ctx, "tcp://127.0.0.1:*", SECRET, linger_ms=0,
-                          log=logging.getLogger("test"), name="the test server",
-                          exposes="talk", peers="its clients")
+    server = RouterServer(
+        ctx,
+        "tcp://127.0.0.1:*",
+        SECRET,
+        linger_ms=0,
+        log=logging.getLogger("test"),
+        name="the test server",
+        exposes="talk",
+        peers="its clients",
+    )
     sock, watch = connect_dealer(ctx, server.address, None, peer="the test server")
     deadline = time.monotonic() + 5
     reason = None
@@ -182,12 +212,22 @@ def test_a_dealer_without_the_secret_is_told_why():
 
 def test_an_exposed_server_without_a_secret_warns(caplog):
     ctx = zmq.Context()
-    server = RouterServer(ctx, "tcp://0.0.0.0:*", None, linger_ms=0,
-                          log=logging.getLogger("test"), name="the test server",
-                          exposes="do things", peers="its clients set the same")
-    assert any("the test server listens on tcp://0.0.0.0:" in r.getMessage() and
-               "without authentication: anyone who reaches it can do things. Set "
-               "ENGINE_CORE_KEY to a secret (its clients set the same)" in r.getMessage()
-               for r in caplog.records)
+    server = RouterServer(
+        ctx,
+        "tcp://0.0.0.0:*",
+        None,
+        linger_ms=0,
+        log=logging.getLogger("test"),
+        name="the test server",
+        exposes="do things",
+        peers="its clients set the same",
+    )
+    assert any(
+        "the test server listens on tcp://0.0.0.0:" in r.getMessage()
+        and "without authentication: anyone who reaches it can do things. Set "
+        "ENGINE_CORE_KEY to a secret (its clients set the same)"
+        in r.getMessage()
+        for r in caplog.records
+    )
     server.socket.close(linger=0)
     ctx.term()

@@ -25,10 +25,29 @@ def _value(name: str, model: str) -> float | None:
 
 def test_gauges_show_last_stats_and_counters_sum() -> None:
     rec = EngineStatsRecorder("engine-gauges")
-    rec.record(SchedulerStats(3, 5, 0.25, prefix_cache_queries=64, prefix_cache_hits=32,
-                              num_preemptions=1, num_prompt_tokens=40, num_generation_tokens=3))
-    rec.record(SchedulerStats(2, 1, 0.5, prefix_cache_queries=16, prefix_cache_hits=0,
-                              num_prompt_tokens=0, num_generation_tokens=2))
+    rec.record(
+        SchedulerStats(
+            3,
+            5,
+            0.25,
+            prefix_cache_queries=64,
+            prefix_cache_hits=32,
+            num_preemptions=1,
+            num_prompt_tokens=40,
+            num_generation_tokens=3,
+        )
+    )
+    rec.record(
+        SchedulerStats(
+            2,
+            1,
+            0.5,
+            prefix_cache_queries=16,
+            prefix_cache_hits=0,
+            num_prompt_tokens=0,
+            num_generation_tokens=2,
+        )
+    )
     assert _value("vllm:num_requests_running", "engine-gauges") == 2
     assert _value("vllm:num_requests_waiting", "engine-gauges") == 1
     assert _value("vllm:kv_cache_usage_perc", "engine-gauges") == 0.5
@@ -50,13 +69,24 @@ def test_logs_every_interval_while_busy(caplog: pytest.LogCaptureFixture) -> Non
     rec = EngineStatsRecorder("engine-log", log_interval_s=10.0, clock=clock)
     caplog.set_level(logging.INFO, logger="metrics.engine_stats")
     for _ in range(11):  # steps at t = 0, 1, ..., 10 s
-        rec.record(SchedulerStats(2, 1, 0.125, prefix_cache_queries=10, prefix_cache_hits=5,
-                                  num_prompt_tokens=100, num_generation_tokens=2))
+        rec.record(
+            SchedulerStats(
+                2,
+                1,
+                0.125,
+                prefix_cache_queries=10,
+                prefix_cache_hits=5,
+                num_prompt_tokens=100,
+                num_generation_tokens=2,
+            )
+        )
         clock.now += 1.0
     lines = _log_lines(caplog)
-    assert lines == ["Avg prompt throughput: 110.0 tokens/s, Avg generation throughput: 2.2 "
-                     "tokens/s, Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 12.5%, "
-                     "Prefix cache hit rate: 50.0%"]
+    assert lines == [
+        "Avg prompt throughput: 110.0 tokens/s, Avg generation throughput: 2.2 "
+        "tokens/s, Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 12.5%, "
+        "Prefix cache hit rate: 50.0%"
+    ]
 
 
 def test_no_log_when_idle(caplog: pytest.LogCaptureFixture) -> None:

@@ -35,8 +35,12 @@ for i in range(2):
 
 
 def _run(code: str, metrics_dir: str) -> int:
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT)
     assert proc.wait(timeout=60) == 0
     return proc.pid
@@ -45,9 +49,11 @@ def _run(code: str, metrics_dir: str) -> int:
 def _samples(metrics_dir: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     body, content_type = render_metrics(metrics_dir)
     assert content_type.startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(body.decode())
-            for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
 
 
 def test_one_view_across_processes(tmp_path: Path, monkeypatch) -> None:
@@ -78,9 +84,12 @@ def test_one_view_across_processes(tmp_path: Path, monkeypatch) -> None:
     assert s[("vllm:inter_token_latency_seconds_count", model)] == 2
     assert s[("vllm:e2e_request_latency_seconds_sum", model)] == 1.5
     assert s[("vllm:request_prompt_tokens_sum", model)] == 22
-    for name in ("vllm:request_queue_time_seconds_count", "vllm:request_prefill_time_seconds_count",
-                 "vllm:request_decode_time_seconds_count",
-                 "vllm:request_generation_tokens_count"):
+    for name in (
+        "vllm:request_queue_time_seconds_count",
+        "vllm:request_prefill_time_seconds_count",
+        "vllm:request_decode_time_seconds_count",
+        "vllm:request_generation_tokens_count",
+    ):
         assert s[(name, model)] == 3
 
     # Once the launcher reports the engine core dead, its gauges leave the view; counters stay.

@@ -51,9 +51,13 @@ def test_scripted_timeline() -> None:
     assert _value("vllm:request_prompt_tokens_bucket", m, le="10.0") == 2
     # Buckets reach the max_model_len of the process's first recorder (another test's, maybe):
     # a prompt beyond the largest finite one counts in +Inf only.
-    largest = max(float(s.labels["le"]) for f in REGISTRY.collect()
-                  if f.name == "vllm:request_prompt_tokens" for s in f.samples
-                  if s.name.endswith("_bucket") and s.labels["le"] != "+Inf")
+    largest = max(
+        float(s.labels["le"])
+        for f in REGISTRY.collect()
+        if f.name == "vllm:request_prompt_tokens"
+        for s in f.samples
+        if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"
+    )
     if largest < 3000:
         assert _value("vllm:request_prompt_tokens_bucket", m, le=str(largest)) == 2
     assert _value("vllm:request_prompt_tokens_bucket", m, le="+Inf") == 3

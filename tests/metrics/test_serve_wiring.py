@@ -25,8 +25,11 @@ def test_processes_record_into_the_metrics_dir(tiny_args) -> None:
     finally:
         client.close()
         assert server.stop() == 0, server.stderr
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(body.decode()) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(body.decode())
+        for s in f.samples
+    }
     model = (("engine", "0"), ("model_name", "tiny"))
 
     def reason(r: str) -> tuple[tuple[str, str], ...]:  # label pairs in sorted order

@@ -49,15 +49,18 @@ def test_prompt_tokens_count_cached_ones_and_by_source() -> None:
     assert _value("vllm:prompt_tokens_cached_total", m) == 32
     assert _value("vllm:prompt_tokens_by_source_total", m, source="local_compute") == 18
     assert _value("vllm:prompt_tokens_by_source_total", m, source="local_cache_hit") == 32
-    assert _value("vllm:prompt_tokens_by_source_total", m,
-                  source="external_kv_transfer") == 0
+    assert _value("vllm:prompt_tokens_by_source_total", m, source="external_kv_transfer") == 0
 
 
 def test_cache_config_info() -> None:
     rec = EngineStatsRecorder("vllm-cache-info")
     rec.record_cache_config(CacheConfig(block_size=16), 123)
-    sample = next(s for metric in REGISTRY.collect() if metric.name == "vllm:cache_config_info"
-                  for s in metric.samples)
+    sample = next(
+        s
+        for metric in REGISTRY.collect()
+        if metric.name == "vllm:cache_config_info"
+        for s in metric.samples
+    )
     assert sample.value == 1
     assert sample.labels["block_size"] == "16" and sample.labels["num_gpu_blocks"] == "123"
     assert sample.labels["enable_prefix_caching"] == "True" and sample.labels["engine"] == "0"

@@ -22,25 +22,34 @@ from tests.tiny_models import make_tiny_model_with_tokenizer
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-
 class Server:
     """A running `engine serve`: its process, addresses and captured output."""
 
-    def __init__(self, args: list[str], timeout: float = 120.0, wait: bool = True,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        timeout: float = 120.0,
+        wait: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
         """Start it; wait: until it is ready (else call wait_ready). env: added variables."""
         if "--port" not in args:  # a free port, so servers never collide
             args = [*args, "--port", "0"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "frontend.cli", "serve", *args], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+            [sys.executable, "-m", "frontend.cli", "serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        )
         self.stdout: queue.Queue[str | None] = queue.Queue()
         self.stderr_lines: list[str] = []
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout.put),
-                         daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr_lines.append),
-                         daemon=True).start()
+        threading.Thread(
+            target=self._pump, args=(self.proc.stdout, self.stdout.put), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._pump, args=(self.proc.stderr, self.stderr_lines.append), daemon=True
+        ).start()
         self.core_address = ""
         self.tokenizer_addresses: list[str] = []
         self.api_url = ""  # http://host:port of the API servers, when there are any
@@ -59,7 +68,9 @@ class Server:
             try:
                 line = self.stdout.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError(f"engine serve not ready in {timeout} s: {self.stderr}") from None
+                raise TimeoutError(
+                    f"engine serve not ready in {timeout} s: {self.stderr}"
+                ) from None
             if line is None:
                 return False  # exited during start-up
             if m := re.match(r"engine core listening on (\S+):", line):
@@ -149,8 +160,16 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture
 def tiny_args(tiny_model) -> list[str]:
     """Engine flags for the tiny model on the CPU."""
-    return ["--model", str(tiny_model), "--device", "cpu", "--kv-cache-memory", "16MiB",
-            "--max-model-len", "256"]
+    return [
+        "--model",
+        str(tiny_model),
+        "--device",
+        "cpu",
+        "--kv-cache-memory",
+        "16MiB",
+        "--max-model-len",
+        "256",
+    ]
 
 
 class SseStream:
@@ -159,8 +178,9 @@ class SseStream:
     def __init__(self, server: Server, path: str, body: dict) -> None:
         url = urlsplit(server.api_url)
         self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-        self.conn.request("POST", path, json.dumps({**body, "stream": True}),
-                          {"Content-Type": "application/json"})
+        self.conn.request(
+            "POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"}
+        )
         self.response = self.conn.getresponse()
         assert self.response.status == 200, self.response.read()
         # Which API server answered (its --index).
@@ -173,7 +193,7 @@ class SseStream:
             if not line:
                 return None
             if line.startswith(b"data: "):
-                return line[len(b"data: "):].decode().strip()
+                return line[len(b"data: ") :].decode().strip()
 
     def rest(self) -> list[str]:
         """The events left, up to the end of the stream."""
@@ -186,14 +206,19 @@ class SseStream:
         self.conn.close()
 
 
-def http_request(server: Server, method: str, path: str, body: dict | None = None
-                 ) -> tuple[int, dict[str, str], bytes]:
+def http_request(
+    server: Server, method: str, path: str, body: dict | None = None
+) -> tuple[int, dict[str, str], bytes]:
     """(status, headers, body) of one request to the API servers; ConnectionError if refused."""
     url = urlsplit(server.api_url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
     try:
-        conn.request(method, path, None if body is None else json.dumps(body),
-                     {"Content-Type": "application/json"})
+        conn.request(
+            method,
+            path,
+            None if body is None else json.dumps(body),
+            {"Content-Type": "application/json"},
+        )
         response = conn.getresponse()
         return response.status, dict(response.getheaders()), response.read()
     finally:

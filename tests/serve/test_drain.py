@@ -32,8 +32,7 @@ def test_sigterm_refuses_new_requests_with_503_while_in_flight_ones_finish(tiny_
     try:
         # Still accepting connections: a refused connection would tell a client nothing.
         assert wait_until(lambda: http_request(server, "GET", "/health")[0] == 503)
-        status, headers, body = http_request(server, "POST", "/v1/completions",
-                                             LONG_COMPLETION)
+        status, headers, body = http_request(server, "POST", "/v1/completions", LONG_COMPLETION)
         assert status == 503, body
         assert int(headers["Retry-After"]) > 0
         assert json.loads(body)["error"]["message"] == "the server is shutting down"
@@ -63,12 +62,16 @@ def test_requests_outlasting_the_shutdown_timeout_get_an_error_event_and_exit_1(
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["code"] == 503
-    assert error["message"] == ("the server is shutting down (SIGTERM) and the request did not "
-                                "finish within --shutdown-timeout 2.0 s")
+    assert error["message"] == (
+        "the server is shutting down (SIGTERM) and the request did not "
+        "finish within --shutdown-timeout 2.0 s"
+    )
     assert 2 <= elapsed < 2 + 5  # the deadline, with a loaded box's margin
     assert server.proc.wait(timeout=60) == 1
-    assert "engine-api-0 cut requests still running at the --shutdown-timeout deadline" in \
-        server.stderr
+    assert (
+        "engine-api-0 cut requests still running at the --shutdown-timeout deadline"
+        in server.stderr
+    )
     assert "killing" not in server.stderr
 
 

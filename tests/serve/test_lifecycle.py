@@ -58,8 +58,9 @@ def test_children_die_with_a_killed_launcher(tiny_args):
     client.close()
     server.proc.kill()
     server.proc.wait()
-    assert wait_until(lambda: all(pid_gone(pid) for pid in children), timeout=5), \
+    assert wait_until(lambda: all(pid_gone(pid) for pid in children), timeout=5), (
         "children outlived the launcher"
+    )
     for address in (server.core_address, *server.tokenizer_addresses):  # nobody else removes them
         shutil.rmtree(os.path.dirname(address.removeprefix("ipc://")), ignore_errors=True)
 
@@ -84,10 +85,21 @@ def test_engine_core_death_fails_requests_and_the_launcher(tiny_args):
 
 def test_a_child_failing_at_start_up_stops_the_rest(tiny_model, tmp_path):
     no_tokenizer = tmp_path / "no-tokenizer"
-    shutil.copytree(tiny_model, no_tokenizer,
-                    ignore=shutil.ignore_patterns("tokenizer*", "chat_template*"))
-    server = Server(["--model", str(no_tokenizer), "--device", "cpu",
-                     "--kv-cache-memory", "16MiB", "--max-model-len", "256"])
+    shutil.copytree(
+        tiny_model, no_tokenizer, ignore=shutil.ignore_patterns("tokenizer*", "chat_template*")
+    )
+    server = Server(
+        [
+            "--model",
+            str(no_tokenizer),
+            "--device",
+            "cpu",
+            "--kv-cache-memory",
+            "16MiB",
+            "--max-model-len",
+            "256",
+        ]
+    )
     assert not server.ready
     assert server.proc.wait(timeout=30) == 1
     assert "engine-tok-0" in server.stderr and "during start-up" in server.stderr

@@ -17,8 +17,7 @@ import pytest
 
 from engine_core.client import EngineCoreClient
 from engine_core.sampling_params import SamplingParams
-from tests.serve.conftest import (LONG_COMPLETION, Server, SseStream, http_request,
-                                  wait_until)
+from tests.serve.conftest import LONG_COMPLETION, Server, SseStream, http_request, wait_until
 from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
 from tokenizer_proc.protocol import GenerateRequest
 
@@ -26,8 +25,9 @@ from tokenizer_proc.protocol import GenerateRequest
 WITHIN_S = 5.0
 
 
-def _cut_stream(server: Server, kill: str, plain: bool = False
-                ) -> tuple[list[str], float, tuple | None]:
+def _cut_stream(
+    server: Server, kill: str, plain: bool = False
+) -> tuple[list[str], float, tuple | None]:
     """Stream a long completion, freeze the engine core once it streams (so the request stays
     in flight), SIGKILL the child called kill; the events after that and how long they took.
     plain: a non-streaming request is in flight too (one API server); its (status, headers,
@@ -35,15 +35,19 @@ def _cut_stream(server: Server, kill: str, plain: bool = False
     core = server.child("engine-core")
     stream = SseStream(server, "/v1/completions", LONG_COMPLETION)
     answers: list[tuple] = []
-    thread = threading.Thread(target=lambda: answers.append(
-        http_request(server, "POST", "/v1/completions", LONG_COMPLETION)))
+    thread = threading.Thread(
+        target=lambda: answers.append(
+            http_request(server, "POST", "/v1/completions", LONG_COMPLETION)
+        )
+    )
     try:
         assert stream.next_event() not in (None, "[DONE]")
         os.kill(core, signal.SIGSTOP)
         if plain:
             thread.start()
-            assert wait_until(lambda: json.loads(http_request(server, "GET", "/load")[2])[
-                "server_load"] == 2)
+            assert wait_until(
+                lambda: json.loads(http_request(server, "GET", "/load")[2])["server_load"] == 2
+            )
         os.kill(server.child(kill.format(other=1 - stream.api_server)), signal.SIGKILL)
         start = time.monotonic()
         events = stream.rest()
@@ -80,8 +84,9 @@ def test_a_dead_api_server_stops_the_tree_with_an_error_event_on_the_other(tiny_
     assert elapsed < WITHIN_S
     error = _error(events)
     assert error["code"] == 503
-    assert re.search(r"the server is stopping: engine-api-\d \(pid \d+\) exited unexpectedly",
-                     error["message"]), error
+    assert re.search(
+        r"the server is stopping: engine-api-\d \(pid \d+\) exited unexpectedly", error["message"]
+    ), error
     assert server.proc.wait(timeout=60) == 1
 
 
@@ -103,17 +108,25 @@ time.sleep(600)
 def _aborted(server: Server) -> float:
     """vllm:request_success_total with finished_reason "abort", from /metrics."""
     _, _, body = http_request(server, "GET", "/metrics")
-    return sum(float(m.group(1)) for m in re.finditer(
-        r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$',
-        body.decode(), re.MULTILINE))
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(
+            r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$',
+            body.decode(),
+            re.MULTILINE,
+        )
+    )
 
 
 def test_a_dead_clients_requests_are_aborted_at_once(tiny_args):
     server = Server(tiny_args)
     assert server.ready, server.stderr
     core = server.child("engine-core")
-    client = subprocess.Popen([sys.executable, "-c", _CLIENT, *server.tokenizer_addresses],
-                              stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [sys.executable, "-c", _CLIENT, *server.tokenizer_addresses],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert client.stdout.readline() == "streaming\n"
         assert _aborted(server) == 0
@@ -126,8 +139,10 @@ def test_a_dead_clients_requests_are_aborted_at_once(tiny_args):
         os.kill(core, signal.SIGCONT)
         client.kill()
     with EngineCoreClient(server.core_address) as engine:
-        assert wait_until(lambda: engine.call_utility("get_stats", timeout=10)[
-            "num_unfinished_requests"] == 0, timeout=WITHIN_S)
+        assert wait_until(
+            lambda: engine.call_utility("get_stats", timeout=10)["num_unfinished_requests"] == 0,
+            timeout=WITHIN_S,
+        )
     assert "exited; aborting its 1 requests" in server.stderr
     assert server.stop() == 0, server.stderr
 
@@ -147,16 +162,18 @@ while True:
 
 
 def test_client_fails_requests_of_a_tokenizer_process_that_exits():
-    tokenizer = subprocess.Popen([sys.executable, "-c", _SILENT_TOKENIZER],
-                                 stdout=subprocess.PIPE, text=True)
+    tokenizer = subprocess.Popen(
+        [sys.executable, "-c", _SILENT_TOKENIZER], stdout=subprocess.PIPE, text=True
+    )
 
     async def run() -> tuple[TokenizerRequestError, float, str | None, int]:
         address = f"tcp://127.0.0.1:{tokenizer.stdout.readline().strip()}"
         client = await TokenizerClient.create([address], pids=[tokenizer.pid])
         try:
             params = SamplingParams(max_tokens=8)
-            pending = asyncio.ensure_future(anext(client.generate(GenerateRequest("a", params,
-                                                                                  prompt="x"))))
+            pending = asyncio.ensure_future(
+                anext(client.generate(GenerateRequest("a", params, prompt="x")))
+            )
             await asyncio.sleep(0.5)
             assert not pending.done()
             tokenizer.kill()

@@ -12,9 +12,11 @@ from tests.serve.conftest import Server
 
 
 def _completion(url: str) -> dict:
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps({
-        "prompt": "Hello", "max_tokens": 2}).encode(), headers={
-        "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps({"prompt": "Hello", "max_tokens": 2}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         assert resp.headers["X-Engine-Api-Server"] in ("0", "1")
         return json.loads(resp.read())

@@ -27,9 +27,16 @@ from tests.serve.test_tokenizer_auth import SECRET, _free_port
 from tokenizer_proc import heartbeat
 from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
 from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, silence_timeout
-from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, ApiOutputType, ApiRequestType,
-                                     GenerateRequest, Heartbeat, RequestError, TokenizerHello,
-                                     TokenizerReady)
+from tokenizer_proc.protocol import (
+    TOKENIZER_PROTOCOL_VERSION,
+    ApiOutputType,
+    ApiRequestType,
+    GenerateRequest,
+    Heartbeat,
+    RequestError,
+    TokenizerHello,
+    TokenizerReady,
+)
 
 # Silence is noticed at a heartbeat tick, up to an interval late, after the peer's last
 # message (up to an interval before it died); the rest is a loaded 2-core box's margin.
@@ -76,15 +83,17 @@ asyncio.run(main())
 def test_a_silent_remote_clients_requests_are_aborted(tcp_server, sig):
     server, address = tcp_server
     core = server.child("engine-core")
-    client = subprocess.Popen([sys.executable, "-c", _REMOTE_CLIENT, address],
-                              stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [sys.executable, "-c", _REMOTE_CLIENT, address], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert client.stdout.readline() == "streaming\n"
         os.kill(core, signal.SIGSTOP)  # it would otherwise finish the request on its own
         os.kill(client.pid, sig)
         start = time.monotonic()
-        assert wait_until(lambda: "remote-api fell silent" in server.stderr, timeout=NOTICED_S), \
+        assert wait_until(lambda: "remote-api fell silent" in server.stderr, timeout=NOTICED_S), (
             server.stderr
+        )
         elapsed = time.monotonic() - start
     finally:
         os.kill(core, signal.SIGCONT)
@@ -92,12 +101,16 @@ def test_a_silent_remote_clients_requests_are_aborted(tcp_server, sig):
         client.wait()
     # Not the pid watch (the client is on "another host"): its heartbeats stopped.
     assert elapsed > silence_timeout(HEARTBEAT_INTERVAL_S) - 2 * HEARTBEAT_INTERVAL_S
-    assert re.search(r"client remote-api fell silent \(\d+\.\d s without a message or "
-                     r"heartbeat\); aborting its 1 requests", server.stderr), server.stderr
+    assert re.search(
+        r"client remote-api fell silent \(\d+\.\d s without a message or "
+        r"heartbeat\); aborting its 1 requests",
+        server.stderr,
+    ), server.stderr
     assert wait_until(lambda: _aborted(server) == 1), server.stderr
     with EngineCoreClient(server.core_address) as engine:
-        assert wait_until(lambda: engine.call_utility("get_stats", timeout=10)[
-            "num_unfinished_requests"] == 0)
+        assert wait_until(
+            lambda: engine.call_utility("get_stats", timeout=10)["num_unfinished_requests"] == 0
+        )
     assert server.stop() == 0, server.stderr
 
 
@@ -126,8 +139,11 @@ def test_a_client_fails_the_requests_of_a_frozen_remote_tokenizer_process(tcp_se
     finally:
         os.kill(tokenizer, signal.SIGCONT)
     assert error.status == 503 and later.status == 503
-    assert re.fullmatch(rf"the tokenizer process at {re.escape(address)} fell silent "
-                        r"\(\d+\.\d s without a message or heartbeat\)", str(error)), error
+    assert re.fullmatch(
+        rf"the tokenizer process at {re.escape(address)} fell silent "
+        r"\(\d+\.\d s without a message or heartbeat\)",
+        str(error),
+    ), error
     assert str(error) == str(later) == unavailable
     assert silence_timeout(HEARTBEAT_INTERVAL_S) - 2 * HEARTBEAT_INTERVAL_S < elapsed < NOTICED_S
     assert server.stop() == 0, server.stderr
@@ -164,8 +180,14 @@ class _FakeTokenizer:
             if kind[0] == ApiRequestType.HELLO:
                 hello = msgspec.msgpack.decode(payload, type=TokenizerHello)
                 self.hellos.append(hello)
-                ready = TokenizerReady(TOKENIZER_PROTOCOL_VERSION, 0, "m", 64, 100,
-                                       heartbeat_s=self.agree if hello.heartbeat_s else 0.0)
+                ready = TokenizerReady(
+                    TOKENIZER_PROTOCOL_VERSION,
+                    0,
+                    "m",
+                    64,
+                    100,
+                    heartbeat_s=self.agree if hello.heartbeat_s else 0.0,
+                )
                 await self.send(ApiOutputType.READY, ready)
                 if self.beat:
                     self._tasks.append(asyncio.create_task(self._beat()))
@@ -205,8 +227,11 @@ async def _connected(pids: list[int] | None = None, **fake_args):
 
 
 async def _pending_request(client: TokenizerClient, request_id: str = "a") -> asyncio.Future:
-    pending = asyncio.ensure_future(anext(client.generate(GenerateRequest(
-        request_id, SamplingParams(max_tokens=8), prompt="x"))))
+    pending = asyncio.ensure_future(
+        anext(
+            client.generate(GenerateRequest(request_id, SamplingParams(max_tokens=8), prompt="x"))
+        )
+    )
     await asyncio.sleep(0)
     return pending
 
@@ -221,8 +246,7 @@ def test_client_fails_requests_of_a_tokenizer_process_that_stops_its_heartbeats(
                 await asyncio.wait_for(pending, 5)
             elapsed = time.monotonic() - start
             assert err.value.status == 503
-            assert str(err.value).startswith(f"the tokenizer process at {fake.address} fell "
-                                             "silent")
+            assert str(err.value).startswith(f"the tokenizer process at {fake.address} fell silent")
             assert 0.9 * silence_timeout(_FAST_S) < elapsed < silence_timeout(_FAST_S) + 2
             # The client sent heartbeats while it had nothing else to send, then stopped.
             await asyncio.sleep(2 * _FAST_S)  # what it sent before has arrived
@@ -249,9 +273,12 @@ def test_client_keeps_a_tokenizer_process_that_heartbeats(fast_heartbeats):
 def test_no_heartbeats_with_an_older_tokenizer_process_or_a_watched_pid(fast_heartbeats, pids):
     """An older tokenizer process (no heartbeat_s in READY) gets no HEARTBEAT it could not
     read, and is never taken for silent; nor is one whose pid the client watches."""
+
     async def run() -> None:
-        async with _connected([os.getpid()] if pids else None,
-                              agree=_FAST_S if pids else 0.0) as (fake, client):
+        async with _connected([os.getpid()] if pids else None, agree=_FAST_S if pids else 0.0) as (
+            fake,
+            client,
+        ):
             assert (fake.hellos[0].heartbeat_s == 0) == pids
             pending = await _pending_request(client)
             await asyncio.sleep(3 * silence_timeout(_FAST_S))
@@ -265,13 +292,20 @@ def test_no_heartbeats_with_an_older_tokenizer_process_or_a_watched_pid(fast_hea
 def test_client_dropped_by_its_tokenizer_process_fails_its_requests(fast_heartbeats):
     """A tokenizer process that took this client for dead (it was frozen, or cut off) says so
     with a 503 ERROR without a request id: the client stops using it at once."""
+
     async def run() -> None:
         async with _connected(beat=_FAST_S) as (fake, client):
             pending = await _pending_request(client)
             await fake.send(ApiOutputType.ERROR, RequestError("", "client ? fell silent", 503))
             with pytest.raises(TokenizerRequestError) as err:
                 await asyncio.wait_for(pending, 2)
-            assert str(err.value) == (f"the tokenizer process at {fake.address} dropped this "
-                                      "client: client ? fell silent") == client.unavailable()
+            assert (
+                str(err.value)
+                == (
+                    f"the tokenizer process at {fake.address} dropped this "
+                    "client: client ? fell silent"
+                )
+                == client.unavailable()
+            )
 
     asyncio.run(run())

@@ -15,10 +15,20 @@ from engine_core.client import EngineCoreClient
 from engine_core.sampling_params import SamplingParams
 from frontend.llm import LLM
 from tests.serve.conftest import Server, wait_until
-from tokenizer_proc.client import (BlockingTokenizerClient, TokenizerClient,
-                                   TokenizerRequestError, pin_worker)
-from tokenizer_proc.protocol import (TOKENIZER_PROTOCOL_VERSION, ApiOutputType, ApiRequestType,
-                                     GenerateRequest, TokenizerHello, api_output_decoders)
+from tokenizer_proc.client import (
+    BlockingTokenizerClient,
+    TokenizerClient,
+    TokenizerRequestError,
+    pin_worker,
+)
+from tokenizer_proc.protocol import (
+    TOKENIZER_PROTOCOL_VERSION,
+    ApiOutputType,
+    ApiRequestType,
+    GenerateRequest,
+    TokenizerHello,
+    api_output_decoders,
+)
 
 ENGINE_ARGS = dict(device="cpu", kv_cache_memory="64MiB", max_model_len=512)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
@@ -84,15 +94,25 @@ def test_requests_are_pinned_by_hash(client, server):
 
 
 def test_stop_string_ends_text_and_aborts(client, core):
-    full = _text(client.generate(GenerateRequest(
-        "full", SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
-        prompt=PROMPTS[2])))
+    full = _text(
+        client.generate(
+            GenerateRequest(
+                "full",
+                SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+                prompt=PROMPTS[2],
+            )
+        )
+    )
     words = full.split()
     stop = words[len(words) // 2]
-    deltas = client.generate(GenerateRequest(
-        "stopped", SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]),
-        prompt=PROMPTS[2]))
-    assert _text(deltas) == full[:full.index(stop)]
+    deltas = client.generate(
+        GenerateRequest(
+            "stopped",
+            SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]),
+            prompt=PROMPTS[2],
+        )
+    )
+    assert _text(deltas) == full[: full.index(stop)]
     assert (deltas[-1].finish_reason, deltas[-1].stop_reason) == ("stop", stop)
     assert sum(len(d.token_ids) for d in deltas) < 24
     assert wait_until(lambda: _engine_idle(core)), "the stopped request should be aborted"
@@ -101,11 +121,12 @@ def test_stop_string_ends_text_and_aborts(client, core):
 def test_refused_requests_name_the_problem(client, server):
     client.send(GenerateRequest("ok", GREEDY, prompt=PROMPTS[0]))
     bad = {
-        "long": (GenerateRequest("long", GREEDY, prompt_token_ids=[5] * 600),
-                 "maximum context length is 512 tokens, but the prompt has 600 tokens"),
+        "long": (
+            GenerateRequest("long", GREEDY, prompt_token_ids=[5] * 600),
+            "maximum context length is 512 tokens, but the prompt has 600 tokens",
+        ),
         "vocab": (GenerateRequest("vocab", GREEDY, prompt_token_ids=[10**6]), "vocabulary"),
-        "both": (GenerateRequest("both", GREEDY, prompt="a", prompt_token_ids=[1]),
-                 "exactly one"),
+        "both": (GenerateRequest("both", GREEDY, prompt="a", prompt_token_ids=[1]), "exactly one"),
     }
     for request, _ in bad.values():
         client.send(request)
@@ -123,9 +144,14 @@ def test_malformed_frames_get_errors(server):
     sock.connect(addr)
     decoders = api_output_decoders()
     bad_params = msgspec.msgpack.encode(["neg", {"temperature": -1.0}, "hi"])
-    for frames in ([b"\x07", b""], [bytes([ApiRequestType.GENERATE]), bad_params],
-                   [bytes([ApiRequestType.HELLO]),
-                    msgspec.msgpack.encode(TokenizerHello(TOKENIZER_PROTOCOL_VERSION + 1))]):
+    for frames in (
+        [b"\x07", b""],
+        [bytes([ApiRequestType.GENERATE]), bad_params],
+        [
+            bytes([ApiRequestType.HELLO]),
+            msgspec.msgpack.encode(TokenizerHello(TOKENIZER_PROTOCOL_VERSION + 1)),
+        ],
+    ):
         sock.send_multipart(frames)
         assert sock.poll(10_000)
         kind, payload = sock.recv_multipart()
@@ -137,8 +163,12 @@ def test_malformed_frames_get_errors(server):
 
 
 def test_process_names(server):
-    assert sorted(server.children().values()) == ["engine-api-0", "engine-core", "engine-tok-0",
-                                                       "engine-tok-1"]
+    assert sorted(server.children().values()) == [
+        "engine-api-0",
+        "engine-core",
+        "engine-tok-0",
+        "engine-tok-1",
+    ]
 
 
 def test_async_client_streams_and_aborts(server, core):
@@ -147,14 +177,19 @@ def test_async_client_streams_and_aborts(server, core):
         try:
             assert [r.worker_index for r in client.ready] == [0, 1]
             params = SamplingParams(n=2, temperature=0.0, max_tokens=4, ignore_eos=True)
-            deltas = [d async for d in client.generate(
-                GenerateRequest("async-n", params, messages=[{"role": "user", "content": "Hi"}]))]
+            deltas = [
+                d
+                async for d in client.generate(
+                    GenerateRequest("async-n", params, messages=[{"role": "user", "content": "Hi"}])
+                )
+            ]
             for index in (0, 1):
                 mine = [d for d in deltas if d.index == index]
                 assert sum(len(d.token_ids) for d in mine) == 4 and mine[-1].finished
             long = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
-            async with contextlib.aclosing(client.generate(
-                    GenerateRequest("async-abort", long, prompt="a"))) as stream:
+            async with contextlib.aclosing(
+                client.generate(GenerateRequest("async-abort", long, prompt="a"))
+            ) as stream:
                 async for _ in stream:
                     break  # closing the stream early aborts the request
         finally:

@@ -52,8 +52,9 @@ def test_sigterm_just_after_health_answers_200_is_a_clean_stop(tiny_args):
         port = s.getsockname()[1]
     # Two API servers: the first answers while the launcher still waits for the second.
     server = Server([*tiny_args, "--api-server-count", "2", "--port", str(port)], wait=False)
-    assert wait_until(lambda: _health(port) == 200 or server.proc.poll() is not None,
-                      timeout=120), server.stderr
+    assert wait_until(
+        lambda: _health(port) == 200 or server.proc.poll() is not None, timeout=120
+    ), server.stderr
     ready = _ready_files(server)
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=60) == 0, server.stderr

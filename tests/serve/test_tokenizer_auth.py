@@ -26,18 +26,19 @@ def _free_port() -> int:
 def test_tokenizer_listen_with_a_shared_secret(tiny_args, monkeypatch):
     monkeypatch.delenv("ENGINE_CORE_KEY", raising=False)
     address = f"tcp://127.0.0.1:{_free_port()}"
-    server = Server([*tiny_args, "--tokenizer-listen", address],
-                    env={"ENGINE_CORE_KEY": SECRET})
+    server = Server([*tiny_args, "--tokenizer-listen", address], env={"ENGINE_CORE_KEY": SECRET})
     assert server.ready, server.stderr
     try:
         # The whole tree holds the secret: HTTP -> tokenizer process -> engine core.
-        status, _, body = http_request(server, "POST", "/v1/completions",
-                                       {"prompt": "Hi", "max_tokens": 4})
+        status, _, body = http_request(
+            server, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 4}
+        )
         assert status == 200, body
         client = BlockingTokenizerClient([address], auth_key=SECRET)
         try:
-            deltas = client.generate(GenerateRequest("held", SamplingParams(max_tokens=4),
-                                                     prompt="Hi"))
+            deltas = client.generate(
+                GenerateRequest("held", SamplingParams(max_tokens=4), prompt="Hi")
+            )
             assert sum(len(d.token_ids) for d in deltas) == 4
         finally:
             client.close()
@@ -45,8 +46,7 @@ def test_tokenizer_listen_with_a_shared_secret(tiny_args, monkeypatch):
             with pytest.raises(ConnectionError, match="refused this client's key|CURVE"):
                 BlockingTokenizerClient([address], auth_key=key, timeout=10)
         with pytest.raises(ConnectionError, match="ENGINE_CORE_KEY"):
-            asyncio.run(TokenizerClient.create([address], auth_key="another secret",
-                                               timeout=10))
+            asyncio.run(TokenizerClient.create([address], auth_key="another secret", timeout=10))
     finally:
         assert server.stop() == 0, server.stderr
     assert "without authentication" not in server.stderr
@@ -58,5 +58,4 @@ def test_tokenizer_listen_on_a_public_address_without_a_secret_warns(tiny_args, 
     server = Server([*tiny_args, "--tokenizer-listen", f"tcp://0.0.0.0:{port}"])
     assert server.ready, server.stderr
     assert server.stop() == 0, server.stderr
-    assert f"tokenizer 0 listens on tcp://0.0.0.0:{port} without authentication" in \
-        server.stderr
+    assert f"tokenizer 0 listens on tcp://0.0.0.0:{port} without authentication" in server.stderr

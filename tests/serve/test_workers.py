@@ -58,7 +58,9 @@ def tp2_server(tiny_args):
 
 def test_idle_process_tree_uses_under_2_percent_of_a_core(tp2_server):
     tree = _descendants(tp2_server.proc.pid)
-    assert {"engine-core", "engine-tok-0", "engine-worker-0", "engine-worker-1"} <= set(tree.values())
+    assert {"engine-core", "engine-tok-0", "engine-worker-0", "engine-worker-1"} <= set(
+        tree.values()
+    )
     pids = [tp2_server.proc.pid, *tree]
     time.sleep(2)  # let start-up settle
     before = _cpu_seconds(pids)

@@ -80,8 +80,10 @@ def llm(model):
 
 def test_every_kind_obeys_its_constraint_with_n_seeds_penalties_and_logprobs(llm):
     constraints = [JSON, REGEX, CHOICE, GRAMMAR]
-    params = [_params(c, n=3, seed=i, presence_penalty=0.5, repetition_penalty=1.2, logprobs=3)
-              for i, c in enumerate(constraints)]
+    params = [
+        _params(c, n=3, seed=i, presence_penalty=0.5, repetition_penalty=1.2, logprobs=3)
+        for i, c in enumerate(constraints)
+    ]
     outputs = llm.generate(["Answer:"] * 4, params, use_tqdm=False)
     _check(outputs, constraints)
     for out in outputs:
@@ -105,24 +107,38 @@ def test_max_tokens_cuts_with_length(llm):
 
 
 def test_constrained_and_free_requests_share_steps(llm):
-    params = [_params(JSON, seed=1), SamplingParams(max_tokens=20, ignore_eos=True),
-              _params(CHOICE, seed=2)]
+    params = [
+        _params(JSON, seed=1),
+        SamplingParams(max_tokens=20, ignore_eos=True),
+        _params(CHOICE, seed=2),
+    ]
     outputs = llm.generate(["a", "b", "c"], params, use_tqdm=False)
     _check([outputs[0], outputs[2]], [JSON, CHOICE])
     assert len(outputs[1].outputs[0].token_ids) == 20
 
 
-@pytest.mark.parametrize("engine_kwargs", [
-    {"max_num_batched_tokens": 16, "enable_prefix_caching": True},  # chunked prefill
-    {"num_gpu_blocks_override": 16, "block_size": 16, "enable_prefix_caching": False},  # preemption
-    {"async_scheduling": True},
-], ids=["chunked-prefill", "preemption", "async"])
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        {"max_num_batched_tokens": 16, "enable_prefix_caching": True},  # chunked prefill
+        {
+            "num_gpu_blocks_override": 16,
+            "block_size": 16,
+            "enable_prefix_caching": False,
+        },  # preemption
+        {"async_scheduling": True},
+    ],
+    ids=["chunked-prefill", "preemption", "async"],
+)
 def test_engine_features_keep_outputs_valid(model, engine_kwargs):
     llm = _llm(model, **engine_kwargs)
     prompt = list(range(100, 148))  # three full blocks of 16: the first output needs a fourth
     constraints = [JSON, REGEX, CHOICE, GRAMMAR, DIGITS, DIGITS]
-    outputs = llm.generate([prompt] * len(constraints),
-                           [_params(c, seed=i) for i, c in enumerate(constraints)], use_tqdm=False)
+    outputs = llm.generate(
+        [prompt] * len(constraints),
+        [_params(c, seed=i) for i, c in enumerate(constraints)],
+        use_tqdm=False,
+    )
     _check(outputs, constraints)
     if "num_gpu_blocks_override" in engine_kwargs:
         assert llm.engine_core.totals.num_preemptions > 0
@@ -131,17 +147,25 @@ def test_engine_features_keep_outputs_valid(model, engine_kwargs):
 def test_real_model_greedy_json_is_valid_and_equal_with_async_scheduling():
     """The default model (its logits have margins a random model's lack, so a different batch
     shape under async scheduling cannot flip a greedy token)."""
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                               "age": {"type": "integer"}},
-              "required": ["name", "age"]}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
     constraint = StructuredOutputsParams(json=schema)
     messages = [{"role": "user", "content": "Describe Alice, who is 30, as JSON."}]
-    params = [SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=constraint),
-              SamplingParams(max_tokens=8, temperature=0.0)]
+    params = [
+        SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=constraint),
+        SamplingParams(max_tokens=8, temperature=0.0),
+    ]
     runs = []
     for async_scheduling in (False, True):
-        llm = LLM(engine_process=False, max_model_len=512, kv_cache_memory="64MiB",
-                  async_scheduling=async_scheduling)
+        llm = LLM(
+            engine_process=False,
+            max_model_len=512,
+            kv_cache_memory="64MiB",
+            async_scheduling=async_scheduling,
+        )
         outputs = llm.chat([messages, messages], params, use_tqdm=False)
         jsonschema.validate(json.loads(outputs[0].outputs[0].text), schema)
         runs.append([o.outputs[0].token_ids for o in outputs])
@@ -153,6 +177,7 @@ def test_a_bad_constraint_is_refused_before_anything_runs(llm):
     with pytest.raises(ValueError, match="invalid structured_outputs.regex"):
         llm.generate(["x", "y"], [SamplingParams(), bad], use_tqdm=False)
     from engine_core.protocol import EngineCoreRequest
+
     with pytest.raises(InvalidRequestError, match="invalid structured_outputs.regex"):
         llm.engine_core.add_request(EngineCoreRequest("bad", [1, 2, 3], bad))
 
@@ -160,30 +185,51 @@ def test_a_bad_constraint_is_refused_before_anything_runs(llm):
 def test_equal_constraints_share_one_compile(llm):
     manager = llm.engine_core.scheduler.structured_output
     assert manager is not None
-    a, b = manager.request_grammar(JSON), manager.request_grammar(
-        StructuredOutputsParams(json=json.dumps(SCHEMA), disable_any_whitespace=True))
+    a, b = (
+        manager.request_grammar(JSON),
+        manager.request_grammar(
+            StructuredOutputsParams(json=json.dumps(SCHEMA), disable_any_whitespace=True)
+        ),
+    )
     assert a.compiled is b.compiled
     assert manager.request_grammar(REGEX).compiled is not a.compiled
 
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
-                                                    "days": {"type": "integer", "minimum": 1,
-                                                             "maximum": 7}},
-                   "required": ["city", "days"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"enum": ["Paris", "Oslo"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                },
+                "required": ["city", "days"],
+            },
+        },
+    }
+]
 TOOLS_TEMPLATE = (
     "{% if tools %}Tools:{% for t in tools %} {{ t.function.name }}{% endfor %}\n{% endif %}"
     "{% if mood %}Mood: {{ mood }}\n{% endif %}"
-    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+)
 
 
 def test_chat_renders_tools_and_template_kwargs_and_a_constrained_call_validates(llm):
     parameters = TOOLS[0]["function"]["parameters"]
     params = _params(StructuredOutputsParams(json=parameters, disable_any_whitespace=True))
-    [out] = llm.chat([{"role": "user", "content": "Weather in Paris?"}], params, tools=TOOLS,
-                     chat_template=TOOLS_TEMPLATE, chat_template_kwargs={"mood": "sunny"},
-                     use_tqdm=False)
+    [out] = llm.chat(
+        [{"role": "user", "content": "Weather in Paris?"}],
+        params,
+        tools=TOOLS,
+        chat_template=TOOLS_TEMPLATE,
+        chat_template_kwargs={"mood": "sunny"},
+        use_tqdm=False,
+    )
     prompt = llm.get_tokenizer().decode(out.prompt_token_ids)
     assert "Tools: get_weather" in prompt and "Mood: sunny" in prompt
     jsonschema.validate(json.loads(out.outputs[0].text), parameters)
@@ -194,8 +240,9 @@ def test_whitespace_between_json_tokens_is_bounded(llm):
     would otherwise fill max_tokens with blanks, must close the object."""
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     constraint = StructuredOutputsParams(json=schema)
-    outputs = llm.generate(["x"] * 3, [_params(constraint, seed=i, max_tokens=400)
-                                       for i in range(3)], use_tqdm=False)
+    outputs = llm.generate(
+        ["x"] * 3, [_params(constraint, seed=i, max_tokens=400) for i in range(3)], use_tqdm=False
+    )
     for out in outputs:
         assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
         jsonschema.validate(json.loads(out.outputs[0].text), schema)

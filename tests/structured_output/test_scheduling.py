@@ -56,8 +56,9 @@ class FakeManager:
 
 
 def _constrained(scheduler, req_id: str, prompt: int = 5, ready: bool = True, **params):
-    req = Request.from_engine_core_request(make_request(req_id, prompt, **params), EOS,
-                                           scheduler.block_hasher)
+    req = Request.from_engine_core_request(
+        make_request(req_id, prompt, **params), EOS, scheduler.block_hasher
+    )
     req.grammar = FakeGrammar(ready)
     scheduler.structured_output = FakeManager()
     scheduler.add_request(req)
@@ -67,16 +68,21 @@ def _constrained(scheduler, req_id: str, prompt: int = 5, ready: bool = True, **
 def _run_step(scheduler, so, sample=None):
     """Every request that reaches the end of its tokens samples: a constrained one the token
     its bitmask row allows, others token 5."""
-    allowed = dict(zip(so.structured_output_request_ids,
-                       np.frombuffer(so.grammar_bitmask, dtype="<i4").tolist()))
+    allowed = dict(
+        zip(
+            so.structured_output_request_ids,
+            np.frombuffer(so.grammar_bitmask, dtype="<i4").tolist(),
+        )
+    )
     req_ids = list(so.num_scheduled_tokens)
     sampled = []
     for r in req_ids:
         req = scheduler.requests.get(r)
         samples = req is not None and req.num_computed_tokens >= req.num_tokens
         sampled.append([allowed.get(r, 5)] if samples or r in allowed else [])
-    return scheduler.update_from_output(so, ModelRunnerOutput(req_ids, sampled,
-                                                              [None] * len(req_ids)))
+    return scheduler.update_from_output(
+        so, ModelRunnerOutput(req_ids, sampled, [None] * len(req_ids))
+    )
 
 
 def test_request_waits_for_its_compile_while_others_run():

@@ -18,13 +18,18 @@ ENGINE_ARGS = ["--device", "cpu", "--kv-cache-memory", "16MiB", "--max-model-len
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_model):  # noqa: F811
-    return LLM(str(tiny_model), engine_process=False, device="cpu", kv_cache_memory="16MiB",
-               max_model_len=256)
+def llm(tiny_model):
+    return LLM(
+        str(tiny_model),
+        engine_process=False,
+        device="cpu",
+        kv_cache_memory="16MiB",
+        max_model_len=256,
+    )
 
 
 @pytest.fixture(scope="module")
-def tokenizer_client(tiny_model):  # noqa: F811
+def tokenizer_client(tiny_model):
     server = Server(["--model", str(tiny_model), *ENGINE_ARGS, "--api-server-count", "0"])
     assert server.ready, server.stderr
     client = BlockingTokenizerClient(server.tokenizer_addresses)
@@ -38,8 +43,9 @@ def offline(llm, params: SamplingParams):
 
 
 def served(client, params: SamplingParams, request_id: str) -> dict[int, list]:
-    deltas = client.generate(GenerateRequest(request_id, params, prompt_token_ids=PROMPT),
-                             timeout=120)
+    deltas = client.generate(
+        GenerateRequest(request_id, params, prompt_token_ids=PROMPT), timeout=120
+    )
     by_index: dict[int, list] = {}
     for delta in deltas:
         by_index.setdefault(delta.index, []).append(delta)
@@ -56,8 +62,10 @@ def assert_same(llm, client, params: SamplingParams, request_id: str):
         assert "".join(d.text for d in deltas) == completion.text
         assert [t for d in deltas for t in d.token_ids] == completion.token_ids
         assert all(d.finish_reason is None for d in deltas[:-1])
-        assert (deltas[-1].finish_reason, deltas[-1].stop_reason) == (completion.finish_reason,
-                                                                      completion.stop_reason)
+        assert (deltas[-1].finish_reason, deltas[-1].stop_reason) == (
+            completion.finish_reason,
+            completion.stop_reason,
+        )
     return out
 
 
@@ -71,9 +79,14 @@ def test_length_finish(llm, tokenizer_client):
 def test_stop_string_through_both(llm, tokenizer_client, include):
     base = offline(llm, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     text = base.outputs[0].text
-    stop = text[len(text) // 2: len(text) // 2 + 3]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop],
-                            include_stop_str_in_output=include)
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=24,
+        ignore_eos=True,
+        stop=[stop],
+        include_stop_str_in_output=include,
+    )
     out = assert_same(llm, tokenizer_client, params, f"stop-{include}")
     completion = out.outputs[0]
     end = text.index(stop) + (len(stop) if include else 0)
@@ -85,8 +98,9 @@ def test_stop_string_through_both(llm, tokenizer_client, include):
 def test_stop_token_id_through_both(llm, tokenizer_client):
     base = offline(llm, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     stop_id = base.outputs[0].token_ids[5]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
-                            stop_token_ids=[stop_id])
+    params = SamplingParams(
+        temperature=0.0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_id]
+    )
     out = assert_same(llm, tokenizer_client, params, "stop-id")
     completion = out.outputs[0]
     first = base.outputs[0].token_ids.index(stop_id)
@@ -103,5 +117,6 @@ def test_n_sequences_and_logprobs_through_both(llm, tokenizer_client):
         # The sampled token comes first at each position, on both sides.
         sampled = [p[0] for d in deltas[completion.index] for p in d.logprobs]
         assert [t.token_id for t in sampled] == completion.token_ids
-        assert sum(t.logprob for t in sampled) == pytest.approx(completion.cumulative_logprob,
-                                                                abs=1e-4)
+        assert sum(t.logprob for t in sampled) == pytest.approx(
+            completion.cumulative_logprob, abs=1e-4
+        )

@@ -27,8 +27,9 @@ class BothEntryPoints:
 
     def __init__(self, tokenizer, params: SamplingParams, request_id: str = "r") -> None:
         self.offline = OutputProcessor(tokenizer)
-        self.output = RequestOutput.empty(request_id, None, PROMPT, params.n,
-                                          params.logprobs is not None)
+        self.output = RequestOutput.empty(
+            request_id, None, PROMPT, params.n, params.logprobs is not None
+        )
         self.child_ids = self.offline.add_request(request_id, PROMPT, params, owner=self.output)
         self.server = DeltaStreams(tokenizer)
         assert self.server.add(request_id, OWNER, PROMPT, params) == self.child_ids
@@ -55,12 +56,15 @@ class BothEntryPoints:
             assert "".join(d.text for d in mine) == completion.text
             assert [t for d in mine for t in d.token_ids] == completion.token_ids
             last = mine[-1] if mine else None
-            assert (last.finish_reason, last.stop_reason) == (completion.finish_reason,
-                                                              completion.stop_reason)
+            assert (last.finish_reason, last.stop_reason) == (
+                completion.finish_reason,
+                completion.stop_reason,
+            )
 
 
-def out(child_id: str, token_ids: list[int], finish: FinishReason | None = None,
-        **kwargs) -> EngineCoreOutput:
+def out(
+    child_id: str, token_ids: list[int], finish: FinishReason | None = None, **kwargs
+) -> EngineCoreOutput:
     return EngineCoreOutput(child_id, token_ids, finish_reason=finish, **kwargs)
 
 
@@ -105,9 +109,15 @@ def test_held_back_text_is_what_the_stop_string_cuts(tokenizer):
 def test_stop_token_finish_leaves_its_text_out_unless_asked(tokenizer, include):
     ids = encode(tokenizer, "Hello world")
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    both = BothEntryPoints(tokenizer, SamplingParams(stop_token_ids=[im_end], max_tokens=10,
-                                                     include_stop_str_in_output=include,
-                                                     skip_special_tokens=False))
+    both = BothEntryPoints(
+        tokenizer,
+        SamplingParams(
+            stop_token_ids=[im_end],
+            max_tokens=10,
+            include_stop_str_in_output=include,
+            skip_special_tokens=False,
+        ),
+    )
     both.step([out("r", ids)])
     both.step([out("r", [im_end], FinishReason.STOP, stop_reason=im_end)])
     completion = both.output.outputs[0]
@@ -117,9 +127,10 @@ def test_stop_token_finish_leaves_its_text_out_unless_asked(tokenizer, include):
     both.assert_same()
 
 
-@pytest.mark.parametrize("finish, name", [(FinishReason.LENGTH, "length"),
-                                          (FinishReason.STOP, "stop"),
-                                          (FinishReason.ABORT, "abort")])
+@pytest.mark.parametrize(
+    "finish, name",
+    [(FinishReason.LENGTH, "length"), (FinishReason.STOP, "stop"), (FinishReason.ABORT, "abort")],
+)
 def test_engine_finish_reasons(tokenizer, finish, name):
     both = BothEntryPoints(tokenizer, SamplingParams(max_tokens=2))
     assert both.step([out("r", encode(tokenizer, "hi there"), finish)]) == []
@@ -157,21 +168,41 @@ def test_logprobs_prompt_logprobs_and_cached_tokens(tokenizer):
     hello, world = encode(tokenizer, "Hello world")
     both = BothEntryPoints(tokenizer, SamplingParams(logprobs=1, prompt_logprobs=1, max_tokens=2))
     prompt_lp = Logprobs([[2, 2], [3, 3]], [[-1.0, -1.0], [-2.0, -2.0]], [1, 1])
-    both.step([out("r", [hello], new_logprobs=Logprobs([[hello, world]], [[-0.5, -0.25]],
-                                                            [2]),
-                   new_prompt_logprobs=prompt_lp, num_cached_tokens=16)])
-    both.step([out("r", [world], FinishReason.LENGTH,
-                   new_logprobs=Logprobs([[world, world]], [[-0.75, -0.75]], [1]),
-                   new_prompt_logprobs=prompt_lp)])
+    both.step(
+        [
+            out(
+                "r",
+                [hello],
+                new_logprobs=Logprobs([[hello, world]], [[-0.5, -0.25]], [2]),
+                new_prompt_logprobs=prompt_lp,
+                num_cached_tokens=16,
+            )
+        ]
+    )
+    both.step(
+        [
+            out(
+                "r",
+                [world],
+                FinishReason.LENGTH,
+                new_logprobs=Logprobs([[world, world]], [[-0.75, -0.75]], [1]),
+                new_prompt_logprobs=prompt_lp,
+            )
+        ]
+    )
     completion = both.output.outputs[0]
     assert completion.cumulative_logprob == pytest.approx(-1.25)
-    assert completion.logprobs[0] == {hello: Logprob(-0.5, 2, "Hello"),
-                                      world: Logprob(-0.25, 1, " world")}
+    assert completion.logprobs[0] == {
+        hello: Logprob(-0.5, 2, "Hello"),
+        world: Logprob(-0.25, 1, " world"),
+    }
     assert both.output.prompt_logprobs[0] is None and len(both.output.prompt_logprobs) == 3
     assert both.output.num_cached_tokens == 16
     first, second = both.deltas
     assert [(t.token_id, t.logprob, t.rank) for t in first.logprobs[0]] == [
-        (hello, -0.5, 2), (world, -0.25, 1)]
+        (hello, -0.5, 2),
+        (world, -0.25, 1),
+    ]
     # Prompt logprobs travel once, on the first delta, as the offline output has them.
     assert first.prompt_logprobs[0] is None and second.prompt_logprobs is None
     assert [[t.token_id for t in p] for p in first.prompt_logprobs[1:]] == [[2], [3]]

@@ -9,8 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from engine_core.sampling_params import SamplingParams
-from tokenizer_proc.prompt_inputs import (bad_words_token_ids, truncate_prompt,
-                                          with_bad_words_tokenized)
+from tokenizer_proc.prompt_inputs import (
+    bad_words_token_ids,
+    truncate_prompt,
+    with_bad_words_tokenized,
+)
 from tokenizer_proc.protocol import GenerateRequest
 from tokenizer_proc.tokenizer_proc import TokenizerProc
 
@@ -25,7 +28,8 @@ def tokenizer(bos: bool = False):
     tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
     if bos:  # a tokenizer that adds BOS, as Llama's do
         tok._tokenizer.post_processor = TemplateProcessing(
-            single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)])
+            single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)]
+        )
     return tok
 
 
@@ -54,19 +58,26 @@ def test_truncate_prompt_keeps_the_last_tokens():
 @pytest.mark.parametrize("flag, expect_bos", [(None, True), (True, True), (False, False)])
 def test_add_special_tokens_for_a_prompt(flag, expect_bos):
     proc = SimpleNamespace(tokenizer=tokenizer(bos=True), chat_template=None)
-    ids = TokenizerProc._prompt_token_ids(proc, GenerateRequest(
-        "r", SamplingParams(), prompt="Hello world", add_special_tokens=flag))
+    ids = TokenizerProc._prompt_token_ids(
+        proc, GenerateRequest("r", SamplingParams(), prompt="Hello world", add_special_tokens=flag)
+    )
     assert (ids[0] == 1) == expect_bos and ids[-2:] == tokenizer().encode("Hello world")
 
 
 @pytest.mark.parametrize("flag, bos_count", [(None, 0), (False, 0), (True, 1)])
 def test_add_special_tokens_for_messages(flag, bos_count):
     proc = SimpleNamespace(tokenizer=tokenizer(bos=True), chat_template=None)
-    plain = TokenizerProc._prompt_token_ids(SimpleNamespace(tokenizer=tokenizer(),
-                                                            chat_template=None),
-                                            GenerateRequest("r", SamplingParams(), messages=[
-                                                {"role": "user", "content": "hi"}]))
-    ids = TokenizerProc._prompt_token_ids(proc, GenerateRequest(
-        "r", SamplingParams(), messages=[{"role": "user", "content": "hi"}],
-        add_special_tokens=flag))
-    assert len(ids) - len(plain) == bos_count and ids[-len(plain):] == plain
+    plain = TokenizerProc._prompt_token_ids(
+        SimpleNamespace(tokenizer=tokenizer(), chat_template=None),
+        GenerateRequest("r", SamplingParams(), messages=[{"role": "user", "content": "hi"}]),
+    )
+    ids = TokenizerProc._prompt_token_ids(
+        proc,
+        GenerateRequest(
+            "r",
+            SamplingParams(),
+            messages=[{"role": "user", "content": "hi"}],
+            add_special_tokens=flag,
+        ),
+    )
+    assert len(ids) - len(plain) == bos_count and ids[-len(plain) :] == plain

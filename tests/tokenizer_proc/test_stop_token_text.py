@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_core.sampling_params import SamplingParams
 from config.default_model import resolve_model_path
+from engine_core.sampling_params import SamplingParams
 from tokenizer_proc.detokenizer import IncrementalDetokenizer
 from tokenizer_proc.tokenizer import load_tokenizer
 
@@ -16,17 +16,23 @@ def tokenizer():
     return load_tokenizer(resolve_model_path(None))
 
 
-@pytest.mark.parametrize("skip_special, include, expected", [
-    (False, False, "Hello world"), (True, False, "Hello world"),
-    (False, True, "Hello world<|im_end|>"), (True, True, "Hello world"),
-])
+@pytest.mark.parametrize(
+    "skip_special, include, expected",
+    [
+        (False, False, "Hello world"),
+        (True, False, "Hello world"),
+        (False, True, "Hello world<|im_end|>"),
+        (True, True, "Hello world"),
+    ],
+)
 def test_eos_text(tokenizer, skip_special, include, expected):
     params = SamplingParams(skip_special_tokens=skip_special, include_stop_str_in_output=include)
     detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("Hi"), params)
     words = tokenizer.encode("Hello world")
     detok.update(words[:1], False)
-    detok.update(words[1:] + [tokenizer.convert_tokens_to_ids("<|im_end|>")], True,
-                 stop_terminated=True)
+    detok.update(
+        words[1:] + [tokenizer.convert_tokens_to_ids("<|im_end|>")], True, stop_terminated=True
+    )
     assert detok.output_text == expected
     assert len(detok.output_token_ids) == len(words) + 1  # the token itself is still counted
 

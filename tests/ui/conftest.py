@@ -14,10 +14,25 @@ MODEL = "tiny"
 
 
 @pytest.fixture(scope="session")
-def ui_server(tiny_model):  # noqa: F811
-    srv = Server(["--model", str(tiny_model), "--device", "cpu", "--kv-cache-memory", "16MiB",
-                  "--max-model-len", "256", "--served-model-name", MODEL, "--api-key", API_KEY,
-                  "--api-server-count", "2"])
+def ui_server(tiny_model):
+    srv = Server(
+        [
+            "--model",
+            str(tiny_model),
+            "--device",
+            "cpu",
+            "--kv-cache-memory",
+            "16MiB",
+            "--max-model-len",
+            "256",
+            "--served-model-name",
+            MODEL,
+            "--api-key",
+            API_KEY,
+            "--api-server-count",
+            "2",
+        ]
+    )
     assert srv.ready and srv.api_url, srv.stderr
     yield srv
     assert srv.stop() == 0, srv.stderr

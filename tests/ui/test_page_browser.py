@@ -17,8 +17,15 @@ from tests.serve.conftest import wait_until
 from tests.ui.conftest import API_KEY, MODEL, metrics_now
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
@@ -50,15 +57,18 @@ def page(ui_server):
 
 def _page_numbers(page) -> dict[str, float]:
     cells = page.locator("#now td[data-metric]")
-    return {cells.nth(i).get_attribute("data-metric"): float(cells.nth(i).get_attribute(
-        "data-value")) for i in range(cells.count())}
+    return {
+        cells.nth(i).get_attribute("data-metric"): float(cells.nth(i).get_attribute("data-value"))
+        for i in range(cells.count())
+    }
 
 
 def _wait_for_poll(page) -> None:
     """Until the page shows a snapshot taken after now."""
     since = time.time()
-    page.wait_for_function(f"+document.getElementById('status').dataset.time > {since}",
-                           timeout=10_000)
+    page.wait_for_function(
+        f"+document.getElementById('status').dataset.time > {since}", timeout=10_000
+    )
 
 
 def _flood(url: str, n: int, max_tokens: int, done: threading.Event) -> None:
@@ -66,10 +76,16 @@ def _flood(url: str, n: int, max_tokens: int, done: threading.Event) -> None:
     import aiohttp
 
     async def one(session: aiohttp.ClientSession, i: int) -> None:
-        body = {"model": MODEL, "prompt": f"request {i} of the flood", "max_tokens": max_tokens,
-                "stream": True, "ignore_eos": True}
-        async with session.post(url + "/v1/completions", json=body,
-                                headers={"Authorization": f"Bearer {API_KEY}"}) as resp:
+        body = {
+            "model": MODEL,
+            "prompt": f"request {i} of the flood",
+            "max_tokens": max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        async with session.post(
+            url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"}
+        ) as resp:
             assert resp.status == 200
             async for _ in resp.content:
                 pass
@@ -110,8 +126,9 @@ def test_page_in_chromium(ui_server, page, shots):
     page.fill("#pg-temperature", "0")
     before = metrics_now(url).get("vllm:generation_tokens_total", 0.0)
     page.click("#pg-send")
-    page.wait_for_function("document.getElementById('pg-output').dataset.done === '1'",
-                           timeout=60_000)
+    page.wait_for_function(
+        "document.getElementById('pg-output').dataset.done === '1'", timeout=60_000
+    )
     output = page.inner_text("#pg-output")
     stats = page.inner_text("#pg-stats")
     tokens = int(page.get_attribute("#pg-stats", "data-tokens"))
@@ -124,8 +141,9 @@ def test_page_in_chromium(ui_server, page, shots):
     page.fill("#pg-prompt", "Say hello")
     page.fill("#pg-max_tokens", "6")
     page.click("#pg-send")
-    page.wait_for_function("document.getElementById('pg-output').dataset.done === '1'",
-                           timeout=60_000)
+    page.wait_for_function(
+        "document.getElementById('pg-output').dataset.done === '1'", timeout=60_000
+    )
     assert page.inner_text("#pg-output").strip()
     chat_tokens = int(page.get_attribute("#pg-stats", "data-tokens"))
     assert 0 < chat_tokens <= 6
@@ -134,8 +152,9 @@ def test_page_in_chromium(ui_server, page, shots):
     # The request table lists it; a click shows its text.
     page.click("nav button[data-view='requests']")
     rows = page.locator("#requests tbody tr")
-    page.wait_for_function("document.querySelectorAll('#requests tbody tr').length >= 2",
-                           timeout=10_000)
+    page.wait_for_function(
+        "document.querySelectorAll('#requests tbody tr').length >= 2", timeout=10_000
+    )
     chat_row, completion_row = rows.nth(0), rows.nth(1)
     assert chat_row.locator("td").first.inner_text().startswith("chat")
     assert chat_row.locator("td").nth(9).inner_text() == str(chat_tokens)
@@ -147,15 +166,19 @@ def test_page_in_chromium(ui_server, page, shots):
     assert page.inner_text("#detail pre.output") == output
     assert page.inner_text("#detail pre") == "Once upon a time"
     chat_row.click()
-    page.wait_for_function("document.querySelector('#detail pre')?.textContent === "
-                           "'system: You are terse.\\nuser: Say hello'", timeout=10_000)
+    page.wait_for_function(
+        "document.querySelector('#detail pre')?.textContent === "
+        "'system: You are terse.\\nuser: Say hello'",
+        timeout=10_000,
+    )
     page.screenshot(path=str(shots / "requests.png"), full_page=True)
 
     # Back on the engine view: the generation chart has drawn the tokens, and once the engine
     # is idle the page's numbers are /metrics's.
     page.click("nav button[data-view='engine']")
-    assert wait_until(lambda: metrics_now(url)["vllm:generation_tokens_total"] >=
-                      before + tokens + chat_tokens)
+    assert wait_until(
+        lambda: metrics_now(url)["vllm:generation_tokens_total"] >= before + tokens + chat_tokens
+    )
     _wait_for_poll(page)
     _wait_for_poll(page)
     numbers = _page_numbers(page)
@@ -168,21 +191,28 @@ def test_page_in_chromium(ui_server, page, shots):
     page.screenshot(path=str(shots / "engine-after-request.png"), full_page=True)
 
     # A poll redraws in place: the table rows and chart lines are the elements built at first.
-    page.evaluate("window.kept = [document.querySelector('#now tr'), "
-                  "document.querySelector('#chart-gen svg path')]")
+    page.evaluate(
+        "window.kept = [document.querySelector('#now tr'), "
+        "document.querySelector('#chart-gen svg path')]"
+    )
     _wait_for_poll(page)
-    assert page.evaluate("window.kept[0] === document.querySelector('#now tr') && "
-                         "window.kept[1] === document.querySelector('#chart-gen svg path')")
+    assert page.evaluate(
+        "window.kept[0] === document.querySelector('#now tr') && "
+        "window.kept[1] === document.querySelector('#chart-gen svg path')"
+    )
     # A hidden tab polls nothing; shown again, it catches up at once.
-    page.evaluate("Object.defineProperty(document, 'visibilityState', "
-                  "{value: 'hidden', configurable: true}); "
-                  "document.dispatchEvent(new Event('visibilitychange'))")
+    page.evaluate(
+        "Object.defineProperty(document, 'visibilityState', "
+        "{value: 'hidden', configurable: true}); "
+        "document.dispatchEvent(new Event('visibilitychange'))"
+    )
     time.sleep(1.5)  # a poll already under way lands
     hidden_at = page.get_attribute("#status", "data-time")
     time.sleep(2.5)
     assert page.get_attribute("#status", "data-time") == hidden_at
-    page.evaluate("delete document.visibilityState; "
-                  "document.dispatchEvent(new Event('visibilitychange'))")
+    page.evaluate(
+        "delete document.visibilityState; document.dispatchEvent(new Event('visibilitychange'))"
+    )
     _wait_for_poll(page)
 
     # 128 requests in flight: the page keeps polling, answers at once, and shows the load.
@@ -196,8 +226,9 @@ def test_page_in_chromium(ui_server, page, shots):
         page.evaluate("1 + 1")
         slowest = max(slowest, time.monotonic() - t0)
         load = _page_numbers(page)
-        seen_load = max(seen_load, load["vllm:num_requests_running"] +
-                        load["vllm:num_requests_waiting"])
+        seen_load = max(
+            seen_load, load["vllm:num_requests_running"] + load["vllm:num_requests_waiting"]
+        )
         if seen_load >= 64 and not (shots / "engine-128-in-flight.png").exists():
             page.screenshot(path=str(shots / "engine-128-in-flight.png"), full_page=True)
     flood.join(timeout=120)

@@ -34,32 +34,38 @@ def test_page_is_open_and_data_needs_the_key(ui_server):
 
 def test_stats_shape_and_numbers_equal_metrics(ui_server):
     url = ui_server.api_url
-    status, _, body = get(url + "/v1/completions", body={"model": MODEL, "prompt": "a b c d e f",
-                                                       "max_tokens": 5})
+    status, _, body = get(
+        url + "/v1/completions", body={"model": MODEL, "prompt": "a b c d e f", "max_tokens": 5}
+    )
     assert status == 200, body
     # Idle now: gauges settle at 0 once the engine reports the step after the request.
     assert wait_until(lambda: metrics_now(url).get("vllm:num_requests_running", 1) == 0, 10)
     # The live view is at most a second old: wait for one computed after the engine went idle.
     idle_at = time.time()
     answers = []  # each API server has its own: wait for one computed since
-    assert wait_until(lambda: answers.append(_json(url + "/ui/api/stats")) or
-                      answers[-1]["time"] > idle_at, 10)
+    assert wait_until(
+        lambda: answers.append(_json(url + "/ui/api/stats")) or answers[-1]["time"] > idle_at, 10
+    )
     stats = answers[-1]
     prom = metrics_now(url)
     m = stats["metrics"]
     assert m["running"] == prom["vllm:num_requests_running"]
     assert m["waiting"] == prom["vllm:num_requests_waiting"]
     assert m["kv_cache_usage"] == prom["vllm:kv_cache_usage_perc"]
-    for key, name in (("prompt_tokens", "vllm:prompt_tokens_total"),
-                      ("generation_tokens", "vllm:generation_tokens_total"),
-                      ("prefix_cache_queries", "vllm:prefix_cache_queries_total"),
-                      ("prefix_cache_hits", "vllm:prefix_cache_hits_total"),
-                      ("preemptions", "vllm:num_preemptions_total"),
-                      ("requests_finished", "vllm:request_success_total")):
+    for key, name in (
+        ("prompt_tokens", "vllm:prompt_tokens_total"),
+        ("generation_tokens", "vllm:generation_tokens_total"),
+        ("prefix_cache_queries", "vllm:prefix_cache_queries_total"),
+        ("prefix_cache_hits", "vllm:prefix_cache_hits_total"),
+        ("preemptions", "vllm:num_preemptions_total"),
+        ("requests_finished", "vllm:request_success_total"),
+    ):
         assert m[key] == prom.get(name, 0.0), key
     assert m["generation_tokens"] >= 5 and m["requests_finished"] >= 1
-    for key, name in (("ttft", "vllm:time_to_first_token_seconds"),
-                      ("itl", "vllm:inter_token_latency_seconds")):
+    for key, name in (
+        ("ttft", "vllm:time_to_first_token_seconds"),
+        ("itl", "vllm:inter_token_latency_seconds"),
+    ):
         h = m[key]
         assert h["count"] == prom[name + "_count"] and h["sum"] == prom[name + "_sum"]
         assert h["le"] == sorted(h["le"]) and len(h["le"]) == len(h["cumulative"])
@@ -106,8 +112,10 @@ def test_stats_answer_is_shared_for_a_second(ui_server):
 def test_requests_after(ui_server):
     url = ui_server.api_url
     for i in range(2):
-        status, _, body = get(url + "/v1/completions", body={"model": MODEL, "max_tokens": 2,
-                                                              "prompt": f"after test {i}"})
+        status, _, body = get(
+            url + "/v1/completions",
+            body={"model": MODEL, "max_tokens": 2, "prompt": f"after test {i}"},
+        )
         assert status == 200, body
     records = _json(url + "/ui/api/requests")["requests"]
     assert len(records) >= 2
@@ -122,8 +130,9 @@ def test_requests_after(ui_server):
 def test_request_timeline_is_one_view_across_api_servers(ui_server):
     url = ui_server.api_url
     prompt = "the timeline test prompt"
-    status, _, body = get(url + "/v1/completions", body={"model": MODEL, "prompt": prompt,
-                                                          "max_tokens": 6, "n": 2})
+    status, _, body = get(
+        url + "/v1/completions", body={"model": MODEL, "prompt": prompt, "max_tokens": 6, "n": 2}
+    )
     assert status == 200, body
     choices = json.loads(body)["choices"]
     seen: dict[str, list] = {}
@@ -144,7 +153,7 @@ def test_request_timeline_is_one_view_across_api_servers(ui_server):
     assert 0 <= rec["cached_tokens"] <= rec["prompt_tokens"]
     # When the engine core scheduled the prompt (one host, one clock): after arrival, before
     # the first token; a short prompt is one chunk.
-    (queued, prefilled), = rec["prefill_chunks"]
+    ((queued, prefilled),) = rec["prefill_chunks"]
     assert 0 <= queued <= rec["first_token"] - rec["arrival"]
     assert prefilled == rec["prompt_tokens"] - rec["cached_tokens"]
     text = _json(url + "/ui/api/requests/" + rec["id"])
