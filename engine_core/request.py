@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import sys
 from typing import TYPE_CHECKING
 
 from engine_core.protocol import EngineCoreRequest, FinishReason
@@ -52,7 +53,7 @@ class Request:
     # (after the model's forward the scheduler finds these objects out of cache).
     __slots__ = ("status", "output_token_ids", "all_token_ids", "check_at", "stop_check_ids",
                  "grammar", "num_output_placeholders", "num_computed_tokens", "alloc_limit",
-                 "request_id", "prompt_len",
+                 "request_id", "prompt_len", "max_tokens_total",
                  "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
                  "priority", "cache_salt", "client_index", "num_cached_tokens", "stop_reason",
                  "num_preemptions", "block_hashes", "stop_token_ids", "_block_hasher", "_hash_at",
@@ -65,6 +66,10 @@ class Request:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.prompt_len = len(prompt_token_ids)
+        # The token count at which max_tokens ends the request (sys.maxsize: no max_tokens).
+        max_tokens = sampling_params.max_tokens
+        self.max_tokens_total = (self.prompt_len + max_tokens if max_tokens is not None
+                                 else sys.maxsize)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time

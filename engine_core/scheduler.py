@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
 from typing import TYPE_CHECKING
@@ -71,6 +72,9 @@ class Scheduler:
         # A dict keeps them in order (an ordered set).
         self._finished_req_ids: dict[str, None] = {}
         self._finish_outputs: list[EngineCoreOutput] = []
+        # The last few steps scheduled (at most two are in flight) and their requests in the
+        # order of num_scheduled_tokens: update_from_output reads them without a dict lookup.
+        self._scheduled: deque[tuple[SchedulerOutput, list[Request]]] = deque(maxlen=4)
         self._num_preemptions = 0
         self._num_scheduled_tokens = 0
         self._num_prompt_tokens = 0
@@ -162,29 +166,36 @@ class Scheduler:
         run_counts: list[int] = []
         run_blocks: list[list[int]] = []
         run_computed: list[int] = []
+        run_reqs: list[Request] = []
         constrained: list[Request] = []
         new_reqs: list[Request] = []
         preempted = False
 
         running = self.running
+        add_id, add_count = run_ids.append, run_counts.append
+        add_blocks, add_computed = run_blocks.append, run_computed.append
+        add_req = run_reqs.append
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             pending = req.num_output_placeholders
             computed = req.num_computed_tokens
             total = len(req.all_token_ids) + pending
-            if pending and (req.grammar is not None or self._done_once_landed(req)):
-                # A constrained request's next bitmask needs the token in flight.
+            # A constrained request's next bitmask needs the token in flight; one that the
+            # tokens in flight will end by a length cap (max_tokens, max_model_len) is done.
+            if pending and (req.grammar is not None or total >= req.max_tokens_total
+                            or total >= max_model_len):
                 i += 1
                 continue
             n = total - computed
             if 0 < n <= budget and total <= req.alloc_limit and total <= max_model_len:
                 # The steady path: a decode (or a prompt chunk) that fits the budget and the
                 # blocks it holds, completing no block: nothing to allocate or cache.
-                run_ids.append(req.request_id)
-                run_counts.append(n)
-                run_blocks.append([])
-                run_computed.append(computed)
+                add_id(req.request_id)
+                add_count(n)
+                add_blocks(_NO_BLOCKS)
+                add_req(req)
+                add_computed(computed)
                 budget -= n
                 req.num_computed_tokens = total
                 if computed < req.prompt_len and not req.output_token_ids:
@@ -216,7 +227,7 @@ class Scheduler:
                         victim.prefill_chunks.pop()
                     if victim.grammar is not None and victim in constrained:
                         constrained.remove(victim)
-                    del run_ids[j], run_counts[j], run_blocks[j], run_computed[j]
+                    del run_ids[j], run_counts[j], run_blocks[j], run_computed[j], run_reqs[j]
                     i -= 1
                 self._preempt(victim)
                 preempted = True
@@ -224,10 +235,11 @@ class Scheduler:
                     break
             if blocks is None:
                 break
-            run_ids.append(req.request_id)
-            run_counts.append(n)
-            run_blocks.append([b.block_id for b in blocks] if blocks else [])
-            run_computed.append(computed)
+            add_id(req.request_id)
+            add_count(n)
+            add_blocks([b.block_id for b in blocks] if blocks else _NO_BLOCKS)
+            add_computed(computed)
+            add_req(req)
             budget -= n
             self._advance(req, computed, n, now, constrained)
             i += 1
@@ -265,6 +277,9 @@ class Scheduler:
             finished_req_ids=list(self._finished_req_ids),
         )
         self._finished_req_ids = {}
+        if output.total_num_scheduled_tokens:
+            run_reqs += new_reqs
+            self._scheduled.append((output, run_reqs))
         for r in new_reqs:
             self._advance(r, r.num_computed_tokens, num_scheduled[r.request_id], now,
                           constrained)
@@ -300,13 +315,17 @@ class Scheduler:
         running = RequestStatus.RUNNING
         slow = self._update_one
         append_output = outputs.append
-        for req_id, sampled, lp in zip(model_runner_output.req_ids,
-                                       model_runner_output.sampled_token_ids,
-                                       logprobs or repeat(None)):
-            req = requests.get(req_id)
-            # Finished or aborted meanwhile, mid-prompt, or preempted after this step was
-            # scheduled (then recomputed from its tokens).
-            if req is None or not sampled or req.status != running:
+        req_ids = model_runner_output.req_ids
+        for req_id, sampled, lp, req in zip(req_ids, model_runner_output.sampled_token_ids,
+                                            logprobs or repeat(None),
+                                            self._scheduled_requests(scheduler_output, req_ids)):
+            if req.status != running:  # finished (its id may name a new request now) or
+                req = requests.get(req_id)  # preempted; the same lookup when not known
+                if req is None or req.status != running:
+                    continue
+            # Mid-prompt; or preempted after this step was scheduled (then recomputed from
+            # its tokens) and running again: its status is not told apart, as before.
+            if not sampled:
                 continue
             # The steady path: one token, no stop id, below every length cap and block
             # boundary (check_at), no grammar or logprobs; the rest goes through _update_one.
@@ -329,6 +348,22 @@ class Scheduler:
             self.running = [r for r in self.running if not r.is_finished]
         self._num_generation_tokens += num_generated
         return outputs
+
+    def _scheduled_requests(self, scheduler_output: SchedulerOutput,
+                            req_ids: list[str]) -> list[Request]:
+        """The requests of req_ids as schedule() recorded them for this output; otherwise a
+        stand-in whose status sends update_from_output to its dict lookup."""
+        scheduled = self._scheduled
+        for k, (output, reqs) in enumerate(scheduled):
+            if output is scheduler_output:
+                for _ in range(k + 1):  # it, and any older step never applied
+                    scheduled.popleft()
+                # In-process the runner's ids are the scheduler's own strings: `==` compares
+                # identities only.
+                if len(reqs) == len(req_ids) and req_ids == list(output.num_scheduled_tokens):
+                    return reqs
+                break
+        return [_UNKNOWN] * len(req_ids)
 
     def _update_one(self, req: Request, sampled: list[int], outputs: list[EngineCoreOutput],
                     logprobs: LogprobsLists | None, prompt_logprobs: LogprobsLists | None) -> int:
@@ -408,13 +443,6 @@ class Scheduler:
             return RequestStatus.FINISHED_STOPPED
         return None
 
-    def _done_once_landed(self, req: Request) -> bool:
-        """True when the tokens of steps in flight will end the request by a length cap."""
-        num_output = len(req.output_token_ids) + req.num_output_placeholders
-        max_tokens = req.sampling_params.max_tokens
-        return ((max_tokens is not None and num_output >= max_tokens)
-                or req.num_tokens + req.num_output_placeholders >= self.max_model_len)
-
     def _pick_victim(self) -> tuple[Request, int]:
         """The running request to preempt, and its index in self.running."""
         running = self.running
@@ -470,6 +498,19 @@ class Scheduler:
     def reset_prefix_cache(self) -> bool:
         """Forget all cached blocks; False (nothing changed) while requests hold blocks."""
         return self.kv.reset_prefix_cache()
+
+
+class _Unknown:
+    """Stands for a request update_from_output must look up by id."""
+
+    __slots__ = ()
+    status = RequestStatus.FINISHED_ABORTED
+
+
+_UNKNOWN = _Unknown()
+# A running request's new block ids when it gets none: one shared, immutable empty sequence
+# (the runner only tests it), not a new list per request per step.
+_NO_BLOCKS: list[int] = ()  # type: ignore[assignment]
 
 
 def _wire(lp: LogprobsLists | None) -> Logprobs | None:

@@ -17,7 +17,7 @@ import pytest
 
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.request import RequestStatus
-from engine_core.scheduler import Scheduler
+from engine_core.scheduler import _UNKNOWN, Scheduler
 from tests.engine_core.test_scheduler_random import check_invariants
 from tests.engine_core.utils import (EOS, SAMPLED, FakeRunner, make_request, make_scheduler,
                                      run_to_completion, step)
@@ -222,6 +222,9 @@ def _trace(seed: int, steady: bool, monkeypatch: pytest.MonkeyPatch) -> str:
         monkeypatch.setattr(KVCacheManager, "allocate_slots", allocate)
         monkeypatch.setattr(Scheduler, "_set_check_at",
                             lambda self, req: setattr(req, "check_at", 0))
+        # Every request looked up by id, none taken from schedule()'s record.
+        monkeypatch.setattr(Scheduler, "_scheduled_requests",
+                            lambda self, so, req_ids: [_UNKNOWN] * len(req_ids))
     rng = random.Random(seed)
     overlapped = seed % 2 == 1
     sched = make_scheduler(num_blocks=rng.choice([12, 24, 80]), block_size=rng.choice([1, 8, 16]),
