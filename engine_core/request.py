@@ -51,7 +51,7 @@ class Request:
 
     # What the scheduler reads every step comes first: adjacent, in one or two cache lines
     # (after the model's forward the scheduler finds these objects out of cache).
-    __slots__ = ("status", "output_token_ids", "all_token_ids", "check_at", "stop_check_ids",
+    __slots__ = ("status", "all_token_ids", "check_at", "stop_check_ids",
                  "grammar", "num_output_placeholders", "num_computed_tokens", "alloc_limit",
                  "request_id", "prompt_len", "max_tokens_total",
                  "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
@@ -76,7 +76,6 @@ class Request:
         self.priority = priority
         self.cache_salt = cache_salt
         self.client_index = client_index
-        self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
         # Async scheduling: tokens sampled by steps in flight, not yet known here.
@@ -90,8 +89,8 @@ class Request:
         self.num_preemptions = 0
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
         # The scheduler's steady decode path: the tokens that may stop this request (its stop
-        # ids, and EOS unless ignored; min_tokens is checked when one comes), the output length
-        # at which it next checks stops, length caps and block hashes (1: the first output is
+        # ids, and EOS unless ignored; min_tokens is checked when one comes), the token count
+        # at which it next checks stops, length caps and block hashes (the first output is
         # special too), and the num_computed_tokens up to which the KV cache manager has
         # nothing to do for it (its blocks have room, no block completes).
         stop_check_ids = (self.stop_token_ids
@@ -101,7 +100,7 @@ class Request:
         if len(_STOP_SETS) < 256:
             stop_check_ids = _STOP_SETS.setdefault(stop_check_ids, stop_check_ids)
         self.stop_check_ids = stop_check_ids
-        self.check_at = 1
+        self.check_at = self.prompt_len + 1
         self.alloc_limit = 0
         # Structured outputs: the request's compile and matcher (engine_core.structured_output).
         self.grammar: RequestGrammar | None = None
@@ -134,7 +133,12 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         """Tokens generated so far."""
-        return len(self.output_token_ids)
+        return len(self.all_token_ids) - self.prompt_len
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The tokens generated so far (a copy: all_token_ids holds them after the prompt)."""
+        return self.all_token_ids[self.prompt_len:]
 
     @property
     def is_finished(self) -> bool:
@@ -143,7 +147,6 @@ class Request:
 
     def append_output_token(self, token: int) -> None:
         """Append one generated token and hash the block it completes, if any."""
-        self.output_token_ids.append(token)
         all_token_ids = self.all_token_ids
         all_token_ids.append(token)
         if self._block_hasher is not None and len(all_token_ids) >= self._hash_at:
@@ -151,13 +154,7 @@ class Request:
 
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         """Append several generated tokens and hash any blocks they complete."""
-        self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
-        if self._block_hasher is not None and len(self.all_token_ids) >= self._hash_at:
-            self._hash_blocks(self._block_hasher)
-
-    def hash_new_blocks(self) -> None:
-        """Hash the blocks completed by tokens appended without append_output_token."""
         if self._block_hasher is not None and len(self.all_token_ids) >= self._hash_at:
             self._hash_blocks(self._block_hasher)
 

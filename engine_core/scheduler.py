@@ -198,7 +198,7 @@ class Scheduler:
                 add_computed(computed)
                 budget -= n
                 req.num_computed_tokens = total
-                if computed < req.prompt_len and not req.output_token_ids:
+                if computed < req.prompt_len == len(req.all_token_ids):  # no output yet
                     req.prefill_chunks.append((now, n))
                 if req.grammar is not None:
                     constrained.append(req)
@@ -223,7 +223,7 @@ class Scheduler:
                     victim.num_computed_tokens = run_computed[j]
                     kv.uncache_uncomputed_blocks(victim)
                     if (run_computed[j] < victim.prompt_len
-                            and not victim.output_token_ids):
+                            and len(victim.all_token_ids) == victim.prompt_len):
                         victim.prefill_chunks.pop()
                     if victim.grammar is not None and victim in constrained:
                         constrained.remove(victim)
@@ -269,7 +269,7 @@ class Scheduler:
             scheduled_new_reqs=[
                 NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
                                kv.get_block_ids(r.request_id), r.num_computed_tokens,
-                               list(r.output_token_ids))
+                               r.output_token_ids)
                 for r in new_reqs],
             scheduled_cached_reqs=CachedRequestData(run_ids, run_blocks, run_computed),
             num_scheduled_tokens=num_scheduled,
@@ -294,7 +294,7 @@ class Scheduler:
     def _advance(self, req: Request, computed: int, n: int, now: float,
                  constrained: list[Request]) -> None:
         """Count n scheduled tokens as computed; a request that samples gets a placeholder."""
-        if computed < req.prompt_len and not req.output_token_ids:
+        if computed < req.prompt_len == len(req.all_token_ids):  # no output yet
             req.prefill_chunks.append((now, n))
         req.num_computed_tokens = computed = computed + n
         if computed >= len(req.all_token_ids) + req.num_output_placeholders:  # it samples
@@ -328,10 +328,11 @@ class Scheduler:
             if not sampled:
                 continue
             # The steady path: one token, no stop id, below every length cap and block
-            # boundary (check_at), no grammar or logprobs; the rest goes through _update_one.
+            # boundary (check_at, in tokens), no grammar or logprobs; the rest goes through
+            # _update_one.
             token = sampled[0]
-            out_ids = req.output_token_ids
-            if (len(out_ids) + 1 >= req.check_at or token in req.stop_check_ids
+            all_ids = req.all_token_ids
+            if (len(all_ids) + 1 >= req.check_at or token in req.stop_check_ids
                     or len(sampled) != 1 or lp is not None or req.grammar is not None
                     or (prompt_logprobs and req_id in prompt_logprobs)):
                 num_generated += slow(req, sampled, outputs, lp,
@@ -340,8 +341,7 @@ class Scheduler:
             pending = req.num_output_placeholders
             if pending:
                 req.num_output_placeholders = pending - 1
-            out_ids.append(token)
-            req.all_token_ids.append(token)
+            all_ids.append(token)
             append_output(EngineCoreOutput(req_id, sampled))
             num_generated += 1
         if self._any_finished:
@@ -381,7 +381,7 @@ class Scheduler:
                 break
         out = EngineCoreOutput(req.request_id, new_tokens, _wire(logprobs),
                                _wire(prompt_logprobs))
-        if len(req.output_token_ids) == len(new_tokens):
+        if len(req.all_token_ids) - req.prompt_len == len(new_tokens):
             out.num_cached_tokens = max(req.num_cached_tokens, 0)
             out.prefill_chunks, req.prefill_chunks = req.prefill_chunks, []
             # vLLM counts a prompt when its first token comes: every token, cached or not.
@@ -399,22 +399,18 @@ class Scheduler:
         return len(new_tokens)
 
     def _set_check_at(self, req: Request) -> None:
-        """The output length at which update_from_output next needs its full checks: a length
+        """The token count at which update_from_output next needs its full checks: a length
         cap (max_tokens, max_model_len) or a block completing (its hash is due)."""
-        num_prompt = req.prompt_len
-        check_at = self.max_model_len - num_prompt
-        max_tokens = req.sampling_params.max_tokens
-        if max_tokens is not None and max_tokens < check_at:
-            check_at = max_tokens
+        check_at = min(self.max_model_len, req.max_tokens_total)
         hash_len = req.next_hash_len
-        if hash_len is not None and hash_len - num_prompt < check_at:
-            check_at = hash_len - num_prompt
+        if hash_len is not None and hash_len < check_at:
+            check_at = hash_len
         req.check_at = check_at
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         """Stop tokens win over length caps; EOS and stop ids wait for min_tokens."""
         params = req.sampling_params
-        num_output = len(req.output_token_ids)
+        num_output = len(req.all_token_ids) - req.prompt_len
         if num_output >= params.min_tokens:
             if token == req.eos_token_id and not params.ignore_eos:
                 return RequestStatus.FINISHED_STOPPED
