@@ -90,7 +90,7 @@ int32_t decode_stack_profile(double *out)
 
 static int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-#define MAX_THREADS 256
+#define MAX_THREADS 4096 /* a sanity bound on the threads asked for */
 #define MAX_GROUP 16   /* query heads per KV head */
 #define MAX_SPLITS 16  /* parts of one row's context attended by different threads */
 #define MIN_SPLIT 32   /* positions a part covers at least */
@@ -291,6 +291,44 @@ static void row_sums(const dweight_t *w, const float *x, int64_t ldx, int64_t M,
 
 static int64_t blocks(const dweight_t *w) { return (w->n + 31) / 32; }
 
+/* One attention item (row, KV head, part of the context) of layer ly: the part's queries
+ * rotated, attended over the part's positions into parts; the last part rotates the key and
+ * writes the new token's key and value before reading them. */
+static void attend_item(const dmodel_t *m, const dlayer_t *ly, const float *qkv, float *parts,
+                        const float *cos, const float *sin, const int64_t *slots,
+                        const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                        int32_t splits, int64_t item)
+{
+    const int64_t D = m->head_dim, KV = m->kv_heads;
+    const int64_t q_size = m->heads * D, kv_size = KV * D, qkv_size = q_size + 2 * kv_size;
+    const int32_t group = (int32_t)(m->heads / KV), bs = (int32_t)m->block_size;
+    const int64_t part_floats = group * (D + 2);
+    const int64_t r = item / (KV * splits), kvh = item / splits % KV, part = item % splits;
+    const float *row = qkv + r * qkv_size;
+    const int32_t len = seq_lens[r];
+    if (part == splits - 1 && slots[r] >= 0) {
+        float k[128];
+        memcpy(k, row + q_size + kvh * D, sizeof(float) * D);
+        rotate_head(k, cos + r * D, sin + r * D, (int32_t)D);
+        const float *v = row + q_size + kv_size + kvh * D;
+        const int64_t block = slots[r] / bs, off = slots[r] % bs;
+        const int64_t base = (block * KV + kvh) * D * bs;
+        for (int64_t d = 0; d < D; d++) {
+            ly->k_cache[base + d * bs + off] = k[d];
+            ly->v_cache[base + off * D + d] = v[d];
+        }
+    }
+    float q[MAX_GROUP * 128];
+    for (int32_t gq = 0; gq < group; gq++) {
+        memcpy(q + gq * D, row + (kvh * group + gq) * D, sizeof(float) * D);
+        rotate_head(q + gq * D, cos + r * D, sin + r * D, (int32_t)D);
+    }
+    const int32_t p0 = split_point(len, part, splits), p1 = split_point(len, part + 1, splits);
+    (D == 64 ? attend_range_64 : attend_range_128)(
+        q, group, ly->k_cache, ly->v_cache, block_tables + r * bt_stride, KV, kvh, bs,
+        (float)m->scale, p0, p1, parts + item * part_floats);
+}
+
 /* One decode step. x: [M, hidden] the rows' embeddings; out: [M, hidden] the final norm's output;
  * cos, sin: [M, head_dim] rotary tables (sin's first half negated); slots: [M] KV cache slots
  * (negative: not written); block_tables: [M, bt_stride]; seq_lens: [M] context lengths with the
@@ -313,7 +351,7 @@ int32_t decode_stack_f32(const dmodel_t *m, const float *x, float *out, int64_t 
         return -1;
     const int64_t H = m->hidden, D = m->head_dim, I = m->intermediate, KV = m->kv_heads;
     const int64_t q_size = m->heads * D, kv_size = KV * D, qkv_size = q_size + 2 * kv_size;
-    const int32_t group = (int32_t)(m->heads / KV), bs = (int32_t)m->block_size;
+    const int32_t group = (int32_t)(m->heads / KV);
     const float eps = (float)m->eps;
     int32_t max_len = 0;
     for (int64_t r = 0; r < M; r++) max_len = seq_lens[r] > max_len ? seq_lens[r] : max_len;
@@ -347,34 +385,19 @@ int32_t decode_stack_f32(const dmodel_t *m, const float *x, float *out, int64_t 
             MARK(1);
             #pragma omp barrier
             MARK(2);
-            /* Items (row, KV head, part of the context): the last part rotates the key and
-             * writes the new token's key and value before reading them. */
-            span(items, t, nt, &lo, &hi);
-            for (int64_t item = lo; item < hi; item++) {
-                const int64_t r = item / (KV * splits), kvh = item / splits % KV, part = item % splits;
-                const float *row = qkv + r * qkv_size;
-                const int32_t len = seq_lens[r];
-                if (part == splits - 1 && slots[r] >= 0) {
-                    float k[128];
-                    memcpy(k, row + q_size + kvh * D, sizeof(float) * D);
-                    rotate_head(k, cos + r * D, sin + r * D, (int32_t)D);
-                    const float *v = row + q_size + kv_size + kvh * D;
-                    const int64_t block = slots[r] / bs, off = slots[r] % bs;
-                    const int64_t base = (block * KV + kvh) * D * bs;
-                    for (int64_t d = 0; d < D; d++) {
-                        ly->k_cache[base + d * bs + off] = k[d];
-                        ly->v_cache[base + off * D + d] = v[d];
-                    }
-                }
-                float q[MAX_GROUP * 128];
-                for (int32_t gq = 0; gq < group; gq++) {
-                    memcpy(q + gq * D, row + (kvh * group + gq) * D, sizeof(float) * D);
-                    rotate_head(q + gq * D, cos + r * D, sin + r * D, (int32_t)D);
-                }
-                const int32_t p0 = split_point(len, part, splits), p1 = split_point(len, part + 1, splits);
-                (D == 64 ? attend_range_64 : attend_range_128)(
-                    q, group, ly->k_cache, ly->v_cache, block_tables + r * bt_stride, KV, kvh, bs,
-                    (float)m->scale, p0, p1, parts + item * part_floats);
+            /* Items (row, KV head, part of the context): equal parts in contiguous shares (a
+             * thread attends the parts of neighbouring heads), whole contexts, whose lengths
+             * differ from row to row, one at a time. */
+            if (splits > 1) {
+                span(items, t, nt, &lo, &hi);
+                for (int64_t item = lo; item < hi; item++)
+                    attend_item(m, ly, qkv, parts, cos, sin, slots, block_tables, bt_stride,
+                                seq_lens, splits, item);
+            } else {
+                #pragma omp for schedule(dynamic, 1) nowait
+                for (int64_t item = 0; item < items; item++)
+                    attend_item(m, ly, qkv, parts, cos, sin, slots, block_tables, bt_stride,
+                                seq_lens, splits, item);
             }
             MARK(3);
             #pragma omp barrier
