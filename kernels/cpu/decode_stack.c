@@ -385,10 +385,10 @@ int32_t decode_stack_f32(const dmodel_t *m, const float *x, float *out, int64_t 
             MARK(1);
             #pragma omp barrier
             MARK(2);
-            /* Items (row, KV head, part of the context): equal parts in contiguous shares (a
-             * thread attends the parts of neighbouring heads), whole contexts, whose lengths
-             * differ from row to row, one at a time. */
-            if (splits > 1) {
+            /* Items (row, KV head, part of the context): one row's equal parts in contiguous
+             * shares (a thread attends the parts of neighbouring heads); several rows' items,
+             * whose lengths differ from row to row, one at a time. */
+            if (M == 1) {
                 span(items, t, nt, &lo, &hi);
                 for (int64_t item = lo; item < hi; item++)
                     attend_item(m, ly, qkv, parts, cos, sin, slots, block_tables, bt_stride,
