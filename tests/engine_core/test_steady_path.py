@@ -19,8 +19,15 @@ from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.request import RequestStatus
 from engine_core.scheduler import _UNKNOWN, Scheduler
 from tests.engine_core.test_scheduler_random import check_invariants
-from tests.engine_core.utils import (EOS, SAMPLED, FakeRunner, make_request, make_scheduler,
-                                     run_to_completion, step)
+from tests.engine_core.utils import (
+    EOS,
+    SAMPLED,
+    FakeRunner,
+    make_request,
+    make_scheduler,
+    run_to_completion,
+    step,
+)
 
 
 def _steady_batch(sched: Scheduler, n: int = 6, prompt_len: int = 5, **params) -> None:
