@@ -21,17 +21,20 @@ import numpy as np
 _MODEL_PHASES = ("forward", "compute_logits", "sampler", "greedy_tokens")
 
 
-def step_overhead(engine_kwargs: dict[str, Any], num_requests: int = 256, prompt_len: int = 16,
-                  output_len: int = 128) -> dict[str, Any]:
+def step_overhead(
+    engine_kwargs: dict[str, Any],
+    num_requests: int = 256,
+    prompt_len: int = 16,
+    output_len: int = 128,
+) -> dict[str, Any]:
     """Milliseconds per step of each phase, the model's, and the overhead (the rest)."""
-    from engine_core.resolve import resolved_config
     from engine_core.engine_core import EngineCore
     from engine_core.protocol import EngineCoreRequest
+    from engine_core.resolve import resolved_config
     from engine_core.sampling_params import SamplingParams
     from gpu_worker import async_output
 
-    config = resolved_config(**{**engine_kwargs,
-                                          "distributed_executor_backend": "uni"})
+    config = resolved_config(**{**engine_kwargs, "distributed_executor_backend": "uni"})
     core = EngineCore(config)
     runner = core.executor.worker.runner
     rng = np.random.default_rng(0)
@@ -49,21 +52,28 @@ def step_overhead(engine_kwargs: dict[str, Any], num_requests: int = 256, prompt
 
     run("warm")
     spent: dict[str, float] = defaultdict(float)
-    timed = [(core.scheduler, "schedule", "schedule"),
-             (core.scheduler, "update_from_output", "update_from_output"),
-             (runner, "_update_states", "update_states"), (runner.inputs, "prepare", "prepare"),
-             (runner.sampling, "metadata", "sampling_metadata"),
-             (runner.states, "post_update", "post_update"),
-             (runner.sampling, "post_update", "post_update"),
-             (runner, "_forward", "forward"), (runner.model, "compute_logits", "compute_logits"),
-             (runner, "sampler", "sampler"),
-             (runner.model, "greedy_tokens", "greedy_tokens"),
-             (async_output.AsyncOutput, "get_output", "get_output")]
+    timed = [
+        (core.scheduler, "schedule", "schedule"),
+        (core.scheduler, "update_from_output", "update_from_output"),
+        (runner, "_update_states", "update_states"),
+        (runner.inputs, "prepare", "prepare"),
+        (runner.sampling, "metadata", "sampling_metadata"),
+        (runner.states, "post_update", "post_update"),
+        (runner.sampling, "post_update", "post_update"),
+        (runner, "_forward", "forward"),
+        (runner.model, "compute_logits", "compute_logits"),
+        (runner, "sampler", "sampler"),
+        (runner.model, "greedy_tokens", "greedy_tokens"),
+        (async_output.AsyncOutput, "get_output", "get_output"),
+    ]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in timed]
     try:
         for owner, name, phase in timed:
-            setattr(owner, name, _timing(getattr(owner, name), spent, phase,
-                                         method=isinstance(owner, type)))
+            setattr(
+                owner,
+                name,
+                _timing(getattr(owner, name), spent, phase, method=isinstance(owner, type)),
+            )
         steps, seconds = run("timed")
     finally:
         for owner, name, original in originals:
@@ -73,11 +83,16 @@ def step_overhead(engine_kwargs: dict[str, Any], num_requests: int = 256, prompt
     model = sum(per_step.get(p, 0.0) for p in _MODEL_PHASES)
     overhead = sum(v for p, v in per_step.items() if p not in _MODEL_PHASES)
     total = seconds / steps * 1e3
-    return {"steps": steps, "ms_per_step": round(total, 2), "model_ms": round(model, 2),
-            "overhead_ms": round(overhead, 2),
-            # Python glue between the timed phases (EngineCore.step, the runner's own lines).
-            "unattributed_ms": round(total - model - overhead, 2),
-            "async_scheduling": bool(config.scheduler.async_scheduling), "phases_ms": per_step}
+    return {
+        "steps": steps,
+        "ms_per_step": round(total, 2),
+        "model_ms": round(model, 2),
+        "overhead_ms": round(overhead, 2),
+        # Python glue between the timed phases (EngineCore.step, the runner's own lines).
+        "unattributed_ms": round(total - model - overhead, 2),
+        "async_scheduling": bool(config.scheduler.async_scheduling),
+        "phases_ms": per_step,
+    }
 
 
 def _timing(fn: Callable, spent: dict[str, float], phase: str, method: bool) -> Callable:

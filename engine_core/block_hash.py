@@ -44,7 +44,8 @@ def get_hash_fn(algo: str) -> HashFn:
         except ImportError as e:
             raise ImportError(
                 "prefix_caching_hash_algo='xxhash' needs the xxhash package (pip install xxhash); "
-                "or use 'sha256'") from e
+                "or use 'sha256'"
+            ) from e
         digest = xxhash.xxh3_128_digest
         return lambda obj: digest(_encode(obj))
     if algo == "builtin":
@@ -59,8 +60,9 @@ def root_hash(algo: str) -> BlockHash:
     return int.from_bytes(digest[:8], "little") if algo == "builtin" else digest
 
 
-def hash_block_tokens(hash_fn: HashFn, parent_hash: BlockHash, token_ids: list[int],
-                      extra_keys: Any = None) -> BlockHash:
+def hash_block_tokens(
+    hash_fn: HashFn, parent_hash: BlockHash, token_ids: list[int], extra_keys: Any = None
+) -> BlockHash:
     """The hash of one full block given its parent's hash."""
     return hash_fn((parent_hash, tuple(token_ids), extra_keys))
 
@@ -88,7 +90,7 @@ class BlockHasher:
         new: list[BlockHash] = []
         for i in range(start, end):
             extra = request.cache_salt if i == 0 else None
-            parent = hash_fn((parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra))
+            parent = hash_fn((parent, tuple(tokens[i * block_size : (i + 1) * block_size]), extra))
             new.append(parent)
         return new
 

@@ -116,8 +116,9 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
 
-    def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
-                          start: int, end: int) -> None:
+    def cache_full_blocks(
+        self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash], start: int, end: int
+    ) -> None:
         """Register blocks[start:end] under block_hashes[start:end] in the prefix cache."""
         if not self.enable_caching:
             return

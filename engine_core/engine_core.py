@@ -9,17 +9,16 @@ from collections import deque
 from dataclasses import dataclass
 
 from config.engine import ConfigError, EngineConfig
-from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine_core.log_options import apply_log_options
+from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine_core.remote_code import log_remote_code_notice
-from engine_core.resolve import resolve_config
 from engine_core.request import Request, RequestStatus
+from engine_core.resolve import resolve_config
 from engine_core.scheduler import Scheduler
 from engine_core.validation import InvalidRequestError, validate_request
 from executor.base import StepFuture
 from executor.factory import create_executor
 from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
-
 
 # How long an engine with only compiling grammars to wait for waits at a time (new requests and
 # aborts are seen between waits).
@@ -48,8 +47,10 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         parallel = config.parallel
         if parallel.data_parallel_size > 1 and parallel.data_parallel_rank is None:
-            raise ConfigError(f"--data-parallel-size {parallel.data_parallel_size} runs several "
-                              "engine cores, which only `engine serve` starts; this runs one")
+            raise ConfigError(
+                f"--data-parallel-size {parallel.data_parallel_size} runs several "
+                "engine cores, which only `engine serve` starts; this runs one"
+            )
         if config.arch is None:
             resolve_config(config)
         assert config.arch is not None
@@ -76,11 +77,15 @@ class EngineCore:
             manager = self.scheduler.structured_output
             if manager is None:
                 from engine_core.structured_output.manager import StructuredOutputManager
+
                 config = self.config
                 assert config.arch is not None
                 manager = StructuredOutputManager(
-                    config.model.tokenizer or config.model_path, config.arch.vocab_size,
-                    list(config.arch.eos_token_ids), config.scheduler.max_num_seqs)
+                    config.model.tokenizer or config.model_path,
+                    config.arch.vocab_size,
+                    list(config.arch.eos_token_ids),
+                    config.scheduler.max_num_seqs,
+                )
                 self.scheduler.structured_output = manager
             return manager
 
@@ -91,8 +96,9 @@ class EngineCore:
         overlaps the busy loop; raises InvalidRequestError (a ValueError) on bad input.
         """
         validate_request(request, self.config)
-        req = Request.from_engine_core_request(request, self.scheduler.eos_token_id,
-                                               self.scheduler.block_hasher)
+        req = Request.from_engine_core_request(
+            request, self.scheduler.eos_token_id, self.scheduler.block_hasher
+        )
         constraint = request.sampling_params.structured_outputs
         if constraint is not None:
             try:
@@ -142,8 +148,11 @@ class EngineCore:
             scheduler_output = self.scheduler.schedule()
             # An empty step still tells the workers which requests ended; skip it only when a
             # step in flight can carry that news instead.
-            if (scheduler_output.total_num_scheduled_tokens or scheduler_output.finished_req_ids
-                    or not in_flight):
+            if (
+                scheduler_output.total_num_scheduled_tokens
+                or scheduler_output.finished_req_ids
+                or not in_flight
+            ):
                 in_flight.append((scheduler_output, self.executor.submit(scheduler_output)))
                 if len(in_flight) == 1 and scheduler_output.total_num_scheduled_tokens:
                     return EngineCoreOutputs(timestamp=time.time())
@@ -152,8 +161,9 @@ class EngineCore:
         scheduler_output, future = in_flight.popleft()
         return self._apply(scheduler_output, future.result())
 
-    def _apply(self, scheduler_output: SchedulerOutput,
-               runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+    def _apply(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         stats = self.scheduler.make_stats()
         self.totals.add(stats)

@@ -9,8 +9,9 @@ from engine_core.request import Request
 class KVCacheManager:
     """Allocates blocks for requests' tokens and shares full blocks through the prefix cache."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
-                 max_model_len: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int
+    ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
@@ -44,9 +45,12 @@ class KVCacheManager:
         self._hits += num_tokens
         return blocks, num_tokens
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVCacheBlock] | None = None
-                       ) -> list[KVCacheBlock] | None:
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+    ) -> list[KVCacheBlock] | None:
         """Blocks for num_new_tokens more tokens after the computed ones (and the cache hits).
 
         Returns the newly allocated blocks, or None, changing nothing, when they do not fit.
@@ -64,14 +68,15 @@ class KVCacheManager:
                     return []
                 # As below: blocks full by the end of this step, min(total, num_tokens) // bs.
                 num_cached = self.num_cached_blocks.get(req_id, 0)
-                if (num_total_tokens // block_size <= num_cached
-                        or len(request.all_token_ids) // block_size <= num_cached):
+                if (
+                    num_total_tokens // block_size <= num_cached
+                    or len(request.all_token_ids) // block_size <= num_cached
+                ):
                     return []
         computed = new_computed_blocks or ()
         if req_blocks is None:
             req_blocks = []
-        num_total_tokens = (request.num_computed_tokens + len(computed) * block_size
-                            + num_new_tokens)
+        num_total_tokens = request.num_computed_tokens + len(computed) * block_size + num_new_tokens
         num_new_blocks = -(-num_total_tokens // block_size) - len(req_blocks) - len(computed)
         new_blocks: list[KVCacheBlock] = []
         if num_new_blocks > 0 or computed:

@@ -51,25 +51,55 @@ class Request:
 
     # What the scheduler reads every step comes first: adjacent, in one or two cache lines
     # (after the model's forward the scheduler finds these objects out of cache).
-    __slots__ = ("status", "all_token_ids", "check_at", "stop_check_ids",
-                 "grammar", "num_output_placeholders", "num_computed_tokens", "alloc_limit",
-                 "request_id", "prompt_len", "max_tokens_total",
-                 "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
-                 "priority", "cache_salt", "client_index", "num_cached_tokens", "stop_reason",
-                 "num_preemptions", "block_hashes", "stop_token_ids", "_block_hasher", "_hash_at",
-                 "prefill_chunks")
+    __slots__ = (
+        "status",
+        "all_token_ids",
+        "check_at",
+        "stop_check_ids",
+        "grammar",
+        "num_output_placeholders",
+        "num_computed_tokens",
+        "alloc_limit",
+        "request_id",
+        "prompt_len",
+        "max_tokens_total",
+        "prompt_token_ids",
+        "sampling_params",
+        "eos_token_id",
+        "arrival_time",
+        "priority",
+        "cache_salt",
+        "client_index",
+        "num_cached_tokens",
+        "stop_reason",
+        "num_preemptions",
+        "block_hashes",
+        "stop_token_ids",
+        "_block_hasher",
+        "_hash_at",
+        "prefill_chunks",
+    )
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int],
-                 sampling_params: SamplingParams, eos_token_id: int | None,
-                 arrival_time: float = 0.0, priority: int = 0, cache_salt: str | None = None,
-                 client_index: int = 0, block_hasher: BlockHasher | None = None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None,
+        arrival_time: float = 0.0,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        client_index: int = 0,
+        block_hasher: BlockHasher | None = None,
+    ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.prompt_len = len(prompt_token_ids)
         # The token count at which max_tokens ends the request (sys.maxsize: no max_tokens).
         max_tokens = sampling_params.max_tokens
-        self.max_tokens_total = (self.prompt_len + max_tokens if max_tokens is not None
-                                 else sys.maxsize)
+        self.max_tokens_total = (
+            self.prompt_len + max_tokens if max_tokens is not None else sys.maxsize
+        )
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time
@@ -93,9 +123,11 @@ class Request:
         # at which it next checks stops, length caps and block hashes (the first output is
         # special too), and the num_computed_tokens up to which the KV cache manager has
         # nothing to do for it (its blocks have room, no block completes).
-        stop_check_ids = (self.stop_token_ids
-                          if eos_token_id is None or sampling_params.ignore_eos
-                          else self.stop_token_ids | {eos_token_id})
+        stop_check_ids = (
+            self.stop_token_ids
+            if eos_token_id is None or sampling_params.ignore_eos
+            else self.stop_token_ids | {eos_token_id}
+        )
         # One shared object per distinct set: it stays in cache across requests.
         if len(_STOP_SETS) < 256:
             stop_check_ids = _STOP_SETS.setdefault(stop_check_ids, stop_check_ids)
@@ -112,13 +144,24 @@ class Request:
             self._hash_blocks(block_hasher)
 
     @classmethod
-    def from_engine_core_request(cls, req: EngineCoreRequest, eos_token_id: int | None,
-                                 block_hasher: BlockHasher | None = None) -> Request:
+    def from_engine_core_request(
+        cls,
+        req: EngineCoreRequest,
+        eos_token_id: int | None,
+        block_hasher: BlockHasher | None = None,
+    ) -> Request:
         """A Request for an EngineCoreRequest; block_hasher None means prefix caching is off."""
-        return cls(req.request_id, req.prompt_token_ids, req.sampling_params, eos_token_id,
-                   arrival_time=req.arrival_time, priority=req.priority,
-                   cache_salt=req.cache_salt, client_index=req.client_index,
-                   block_hasher=block_hasher)
+        return cls(
+            req.request_id,
+            req.prompt_token_ids,
+            req.sampling_params,
+            eos_token_id,
+            arrival_time=req.arrival_time,
+            priority=req.priority,
+            cache_salt=req.cache_salt,
+            client_index=req.client_index,
+            block_hasher=block_hasher,
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -138,7 +181,7 @@ class Request:
     @property
     def output_token_ids(self) -> list[int]:
         """The tokens generated so far (a copy: all_token_ids holds them after the prompt)."""
-        return self.all_token_ids[self.prompt_len:]
+        return self.all_token_ids[self.prompt_len :]
 
     @property
     def is_finished(self) -> bool:

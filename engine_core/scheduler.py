@@ -29,14 +29,19 @@ from collections.abc import Iterable
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from engine_core.block_hash import make_block_hasher
 from config.engine import EngineConfig
+from engine_core.block_hash import make_block_hasher
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
 from engine_core.request import Request, RequestStatus
 from engine_core.request_queue import FcfsQueue, PriorityQueue
-from gpu_worker.protocol import (CachedRequestData, LogprobsLists, ModelRunnerOutput,
-                                 NewRequestData, SchedulerOutput)
+from gpu_worker.protocol import (
+    CachedRequestData,
+    LogprobsLists,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 
 if TYPE_CHECKING:
     from engine_core.structured_output.manager import StructuredOutputManager
@@ -56,13 +61,18 @@ class Scheduler:
         self.priority_policy = sched.scheduling_policy == "priority"
         self.async_scheduling = sched.async_scheduling
         self.eos_token_id = eos_token_id
-        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
-                                 self.max_model_len)
-        self.block_hasher = (make_block_hasher(cache.block_size, cache.prefix_caching_hash_algo)
-                             if cache.enable_prefix_caching else None)
+        self.kv = KVCacheManager(
+            num_blocks, cache.block_size, cache.enable_prefix_caching, self.max_model_len
+        )
+        self.block_hasher = (
+            make_block_hasher(cache.block_size, cache.prefix_caching_hash_algo)
+            if cache.enable_prefix_caching
+            else None
+        )
         self.requests: dict[str, Request] = {}
         self.waiting: FcfsQueue | PriorityQueue = (
-            PriorityQueue() if self.priority_policy else FcfsQueue())
+            PriorityQueue() if self.priority_policy else FcfsQueue()
+        )
         self.running: list[Request] = []
         # Constrained requests whose grammar is still compiling, in arrival order.
         self.waiting_for_grammar: list[Request] = []
@@ -84,13 +94,16 @@ class Scheduler:
     def add_request(self, request: Request | EngineCoreRequest) -> None:
         """Queue a request; an EngineCoreRequest is wrapped with this scheduler's block hasher."""
         if isinstance(request, EngineCoreRequest):
-            request = Request.from_engine_core_request(request, self.eos_token_id,
-                                                       self.block_hasher)
+            request = Request.from_engine_core_request(
+                request, self.eos_token_id, self.block_hasher
+            )
         if request.request_id in self.requests:
             raise ValueError(f"request {request.request_id!r} is already scheduled")
         if not 0 < request.num_prompt_tokens <= self.max_model_len:
-            raise ValueError(f"prompt of {request.num_prompt_tokens} tokens; it must have 1 to "
-                             f"max_model_len ({self.max_model_len}) tokens")
+            raise ValueError(
+                f"prompt of {request.num_prompt_tokens} tokens; it must have 1 to "
+                f"max_model_len ({self.max_model_len}) tokens"
+            )
         self.requests[request.request_id] = request
         if request.grammar is not None and not request.grammar.ready:
             self.waiting_for_grammar.append(request)
@@ -112,15 +125,17 @@ class Scheduler:
                 from_waiting = True
             req.status = status
             self._free(req)
-            self._finish_outputs.append(EngineCoreOutput(
-                req_id, [], finish_reason=RequestStatus.finish_reason(status)))
+            self._finish_outputs.append(
+                EngineCoreOutput(req_id, [], finish_reason=RequestStatus.finish_reason(status))
+            )
         if from_running:
             self.running = [r for r in self.running if not r.is_finished]
         if from_waiting:
             self.waiting.drop_finished()
             if self.waiting_for_grammar:
-                self.waiting_for_grammar = [r for r in self.waiting_for_grammar
-                                            if not r.is_finished]
+                self.waiting_for_grammar = [
+                    r for r in self.waiting_for_grammar if not r.is_finished
+                ]
 
     def _admit_compiled(self) -> None:
         """Move constrained requests whose compile ended to the waiting queue (or end them
@@ -132,12 +147,16 @@ class Scheduler:
             if not grammar.ready:
                 still.append(req)
             elif grammar.error is not None:
-                logger.error("request %s: grammar compile failed: %s", req.request_id,
-                             grammar.error)
+                logger.error(
+                    "request %s: grammar compile failed: %s", req.request_id, grammar.error
+                )
                 req.status = RequestStatus.FINISHED_ABORTED
                 self._free(req)
-                self._finish_outputs.append(EngineCoreOutput(
-                    req.request_id, [], finish_reason=RequestStatus.finish_reason(req.status)))
+                self._finish_outputs.append(
+                    EngineCoreOutput(
+                        req.request_id, [], finish_reason=RequestStatus.finish_reason(req.status)
+                    )
+                )
             else:
                 self.waiting.add(req)
         self.waiting_for_grammar = still
@@ -183,8 +202,9 @@ class Scheduler:
             total = len(req.all_token_ids) + pending
             # A constrained request's next bitmask needs the token in flight; one that the
             # tokens in flight will end by a length cap (max_tokens, max_model_len) is done.
-            if pending and (req.grammar is not None or total >= req.max_tokens_total
-                            or total >= max_model_len):
+            if pending and (
+                req.grammar is not None or total >= req.max_tokens_total or total >= max_model_len
+            ):
                 i += 1
                 continue
             n = total - computed
@@ -222,8 +242,10 @@ class Scheduler:
                     budget += run_counts[j]
                     victim.num_computed_tokens = run_computed[j]
                     kv.uncache_uncomputed_blocks(victim)
-                    if (run_computed[j] < victim.prompt_len
-                            and len(victim.all_token_ids) == victim.prompt_len):
+                    if (
+                        run_computed[j] < victim.prompt_len
+                        and len(victim.all_token_ids) == victim.prompt_len
+                    ):
                         victim.prefill_chunks.pop()
                     if victim.grammar is not None and victim in constrained:
                         constrained.remove(victim)
@@ -247,8 +269,7 @@ class Scheduler:
         # As vLLM: after a preemption nothing is admitted, or the freed blocks would thrash.
         waiting = self.waiting
         num_scheduled = dict(zip(run_ids, run_counts))
-        while (not preempted and len(waiting) and budget > 0
-               and len(running) < self.max_num_seqs):
+        while not preempted and len(waiting) and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting.peek()
             hit_blocks, num_hit = kv.get_computed_blocks(req)
             n = min(req.num_tokens, max_model_len) - num_hit
@@ -267,10 +288,16 @@ class Scheduler:
 
         output = SchedulerOutput(
             scheduled_new_reqs=[
-                NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params,
-                               kv.get_block_ids(r.request_id), r.num_computed_tokens,
-                               r.output_token_ids)
-                for r in new_reqs],
+                NewRequestData(
+                    r.request_id,
+                    r.prompt_token_ids,
+                    r.sampling_params,
+                    kv.get_block_ids(r.request_id),
+                    r.num_computed_tokens,
+                    r.output_token_ids,
+                )
+                for r in new_reqs
+            ],
             scheduled_cached_reqs=CachedRequestData(run_ids, run_blocks, run_computed),
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=self.max_num_batched_tokens - budget,
@@ -281,18 +308,19 @@ class Scheduler:
             run_reqs += new_reqs
             self._scheduled.append((output, run_reqs))
         for r in new_reqs:
-            self._advance(r, r.num_computed_tokens, num_scheduled[r.request_id], now,
-                          constrained)
+            self._advance(r, r.num_computed_tokens, num_scheduled[r.request_id], now, constrained)
         if constrained:
             assert self.structured_output is not None
             output.structured_output_request_ids = [r.request_id for r in constrained]
             output.grammar_bitmask = self.structured_output.fill_bitmask(
-                [r.grammar for r in constrained])  # type: ignore[misc]
+                [r.grammar for r in constrained]
+            )  # type: ignore[misc]
         self._num_scheduled_tokens += output.total_num_scheduled_tokens
         return output
 
-    def _advance(self, req: Request, computed: int, n: int, now: float,
-                 constrained: list[Request]) -> None:
+    def _advance(
+        self, req: Request, computed: int, n: int, now: float, constrained: list[Request]
+    ) -> None:
         """Count n scheduled tokens as computed; a request that samples gets a placeholder."""
         if computed < req.prompt_len == len(req.all_token_ids):  # no output yet
             req.prefill_chunks.append((now, n))
@@ -303,8 +331,9 @@ class Scheduler:
             if self.async_scheduling:
                 req.num_output_placeholders += 1  # this step samples its next token
 
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
         """Apply sampled tokens and stop checks; an output per request that sampled or ended."""
         outputs, self._finish_outputs = self._finish_outputs, []
         requests = self.requests
@@ -316,9 +345,12 @@ class Scheduler:
         slow = self._update_one
         append_output = outputs.append
         req_ids = model_runner_output.req_ids
-        for req_id, sampled, lp, req in zip(req_ids, model_runner_output.sampled_token_ids,
-                                            logprobs or repeat(None),
-                                            self._scheduled_requests(scheduler_output, req_ids)):
+        for req_id, sampled, lp, req in zip(
+            req_ids,
+            model_runner_output.sampled_token_ids,
+            logprobs or repeat(None),
+            self._scheduled_requests(scheduler_output, req_ids),
+        ):
             if req.status != running:  # finished (its id may name a new request now) or
                 req = requests.get(req_id)  # preempted; the same lookup when not known
                 if req is None or req.status != running:
@@ -332,11 +364,21 @@ class Scheduler:
             # _update_one.
             token = sampled[0]
             all_ids = req.all_token_ids
-            if (len(all_ids) + 1 >= req.check_at or token in req.stop_check_ids
-                    or len(sampled) != 1 or lp is not None or req.grammar is not None
-                    or (prompt_logprobs and req_id in prompt_logprobs)):
-                num_generated += slow(req, sampled, outputs, lp,
-                                      prompt_logprobs.get(req_id) if prompt_logprobs else None)
+            if (
+                len(all_ids) + 1 >= req.check_at
+                or token in req.stop_check_ids
+                or len(sampled) != 1
+                or lp is not None
+                or req.grammar is not None
+                or (prompt_logprobs and req_id in prompt_logprobs)
+            ):
+                num_generated += slow(
+                    req,
+                    sampled,
+                    outputs,
+                    lp,
+                    prompt_logprobs.get(req_id) if prompt_logprobs else None,
+                )
                 continue
             pending = req.num_output_placeholders
             if pending:
@@ -349,8 +391,9 @@ class Scheduler:
         self._num_generation_tokens += num_generated
         return outputs
 
-    def _scheduled_requests(self, scheduler_output: SchedulerOutput,
-                            req_ids: list[str]) -> list[Request]:
+    def _scheduled_requests(
+        self, scheduler_output: SchedulerOutput, req_ids: list[str]
+    ) -> list[Request]:
         """The requests of req_ids as schedule() recorded them for this output; otherwise a
         stand-in whose status sends update_from_output to its dict lookup."""
         scheduled = self._scheduled
@@ -365,8 +408,14 @@ class Scheduler:
                 break
         return [_UNKNOWN] * len(req_ids)
 
-    def _update_one(self, req: Request, sampled: list[int], outputs: list[EngineCoreOutput],
-                    logprobs: LogprobsLists | None, prompt_logprobs: LogprobsLists | None) -> int:
+    def _update_one(
+        self,
+        req: Request,
+        sampled: list[int],
+        outputs: list[EngineCoreOutput],
+        logprobs: LogprobsLists | None,
+        prompt_logprobs: LogprobsLists | None,
+    ) -> int:
         """Apply one request's sampled tokens with every check; returns the tokens kept."""
         if req.num_output_placeholders:
             req.num_output_placeholders -= len(sampled)
@@ -377,10 +426,9 @@ class Scheduler:
             if status is None and req.grammar is not None:
                 status = self._advance_grammar(req, token)
             if status is not None:
-                new_tokens = sampled[:k + 1]
+                new_tokens = sampled[: k + 1]
                 break
-        out = EngineCoreOutput(req.request_id, new_tokens, _wire(logprobs),
-                               _wire(prompt_logprobs))
+        out = EngineCoreOutput(req.request_id, new_tokens, _wire(logprobs), _wire(prompt_logprobs))
         if len(req.all_token_ids) - req.prompt_len == len(new_tokens):
             out.num_cached_tokens = max(req.num_cached_tokens, 0)
             out.prefill_chunks, req.prefill_chunks = req.prefill_chunks, []
@@ -417,8 +465,9 @@ class Scheduler:
             if token in req.stop_token_ids:
                 req.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-        if ((params.max_tokens is not None and num_output >= params.max_tokens)
-                or len(req.all_token_ids) >= self.max_model_len):
+        if (params.max_tokens is not None and num_output >= params.max_tokens) or len(
+            req.all_token_ids
+        ) >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
@@ -430,8 +479,9 @@ class Scheduler:
         if not grammar.accept(token):
             # Only when the mask left nothing (min_tokens forbidding the one stop token the
             # finished grammar allows); the request goes on from the grammar's last state.
-            logger.warning("request %s: sampled token %d is outside its grammar",
-                           req.request_id, token)
+            logger.warning(
+                "request %s: sampled token %d is outside its grammar", req.request_id, token
+            )
             return None
         if grammar.terminated:
             if token != req.eos_token_id:
@@ -445,8 +495,10 @@ class Scheduler:
         if not self.priority_policy:
             return running[-1], len(running) - 1
         # Lowest priority (highest value); ties go to the latest arrival, then the latest started.
-        vi = max(range(len(running) - 1, -1, -1),
-                 key=lambda j: (running[j].priority, running[j].arrival_time))
+        vi = max(
+            range(len(running) - 1, -1, -1),
+            key=lambda j: (running[j].priority, running[j].arrival_time),
+        )
         return running[vi], vi
 
     def _preempt(self, req: Request) -> None:
@@ -480,12 +532,17 @@ class Scheduler:
         """Queue sizes and KV usage now; token, cache-hit and preemption counts since last call."""
         queries, hits = self.kv.make_prefix_cache_stats()
         stats = SchedulerStats(
-            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
-            kv_cache_usage=self.kv.usage, prefix_cache_queries=queries, prefix_cache_hits=hits,
-            num_preemptions=self._num_preemptions, num_scheduled_tokens=self._num_scheduled_tokens,
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv.usage,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            num_preemptions=self._num_preemptions,
+            num_scheduled_tokens=self._num_scheduled_tokens,
             num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,
-            num_cached_prompt_tokens=self._num_cached_prompt_tokens)
+            num_cached_prompt_tokens=self._num_cached_prompt_tokens,
+        )
         self._num_preemptions = self._num_scheduled_tokens = 0
         self._num_prompt_tokens = self._num_generation_tokens = 0
         self._num_cached_prompt_tokens = 0

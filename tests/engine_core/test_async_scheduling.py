@@ -24,8 +24,9 @@ def _sampler(req_id: str, num_outputs: int) -> int:
     return EOS if r < 0.04 else 5 + int(r * 4)
 
 
-def _drive(sched: Scheduler, runner: FakeRunner, overlapped: bool, on_step=None,
-           max_steps: int = 5000) -> dict[str, tuple[list[int], str]]:
+def _drive(
+    sched: Scheduler, runner: FakeRunner, overlapped: bool, on_step=None, max_steps: int = 5000
+) -> dict[str, tuple[list[int], str]]:
     """Run to completion as EngineCore does (overlapped: two steps in flight); returns each
     request's tokens and finish reason."""
     in_flight: deque = deque()
@@ -70,9 +71,14 @@ def _workload(rng: random.Random, n: int) -> list:
 @pytest.mark.parametrize("seed", range(6))
 def test_async_gives_exactly_the_synchronous_tokens(seed: int) -> None:
     rng = random.Random(seed)
-    shape = dict(num_blocks=rng.choice([14, 24, 64]), block_size=8,
-                 max_num_seqs=rng.choice([3, 8]), max_num_batched_tokens=rng.choice([16, 48]),
-                 max_model_len=72, enable_prefix_caching=seed % 3 != 2)
+    shape = dict(
+        num_blocks=rng.choice([14, 24, 64]),
+        block_size=8,
+        max_num_seqs=rng.choice([3, 8]),
+        max_num_batched_tokens=rng.choice([16, 48]),
+        max_model_len=72,
+        enable_prefix_caching=seed % 3 != 2,
+    )
     workload = _workload(rng, 30)
     results = {}
     for overlapped in (False, True):
@@ -97,8 +103,14 @@ def test_preemption_with_a_step_in_flight_discards_that_token() -> None:
     # Three requests of 16 + 30 tokens share 12 blocks of 8 (each needs 6 at the end): the
     # newest is preempted while a step that includes it is in flight, and its resumed run must
     # not see that step's token twice.
-    shape = dict(num_blocks=12, block_size=8, max_num_seqs=4, max_num_batched_tokens=64,
-                 max_model_len=64, enable_prefix_caching=False)
+    shape = dict(
+        num_blocks=12,
+        block_size=8,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        enable_prefix_caching=False,
+    )
     reqs = [make_request(f"long{i}", 16, max_tokens=30, ignore_eos=True) for i in range(3)]
     results = {}
     for overlapped in (False, True):
@@ -151,9 +163,15 @@ def test_a_stop_token_costs_one_thrown_away_step() -> None:
 def test_random_aborts_with_steps_in_flight_return_every_block(seed: int) -> None:
     rng = random.Random(100 + seed)
     num_blocks = rng.choice([12, 24])
-    sched = make_scheduler(num_blocks=num_blocks, block_size=8, max_num_seqs=4,
-                           max_num_batched_tokens=rng.choice([16, 48]), max_model_len=96,
-                           enable_prefix_caching=seed % 2 == 0, async_scheduling=True)
+    sched = make_scheduler(
+        num_blocks=num_blocks,
+        block_size=8,
+        max_num_seqs=4,
+        max_num_batched_tokens=rng.choice([16, 48]),
+        max_model_len=96,
+        enable_prefix_caching=seed % 2 == 0,
+        async_scheduling=True,
+    )
     runner = FakeRunner(sched, sample=_sampler)
     pending = _workload(rng, 40)
     finished = 0

@@ -51,14 +51,17 @@ def test_cache_salt_changes_every_block_through_the_first() -> None:
 
 
 def test_sha256_hashes_agree_across_processes() -> None:
-    code = ("from engine_core.block_hash import make_block_hasher;"
-            "from engine_core.request import Request;"
-            "from engine_core.sampling_params import SamplingParams;"
-            "r = Request('r', list(range(8)), SamplingParams(), None, cache_salt='s',"
-            " block_hasher=make_block_hasher(4));print(r.block_hashes[-1].hex())")
+    code = (
+        "from engine_core.block_hash import make_block_hasher;"
+        "from engine_core.request import Request;"
+        "from engine_core.sampling_params import SamplingParams;"
+        "r = Request('r', list(range(8)), SamplingParams(), None, cache_salt='s',"
+        " block_hasher=make_block_hasher(4));print(r.block_hashes[-1].hex())"
+    )
     here = _request(list(range(8)), make_block_hasher(4), salt="s").block_hashes[-1].hex()
-    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           check=True).stdout.strip()
+    there = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert here == there
 
 

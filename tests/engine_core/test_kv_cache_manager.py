@@ -9,8 +9,14 @@ BS = 4
 
 
 def _request(req_id: str, tokens: list[int], salt: str | None = None, **params) -> Request:
-    return Request(req_id, tokens, SamplingParams(**params), None, cache_salt=salt,
-                   block_hasher=make_block_hasher(BS))
+    return Request(
+        req_id,
+        tokens,
+        SamplingParams(**params),
+        None,
+        cache_salt=salt,
+        block_hasher=make_block_hasher(BS),
+    )
 
 
 def _admit(kv: KVCacheManager, req: Request) -> int:

@@ -8,8 +8,15 @@ from engine_core.protocol import FinishReason
 from engine_core.request import Request, RequestStatus
 from engine_core.request_queue import PriorityQueue
 from engine_core.sampling_params import SamplingParams
-from tests.engine_core.utils import (EOS, SAMPLED, FakeRunner, make_request, make_scheduler,
-                                     run_to_completion, step)
+from tests.engine_core.utils import (
+    EOS,
+    SAMPLED,
+    FakeRunner,
+    make_request,
+    make_scheduler,
+    run_to_completion,
+    step,
+)
 
 
 def test_budget_and_max_num_seqs_hold_under_random_arrivals() -> None:
@@ -18,8 +25,9 @@ def test_budget_and_max_num_seqs_hold_under_random_arrivals() -> None:
     runner = FakeRunner(sched)
     for i in range(300):
         if i < 200 and rng.random() < 0.4:
-            sched.add_request(make_request(f"r{i}", rng.randint(1, 90),
-                                           max_tokens=rng.randint(1, 20)))
+            sched.add_request(
+                make_request(f"r{i}", rng.randint(1, 90), max_tokens=rng.randint(1, 20))
+            )
         so, _ = step(sched, runner)
         assert so.total_num_scheduled_tokens <= 48
         assert len(so.num_scheduled_tokens) <= 5 and len(sched.running) <= 5
@@ -122,8 +130,14 @@ def test_priority_victim_scheduled_earlier_in_the_step_is_taken_back() -> None:
 
 
 def test_stop_conditions() -> None:
-    outputs_of = {"eos": [5, 5, EOS, 5], "ignore": [EOS, EOS, 5, 5], "stop": [5, 9, 5],
-                  "min": [EOS, 9, 9, 5], "max": [5] * 10, "len": [5] * 50}
+    outputs_of = {
+        "eos": [5, 5, EOS, 5],
+        "ignore": [EOS, EOS, 5, 5],
+        "stop": [5, 9, 5],
+        "min": [EOS, 9, 9, 5],
+        "max": [5] * 10,
+        "len": [5] * 50,
+    }
     sched = make_scheduler(max_model_len=16)
     runner = FakeRunner(sched, sample=lambda req_id, n: outputs_of[req_id][n])
     sched.add_request(make_request("eos", 4))
@@ -139,11 +153,22 @@ def test_stop_conditions() -> None:
             tokens.setdefault(req_id, []).extend(out.new_token_ids)
             if out.finished:
                 finals[req_id] = (out.finish_reason, out.stop_reason)
-    assert finals == {"eos": (FinishReason.STOP, None), "ignore": (FinishReason.LENGTH, None),
-                      "stop": (FinishReason.STOP, 9), "min": (FinishReason.STOP, 9),
-                      "max": (FinishReason.LENGTH, None), "len": (FinishReason.LENGTH, None)}
-    assert tokens == {"eos": [5, 5, EOS], "ignore": [EOS, EOS, 5], "stop": [5, 9],
-                      "min": [EOS, 9, 9], "max": [5] * 4, "len": [5] * 6}
+    assert finals == {
+        "eos": (FinishReason.STOP, None),
+        "ignore": (FinishReason.LENGTH, None),
+        "stop": (FinishReason.STOP, 9),
+        "min": (FinishReason.STOP, 9),
+        "max": (FinishReason.LENGTH, None),
+        "len": (FinishReason.LENGTH, None),
+    }
+    assert tokens == {
+        "eos": [5, 5, EOS],
+        "ignore": [EOS, EOS, 5],
+        "stop": [5, 9],
+        "min": [EOS, 9, 9],
+        "max": [5] * 4,
+        "len": [5] * 6,
+    }
     assert sched.kv.num_free_blocks == sched.kv.pool.num_blocks
 
 

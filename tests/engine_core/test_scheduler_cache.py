@@ -2,8 +2,13 @@ from __future__ import annotations
 
 from engine_core.protocol import FinishReason
 from engine_core.request import RequestStatus
-from tests.engine_core.utils import (FakeRunner, make_request, make_scheduler, run_to_completion,
-                                     step)
+from tests.engine_core.utils import (
+    FakeRunner,
+    make_request,
+    make_scheduler,
+    run_to_completion,
+    step,
+)
 
 PREFIX = list(range(1000, 1032))  # four blocks of 8
 
@@ -105,5 +110,7 @@ def test_abort_frees_blocks_at_once_and_reaches_the_runner() -> None:
     so, outs = step(sched, runner)
     assert sorted(so.finished_req_ids) == ["run", "wait"] and not runner.rows
     assert {k: o.finish_reason for k, o in outs.items()} == {
-        "run": FinishReason.ABORT, "wait": FinishReason.ABORT}
+        "run": FinishReason.ABORT,
+        "wait": FinishReason.ABORT,
+    }
     assert not sched.has_finished_requests()

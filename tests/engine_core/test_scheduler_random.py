@@ -38,12 +38,19 @@ def test_random_interleavings_return_every_block(seed: int) -> None:
     rng = random.Random(seed)
     policy = "priority" if seed % 2 else "fcfs"
     num_blocks = rng.choice([12, 20, 40])
-    sched = make_scheduler(num_blocks=num_blocks, block_size=8, max_num_seqs=rng.choice([2, 4, 8]),
-                           max_num_batched_tokens=rng.choice([8, 24, 64]), max_model_len=96,
-                           enable_prefix_caching=seed % 4 != 3, policy=policy,
-                           hash_algo=rng.choice(["sha256", "builtin"]))
-    runner = FakeRunner(sched, sample=lambda req_id, n: EOS if rng.random() < 0.05 else
-                        rng.choice([5, 6, 7, 8]))
+    sched = make_scheduler(
+        num_blocks=num_blocks,
+        block_size=8,
+        max_num_seqs=rng.choice([2, 4, 8]),
+        max_num_batched_tokens=rng.choice([8, 24, 64]),
+        max_model_len=96,
+        enable_prefix_caching=seed % 4 != 3,
+        policy=policy,
+        hash_algo=rng.choice(["sha256", "builtin"]),
+    )
+    runner = FakeRunner(
+        sched, sample=lambda req_id, n: EOS if rng.random() < 0.05 else rng.choice([5, 6, 7, 8])
+    )
     submitted = finished = aborted = 0
     for i in range(400):
         if i < 300 and rng.random() < 0.3:
@@ -55,8 +62,15 @@ def test_random_interleavings_return_every_block(seed: int) -> None:
                 params["min_tokens"] = rng.randint(0, params["max_tokens"])
             if rng.random() < 0.1:
                 params["ignore_eos"] = True
-            sched.add_request(make_request(f"r{i}", prompt[:95], priority=rng.randint(0, 3),
-                                           arrival_time=float(i), **params))
+            sched.add_request(
+                make_request(
+                    f"r{i}",
+                    prompt[:95],
+                    priority=rng.randint(0, 3),
+                    arrival_time=float(i),
+                    **params,
+                )
+            )
             submitted += 1
         if sched.requests and rng.random() < 0.08:
             victim = rng.choice(list(sched.requests))

@@ -91,8 +91,9 @@ def test_stop_token_inside_a_steady_batch_sets_stop_reason() -> None:
     sched = make_scheduler(block_size=8)
     _steady_batch(sched, stop_token_ids=[7])
     sched.add_request(make_request("stop", 5, max_tokens=40, stop_token_ids=[7], min_tokens=4))
-    runner = FakeRunner(sched, sample=lambda rid, n: 7 if rid == "stop" and n in (2, 11)
-                        else SAMPLED)
+    runner = FakeRunner(
+        sched, sample=lambda rid, n: 7 if rid == "stop" and n in (2, 11) else SAMPLED
+    )
     outs_by_req: dict = {}
     for _ in range(14):
         _, outs = step(sched, runner)
@@ -101,8 +102,7 @@ def test_stop_token_inside_a_steady_batch_sets_stop_reason() -> None:
     last = outs_by_req["stop"][-1]
     assert last.finish_reason.name == "STOP" and last.stop_reason == 7
     assert sum(len(o.new_token_ids) for o in outs_by_req["stop"]) == 12  # the 7 at 3 was early
-    assert all(not o.finished for rid in outs_by_req if rid != "stop"
-               for o in outs_by_req[rid])
+    assert all(not o.finished for rid in outs_by_req if rid != "stop" for o in outs_by_req[rid])
 
 
 @pytest.mark.parametrize("caching", [True, False])
@@ -122,8 +122,9 @@ def test_block_boundaries_allocate_exactly_when_crossed(caching: bool) -> None:
     sched.kv.allocate_slots = allocate  # type: ignore[method-assign]
     for _ in range(26):
         so, _ = step(sched, runner)
-        for rid, blocks in zip(so.scheduled_cached_reqs.req_ids,
-                               so.scheduled_cached_reqs.new_block_ids):
+        for rid, blocks in zip(
+            so.scheduled_cached_reqs.req_ids, so.scheduled_cached_reqs.new_block_ids
+        ):
             req = sched.requests[rid]
             total = req.num_computed_tokens
             # A block arrives exactly when a step's token is the first of a block.
@@ -227,20 +228,25 @@ def _trace(seed: int, steady: bool, monkeypatch: pytest.MonkeyPatch) -> str:
             return blocks
 
         monkeypatch.setattr(KVCacheManager, "allocate_slots", allocate)
-        monkeypatch.setattr(Scheduler, "_set_check_at",
-                            lambda self, req: setattr(req, "check_at", 0))
+        monkeypatch.setattr(
+            Scheduler, "_set_check_at", lambda self, req: setattr(req, "check_at", 0)
+        )
         # Every request looked up by id, none taken from schedule()'s record.
-        monkeypatch.setattr(Scheduler, "_scheduled_requests",
-                            lambda self, so, req_ids: [_UNKNOWN] * len(req_ids))
+        monkeypatch.setattr(
+            Scheduler, "_scheduled_requests", lambda self, so, req_ids: [_UNKNOWN] * len(req_ids)
+        )
     rng = random.Random(seed)
     overlapped = seed % 2 == 1
-    sched = make_scheduler(num_blocks=rng.choice([12, 24, 80]), block_size=rng.choice([1, 8, 16]),
-                           max_num_seqs=rng.choice([2, 4, 8]),
-                           max_num_batched_tokens=rng.choice([8, 24, 64]),
-                           max_model_len=rng.choice([48, 96]),
-                           enable_prefix_caching=seed % 3 != 2,
-                           policy="priority" if seed % 4 >= 2 else "fcfs",
-                           async_scheduling=overlapped)
+    sched = make_scheduler(
+        num_blocks=rng.choice([12, 24, 80]),
+        block_size=rng.choice([1, 8, 16]),
+        max_num_seqs=rng.choice([2, 4, 8]),
+        max_num_batched_tokens=rng.choice([8, 24, 64]),
+        max_model_len=rng.choice([48, 96]),
+        enable_prefix_caching=seed % 3 != 2,
+        policy="priority" if seed % 4 >= 2 else "fcfs",
+        async_scheduling=overlapped,
+    )
 
     def sample(rid: str, n: int) -> int:
         r = random.Random(f"{seed}/{rid}/{n}").random()
@@ -259,11 +265,13 @@ def _trace(seed: int, steady: bool, monkeypatch: pytest.MonkeyPatch) -> str:
                 params["ignore_eos"] = True
             prefix = rng.choice([[], list(range(500, 516)), list(range(600, 627))])
             prompt = prefix + [rng.randrange(10, 50) for _ in range(rng.randint(1, 20))]
-            sched.add_request(make_request(f"r{i}", prompt, arrival_time=float(i),
-                                           priority=rng.randint(0, 3), **params))
+            sched.add_request(
+                make_request(
+                    f"r{i}", prompt, arrival_time=float(i), priority=rng.randint(0, 3), **params
+                )
+            )
         if sched.requests and rng.random() < 0.05:
-            sched.finish_requests(rng.choice(list(sched.requests)),
-                                  RequestStatus.FINISHED_ABORTED)
+            sched.finish_requests(rng.choice(list(sched.requests)), RequestStatus.FINISHED_ABORTED)
         work = sched.has_unfinished_requests() or sched.has_finished_requests()
         if i >= 200 and not work and not in_flight:
             break

@@ -15,39 +15,64 @@ EOS = 2
 SAMPLED = 5
 
 
-def make_scheduler(num_blocks: int = 64, block_size: int = 8, max_num_seqs: int = 16,
-                   max_num_batched_tokens: int = 64, max_model_len: int = 256,
-                   enable_prefix_caching: bool = True, policy: str = "fcfs",
-                   hash_algo: str = "sha256", async_scheduling: bool = False) -> Scheduler:
+def make_scheduler(
+    num_blocks: int = 64,
+    block_size: int = 8,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 64,
+    max_model_len: int = 256,
+    enable_prefix_caching: bool = True,
+    policy: str = "fcfs",
+    hash_algo: str = "sha256",
+    async_scheduling: bool = False,
+) -> Scheduler:
     """A Scheduler on a small EngineConfig."""
     config = EngineConfig(
         model=ModelConfig(max_model_len=max_model_len),
-        cache=CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
-                          prefix_caching_hash_algo=hash_algo),
-        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
-                                  max_num_batched_tokens=max_num_batched_tokens,
-                                  scheduling_policy=policy,
-                                  async_scheduling=async_scheduling))
+        cache=CacheConfig(
+            block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            prefix_caching_hash_algo=hash_algo,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            scheduling_policy=policy,
+            async_scheduling=async_scheduling,
+        ),
+    )
     return Scheduler(config, num_blocks, EOS)
 
 
-def make_request(req_id: str, prompt: list[int] | int, arrival_time: float = 0.0,
-                 priority: int = 0, cache_salt: str | None = None,
-                 **params) -> EngineCoreRequest:
+def make_request(
+    req_id: str,
+    prompt: list[int] | int,
+    arrival_time: float = 0.0,
+    priority: int = 0,
+    cache_salt: str | None = None,
+    **params,
+) -> EngineCoreRequest:
     """An EngineCoreRequest; an int prompt means that many random tokens seeded by req_id."""
     if isinstance(prompt, int):
         rng = random.Random(req_id)
         prompt = [rng.randrange(10, 30000) for _ in range(prompt)]
     params.setdefault("max_tokens", 16)
-    return EngineCoreRequest(req_id, prompt, SamplingParams(**params), arrival_time=arrival_time,
-                             priority=priority, cache_salt=cache_salt)
+    return EngineCoreRequest(
+        req_id,
+        prompt,
+        SamplingParams(**params),
+        arrival_time=arrival_time,
+        priority=priority,
+        cache_salt=cache_salt,
+    )
 
 
 class _Row:
     __slots__ = ("tokens", "num_prompt", "computed", "blocks", "chain")
 
-    def __init__(self, tokens: list[int], num_prompt: int, computed: int,
-                 blocks: list[int]) -> None:
+    def __init__(
+        self, tokens: list[int], num_prompt: int, computed: int, blocks: list[int]
+    ) -> None:
         self.tokens, self.num_prompt = tokens, num_prompt
         self.computed, self.blocks = computed, blocks
         self.chain: list[int] = []
@@ -67,8 +92,11 @@ class FakeRunner:
     reading a block that another request overwrote, or that nobody computed, fails an assert.
     """
 
-    def __init__(self, scheduler: Scheduler,
-                 sample: Callable[[str, int], int] = lambda req_id, num_outputs: SAMPLED) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        sample: Callable[[str, int], int] = lambda req_id, num_outputs: SAMPLED,
+    ) -> None:
         self.block_size = scheduler.kv.block_size
         self.max_num_seqs = scheduler.max_num_seqs
         self.budget = scheduler.max_num_batched_tokens
@@ -82,12 +110,16 @@ class FakeRunner:
         for req_id in so.finished_req_ids:
             self.rows.pop(req_id, None)
         for new in so.scheduled_new_reqs:
-            self.rows[new.req_id] = _Row(new.prompt_token_ids + new.output_token_ids,
-                                         len(new.prompt_token_ids), new.num_computed_tokens,
-                                         list(new.block_ids))
+            self.rows[new.req_id] = _Row(
+                new.prompt_token_ids + new.output_token_ids,
+                len(new.prompt_token_ids),
+                new.num_computed_tokens,
+                list(new.block_ids),
+            )
         cached = so.scheduled_cached_reqs
-        for req_id, block_ids, computed in zip(cached.req_ids, cached.new_block_ids,
-                                               cached.num_computed_tokens, strict=True):
+        for req_id, block_ids, computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        ):
             row = self.rows[req_id]
             assert row.computed == computed, (req_id, row.computed, computed)
             row.blocks.extend(block_ids)
@@ -119,8 +151,11 @@ class FakeRunner:
                 sampled.append([token])
             else:
                 sampled.append([])
-        return ModelRunnerOutput(req_ids=list(so.num_scheduled_tokens), sampled_token_ids=sampled,
-                                 logprobs=[None] * len(sampled))
+        return ModelRunnerOutput(
+            req_ids=list(so.num_scheduled_tokens),
+            sampled_token_ids=sampled,
+            logprobs=[None] * len(sampled),
+        )
 
 
 def step(scheduler: Scheduler, runner: FakeRunner):
