@@ -4,11 +4,13 @@
  *
  * Decode of a small model at batch 1 reads ~100 MB of weights per step, ~3 ms at this machine's
  * bandwidth; the same step as one Python call per op (~12 a layer) spent three times that in
- * dispatch and thread wake-ups. Here the threads stay up for the whole step and meet at a
- * barrier between ops (about a microsecond with 2 threads), so the step costs what its weight
- * reads cost. The math is that of the one-op kernels (the same row functions, the few-rows
- * quantized product of quant_linear.c, the fp32 blocked GEMM tiles, the paged attention of
- * paged_attention.c), so results equal the layer-by-layer path up to summation order.
+ * dispatch and thread wake-ups. Here the threads stay up for the whole step and meet at five
+ * barriers a layer (under a microsecond each with 2 threads), so the step costs about what its
+ * weight and KV reads cost. The math is that of the one-op kernels (the same row functions, the
+ * few-rows quantized product of quant_linear.c, the fp32 blocked GEMM tiles; the attention is
+ * paged_attention.c's online softmax over the same cache layout, its context cut into parts
+ * where that spreads the work over the threads, merged by their maxima and sums), so results
+ * equal the layer-by-layer path up to summation order.
  *
  * Weights: GGUF-quantized (packed by kernels/gguf_quant.py) or fp32 in the blocked
  * [N/32, K, 32] layout (type 0); the gate/up projection may also be fp32 blocked in pairs
