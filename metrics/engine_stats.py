@@ -6,8 +6,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
+from config.engine import CacheConfig
 from engine_core.protocol import SchedulerStats
 from metrics.registry import PROMPT_TOKEN_SOURCES, cache_config_info, engine_metrics
 
@@ -70,7 +70,7 @@ class EngineStatsRecorder:
             self._iteration.observe(step_tokens)
         self._log_if_due(stats)
 
-    def record_cache_config(self, cache: Any, num_gpu_blocks: int) -> None:
+    def record_cache_config(self, cache: CacheConfig, num_gpu_blocks: int) -> None:
         """vllm:cache_config_info = 1, labelled with the cache configuration (a dataclass)
         and the KV blocks the engine allocated, once at start-up."""
         info = {k: str(v) for k, v in dataclasses.asdict(cache).items()}

@@ -11,7 +11,8 @@ queue time overestimated by the same amount (their sum, the TTFT, stays exact).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from prometheus_client import Histogram
 
 from metrics.registry import request_metrics
 
@@ -20,18 +21,18 @@ from metrics.registry import request_metrics
 class _Series:
     """One engine's labelled histograms (bound once per engine: observed on every token)."""
 
-    ttft: Any
-    itl: Any
-    e2e: Any
-    queue: Any
-    prefill: Any
-    decode: Any
-    prompt_tokens: Any
-    generation_tokens: Any
-    inference: Any
-    time_per_output_token: Any
-    params_n: Any
-    params_max_tokens: Any
+    ttft: Histogram
+    itl: Histogram
+    e2e: Histogram
+    queue: Histogram
+    prefill: Histogram
+    decode: Histogram
+    prompt_tokens: Histogram
+    generation_tokens: Histogram
+    inference: Histogram
+    time_per_output_token: Histogram
+    params_n: Histogram
+    params_max_tokens: Histogram
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from config.engine import EngineConfig
 from frontend.errors import ApiError
 from frontend.serving import ServingContext, json_response
 from frontend.ui.processes import process_tree
@@ -53,7 +54,7 @@ def _static(name: str) -> bytes:
     return resources.files("frontend.ui").joinpath("static", name).read_bytes()
 
 
-def register(app: web.Application, ctx: ServingContext, config: Any) -> None:
+def register(app: web.Application, ctx: ServingContext, config: EngineConfig) -> None:
     """Serve the page and its data endpoints on app, and record request timelines through
     ctx.client (config: the resolved EngineConfig, for the configuration panel)."""
     directory = os.environ.get(ENV_VAR)
