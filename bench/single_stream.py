@@ -45,10 +45,20 @@ def workload_prompt(tokenizer, prompt_tokens: int = PROMPT_TOKENS) -> list[int]:
 def offline_decode(llm, prompt: list[int], new_tokens: int) -> float:
     """Decode tokens/s after the first token through LLM.generate: a request of new_tokens
     tokens less one of a single token."""
-    first = timed(lambda: llm.generate({"prompt_token_ids": prompt}, SamplingParams(
-        temperature=0.0, max_tokens=1), use_tqdm=False))
-    total = timed(lambda: llm.generate({"prompt_token_ids": prompt}, SamplingParams(
-        temperature=0.0, ignore_eos=True, max_tokens=new_tokens), use_tqdm=False))
+    first = timed(
+        lambda: llm.generate(
+            {"prompt_token_ids": prompt},
+            SamplingParams(temperature=0.0, max_tokens=1),
+            use_tqdm=False,
+        )
+    )
+    total = timed(
+        lambda: llm.generate(
+            {"prompt_token_ids": prompt},
+            SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=new_tokens),
+            use_tqdm=False,
+        )
+    )
     return (new_tokens - 1) / (total - first)
 
 
@@ -59,10 +69,13 @@ def bench_single_stream(args: argparse.Namespace) -> dict[str, Any]:
     llm = LLM(**engine_kwargs(args))
     prompt = workload_prompt(llm.get_tokenizer())
     runs = [offline_decode(llm, prompt, NEW_TOKENS) for _ in range(args.runs)]
-    return {"workload": "single-stream", "machine": machine_info(),
-            "dtype": llm.config.torch_dtype_name,
-            "engine_decode_tok_s": round(statistics.median(runs), 2),
-            "runs": [round(r, 2) for r in runs]}
+    return {
+        "workload": "single-stream",
+        "machine": machine_info(),
+        "dtype": llm.config.torch_dtype_name,
+        "engine_decode_tok_s": round(statistics.median(runs), 2),
+        "runs": [round(r, 2) for r in runs],
+    }
 
 
 def runner_decode(runner: ModelRunner, prompt: list[int], new_tokens: int, run_id: int) -> float:
@@ -73,14 +86,20 @@ def runner_decode(runner: ModelRunner, prompt: list[int], new_tokens: int, run_i
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=new_tokens)
     first = SchedulerOutput(
         scheduled_new_reqs=[NewRequestData(req, prompt, params, blocks, 0)],
-        num_scheduled_tokens={req: len(prompt)}, total_num_scheduled_tokens=len(prompt))
+        num_scheduled_tokens={req: len(prompt)},
+        total_num_scheduled_tokens=len(prompt),
+    )
     runner.execute_model(first)
     start = time.perf_counter()
     for i in range(1, new_tokens):
         computed = len(prompt) + i - 1
-        runner.execute_model(SchedulerOutput(
-            scheduled_cached_reqs=CachedRequestData([req], [[]], [computed]),
-            num_scheduled_tokens={req: 1}, total_num_scheduled_tokens=1))
+        runner.execute_model(
+            SchedulerOutput(
+                scheduled_cached_reqs=CachedRequestData([req], [[]], [computed]),
+                num_scheduled_tokens={req: 1},
+                total_num_scheduled_tokens=1,
+            )
+        )
     elapsed = time.perf_counter() - start
     runner.execute_model(SchedulerOutput(finished_req_ids=[req]))
     return (new_tokens - 1) / elapsed
@@ -93,14 +112,25 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     embedding = model.model.embed_tokens.weight
     tensors = [p for p in model.parameters() if p is not embedding]
     head = model.lm_head
-    if (embedding is not None and head.split_weight is None and head.blocked_weight is None
-            and head.weight is embedding):
+    if (
+        embedding is not None
+        and head.split_weight is None
+        and head.blocked_weight is None
+        and head.weight is embedding
+    ):
         tensors.append(embedding)  # tied and used as is by the output projection
     relaid = ("split_weight", "split_gate_up", "split_down", "blocked_weight", "fused_gate_up")
-    tensors += [t for m in model.modules() for name in relaid
-                if isinstance(t := getattr(m, name, None), torch.Tensor)]
-    quantized = sum(m.quantized.nbytes for m in model.modules()
-                    if isinstance(m, Linear) and m.quantized is not None)
+    tensors += [
+        t
+        for m in model.modules()
+        for name in relaid
+        if isinstance(t := getattr(m, name, None), torch.Tensor)
+    ]
+    quantized = sum(
+        m.quantized.nbytes
+        for m in model.modules()
+        if isinstance(m, Linear) and m.quantized is not None
+    )
     return quantized + sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -147,6 +177,7 @@ class StepTimers:
                     return fn(*args, **kwargs)
                 finally:
                     self.seconds[name] += time.perf_counter() - start
+
             return call
 
         run = DecodeStack.run
@@ -171,20 +202,21 @@ class StepTimers:
         self._best_rate = rate
         ms = {name: round(s / steps * 1e3, 3) for name, s in self.seconds.items()}
         ms["step"] = round(1e3 / rate, 3)
-        ms["rest of the step"] = round(ms["step"] - ms["fused layer stack"]
-                                       - ms["output projection"], 3)
+        ms["rest of the step"] = round(
+            ms["step"] - ms["fused layer stack"] - ms["output projection"], 3
+        )
         if threads is not None:
             count = min(torch.get_num_threads(), len(threads))
             ms["fused step parts, per thread"] = {
                 name: " ".join(f"{threads[t][name] / steps * 1e3:.3f}" for t in range(count))
-                for name in threads[0]}
+                for name in threads[0]
+            }
         self.best = ms
 
 
 def load_runner(model: str | None, dtype: str) -> ModelRunner:
     """A model runner of the model in dtype, its KV cache allocated (128 MiB)."""
-    config = resolved_config(model=model, dtype=dtype, max_model_len=1024,
-                                       kv_cache_memory="128MiB")
+    config = resolved_config(model=model, dtype=dtype, max_model_len=1024, kv_cache_memory="128MiB")
     runner = ModelRunner(config, torch.device(config.device_type))
     runner.load_model()
     runner.initialize_kv_cache(runner.determine_num_blocks())
@@ -197,14 +229,21 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m bench.single_stream", description=__doc__)
     parser.add_argument("--model", default=None, help="model directory or .gguf (default model)")
-    parser.add_argument("--dtype", nargs="+", default=["auto"],
-                        help="engine dtype(s); auto keeps a GGUF model quantized on the CPU")
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        default=["auto"],
+        help="engine dtype(s); auto keeps a GGUF model quantized on the CPU",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
-    parser.add_argument("--parts", action="store_true",
-                        help="time the parts of a step (kernels rebuilt with DECODE_STACK_PROFILE)")
+    parser.add_argument(
+        "--parts",
+        action="store_true",
+        help="time the parts of a step (kernels rebuilt with DECODE_STACK_PROFILE)",
+    )
     args = parser.parse_args(argv)
     if args.parts:  # before the kernels are first loaded
         defines = os.environ.get("ENGINE_CPU_KERNEL_DEFINES", "")
@@ -212,8 +251,9 @@ def main(argv: list[str] | None = None) -> None:
 
     runners = {dtype: load_runner(args.model, dtype) for dtype in args.dtype}
     config = next(iter(runners.values())).config
-    prompt = workload_prompt(load_tokenizer(config.model.tokenizer or config.model_path),
-                             args.prompt_tokens)
+    prompt = workload_prompt(
+        load_tokenizer(config.model.tokenizer or config.model_path), args.prompt_tokens
+    )
     hf = None
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
@@ -235,8 +275,12 @@ def main(argv: list[str] | None = None) -> None:
             theirs.append(hf_decode(hf, prompt, args.new_tokens))
     gbps = memory_read_gbps()
     machine = {**machine_info(), "torch": torch.__version__}
-    result = {"workload": "single-stream", "machine": machine,
-              "model": config.model_path, "memory_read_gb_s": round(gbps, 1)}
+    result = {
+        "workload": "single-stream",
+        "machine": machine,
+        "model": config.model_path,
+        "memory_read_gb_s": round(gbps, 1),
+    }
     # A step decoding token i of the run attends to prompt + i positions (i = 1 .. new - 1).
     mean_context = args.prompt_tokens + args.new_tokens / 2
     for dtype, runner in runners.items():

@@ -41,8 +41,10 @@ def _compile_flags() -> list[str]:
 
 _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
-    "paged_attention_f32": (ctypes.c_int, [_P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I32, _I32,
-                                           _I32, _I32, _I32, _F32, _I32]),
+    "paged_attention_f32": (
+        ctypes.c_int,
+        [_P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I32, _I32, _I32, _I32, _I32, _F32, _I32],
+    ),
     "linear_f32": (None, [_P, _I64, _P, _P, _P, _I64, _I64, _I32, _I32, _I32]),
     "swiglu_f32": (None, [_P, _I64, _P, _P, _I64, _I64, _I32, _I32, _I32]),
     "swiglu_tile_rows": (_I32, []),
@@ -57,8 +59,10 @@ _SIGNATURES = {
     "decode_stack_work_floats": (_I64, [_P, _I64, _I32]),
     "decode_stack_profile": (_I32, [_P]),
     "decode_stack_f32": (_I32, [_P, _P, _P, _I64, _P, _P, _P, _P, _I64, _P, _P, _I32]),
-    "prepare_inputs_i64": (None, [_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _I64, _P, _I64,
-                                  _P, _P, _P, _P, _P, _P, _P]),
+    "prepare_inputs_i64": (
+        None,
+        [_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _P, _P, _P, _P],
+    ),
     "post_update_i64": (None, [_P, _P, _I64, _P, _P, _I64, _P, _P, _P, _I64, _P]),
     "argmax_rows_f32": (None, [_P, _I64, _I64, _I64, _P, _I32]),
     "linear_argmax_f32": (None, [_P, _I64, _P, _I64, _I32, _I32, _I32, _P, _I32]),
@@ -97,8 +101,12 @@ def _build_key(cc: str, flags: str) -> str:
     """This machine's build: a hash of the sources, flags, compiler and CPU."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
-    for part in [*(p.read_bytes() for p in _SOURCES + _HEADERS), flags.encode(), version.encode(),
-                 _cpu_id().encode()]:
+    for part in [
+        *(p.read_bytes() for p in _SOURCES + _HEADERS),
+        flags.encode(),
+        version.encode(),
+        _cpu_id().encode(),
+    ]:
         key.update(part)
     return key.hexdigest()[:16]
 

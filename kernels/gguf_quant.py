@@ -49,8 +49,7 @@ def _by_column(per_row: np.ndarray) -> np.ndarray:
 def _codes_by_k(codes: np.ndarray, per_record: int) -> np.ndarray:
     """[N, K] codes -> [N/32, K/per_record, per_record, 32]."""
     n, k = codes.shape
-    return (codes.reshape(n // COLUMNS, COLUMNS, k // per_record, per_record)
-            .transpose(0, 2, 3, 1))
+    return codes.reshape(n // COLUMNS, COLUMNS, k // per_record, per_record).transpose(0, 2, 3, 1)
 
 
 def _halves(blocks: np.ndarray) -> np.ndarray:
@@ -71,16 +70,17 @@ def _records(*parts: np.ndarray) -> np.ndarray:
 def _pack_q4_0(blocks: np.ndarray) -> np.ndarray:
     d, qs = blocks[..., :2], blocks[..., 2:]
     codes = _nibbles(qs).reshape(blocks.shape[0], -1)
-    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
-                    _nibble_pairs(_codes_by_k(codes, 32)))
+    return _records(_by_column(_halves(d)).swapaxes(-1, -2), _nibble_pairs(_codes_by_k(codes, 32)))
 
 
 def _pack_q4_1(blocks: np.ndarray) -> np.ndarray:
     d, m, qs = blocks[..., :2], blocks[..., 2:4], blocks[..., 4:]
     codes = _nibbles(qs).reshape(blocks.shape[0], -1)
-    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
-                    _by_column(_halves(m)).swapaxes(-1, -2),
-                    _nibble_pairs(_codes_by_k(codes, 32)))
+    return _records(
+        _by_column(_halves(d)).swapaxes(-1, -2),
+        _by_column(_halves(m)).swapaxes(-1, -2),
+        _nibble_pairs(_codes_by_k(codes, 32)),
+    )
 
 
 def _five_bit_by_k(codes: np.ndarray, per_record: int) -> np.ndarray:
@@ -99,21 +99,25 @@ def _five_bit_codes(qs: np.ndarray, qh: np.ndarray) -> np.ndarray:
 
 def _pack_q5_0(blocks: np.ndarray) -> np.ndarray:
     d, qh, qs = blocks[..., :2], blocks[..., 2:6], blocks[..., 6:]
-    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
-                    _five_bit_by_k(_five_bit_codes(qs, qh), 32))
+    return _records(
+        _by_column(_halves(d)).swapaxes(-1, -2), _five_bit_by_k(_five_bit_codes(qs, qh), 32)
+    )
 
 
 def _pack_q5_1(blocks: np.ndarray) -> np.ndarray:
     d, m, qh, qs = blocks[..., :2], blocks[..., 2:4], blocks[..., 4:8], blocks[..., 8:]
-    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
-                    _by_column(_halves(m)).swapaxes(-1, -2),
-                    _five_bit_by_k(_five_bit_codes(qs, qh), 32))
+    return _records(
+        _by_column(_halves(d)).swapaxes(-1, -2),
+        _by_column(_halves(m)).swapaxes(-1, -2),
+        _five_bit_by_k(_five_bit_codes(qs, qh), 32),
+    )
 
 
 def _pack_q8_0(blocks: np.ndarray) -> np.ndarray:
     d, qs = blocks[..., :2], blocks[..., 2:]
-    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
-                    _codes_by_k(qs.reshape(blocks.shape[0], -1), 32))
+    return _records(
+        _by_column(_halves(d)).swapaxes(-1, -2), _codes_by_k(qs.reshape(blocks.shape[0], -1), 32)
+    )
 
 
 def _pack_q4_k(blocks: np.ndarray) -> np.ndarray:
@@ -122,10 +126,13 @@ def _pack_q4_k(blocks: np.ndarray) -> np.ndarray:
     sc, mn = Q4_K.get_scale_min(scales.reshape(-1, 12))
     # 64 elements per 32 bytes: the low nibbles, then the high ones.
     codes = _nibbles(qs.reshape(n, supers, 4, 32)).reshape(n, -1)
-    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
-                    _by_column(_halves(dmin)).swapaxes(-1, -2),
-                    _by_column(sc.reshape(n, supers, 8)), _by_column(mn.reshape(n, supers, 8)),
-                    _nibble_pairs(_codes_by_k(codes, 256)))
+    return _records(
+        _by_column(_halves(d)).swapaxes(-1, -2),
+        _by_column(_halves(dmin)).swapaxes(-1, -2),
+        _by_column(sc.reshape(n, supers, 8)),
+        _by_column(mn.reshape(n, supers, 8)),
+        _nibble_pairs(_codes_by_k(codes, 256)),
+    )
 
 
 def _pack_q5_k(blocks: np.ndarray) -> np.ndarray:
@@ -137,10 +144,13 @@ def _pack_q5_k(blocks: np.ndarray) -> np.ndarray:
     # Bit i of high byte l: element 32 i + l.
     high = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
     codes = (low | (high.reshape(n, supers, 256) << 4)).reshape(n, -1)
-    return _records(_by_column(_halves(d)).swapaxes(-1, -2),
-                    _by_column(_halves(dmin)).swapaxes(-1, -2),
-                    _by_column(sc.reshape(n, supers, 8)), _by_column(mn.reshape(n, supers, 8)),
-                    _five_bit_by_k(codes, 256))
+    return _records(
+        _by_column(_halves(d)).swapaxes(-1, -2),
+        _by_column(_halves(dmin)).swapaxes(-1, -2),
+        _by_column(sc.reshape(n, supers, 8)),
+        _by_column(mn.reshape(n, supers, 8)),
+        _five_bit_by_k(codes, 256),
+    )
 
 
 def _pack_q6_k(blocks: np.ndarray) -> np.ndarray:
@@ -154,8 +164,12 @@ def _pack_q6_k(blocks: np.ndarray) -> np.ndarray:
     codes = (low | (high << 4)).reshape(n, -1)
     by_k = _codes_by_k(codes, 256)  # [N/32, supers, 256, 32]
     pairs = by_k >> 4
-    high_bytes = (pairs[..., 0:8] | (pairs[..., 8:16] << 2) | (pairs[..., 16:24] << 4)
-                  | (pairs[..., 24:32] << 6))
+    high_bytes = (
+        pairs[..., 0:8]
+        | (pairs[..., 8:16] << 2)
+        | (pairs[..., 16:24] << 4)
+        | (pairs[..., 24:32] << 6)
+    )
     per_k = np.concatenate([_nibble_pairs(by_k & 15), high_bytes], axis=-1)
     return _records(_by_column(_halves(d)).swapaxes(-1, -2), _by_column(scales), per_k)
 
@@ -177,12 +191,16 @@ QUANT_TYPES = frozenset(_PACKERS)
 def pack(qtype: GGMLType, raw: np.ndarray, out_features: int, in_features: int) -> QuantizedWeight:
     """The GGUF tensor raw (its bytes, [out_features, row bytes]) in the kernels' layout."""
     if qtype not in _PACKERS:
-        raise ValueError(f"GGUF type {qtype.name} has no CPU kernel; "
-                         f"kernels exist for {', '.join(sorted(t.name for t in QUANT_TYPES))}")
+        raise ValueError(
+            f"GGUF type {qtype.name} has no CPU kernel; "
+            f"kernels exist for {', '.join(sorted(t.name for t in QUANT_TYPES))}"
+        )
     block, type_size = GGML_QUANT_SIZES[qtype]
     if in_features % block or raw.shape != (out_features, in_features // block * type_size):
-        raise ValueError(f"{qtype.name} tensor of {raw.shape} bytes is not an "
-                         f"[{out_features}, {in_features}] weight of whole blocks")
+        raise ValueError(
+            f"{qtype.name} tensor of {raw.shape} bytes is not an "
+            f"[{out_features}, {in_features}] weight of whole blocks"
+        )
     padded = -(-out_features // COLUMNS) * COLUMNS
     blocks = np.zeros((padded, in_features // block, type_size), np.uint8)
     blocks[:out_features] = raw.reshape(out_features, -1, type_size)

@@ -25,9 +25,17 @@ def _merge(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
             runs.append([part])
     # One numpy copy per run: torch.cat copies uint8 at ~100 MB/s here (0.9-2 s of start-up
     # for the default model), numpy ten times faster.
-    return [run[0] if len(run) == 1 else QuantizedWeight(
-        run[0].qtype, torch.from_numpy(np.concatenate([p.data.numpy() for p in run])),
-        sum(p.out_features for p in run), run[0].in_features) for run in runs]
+    return [
+        run[0]
+        if len(run) == 1
+        else QuantizedWeight(
+            run[0].qtype,
+            torch.from_numpy(np.concatenate([p.data.numpy() for p in run])),
+            sum(p.out_features for p in run),
+            run[0].in_features,
+        )
+        for run in runs
+    ]
 
 
 class QuantizedProjection:
@@ -44,8 +52,9 @@ class QuantizedProjection:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         out = out.view(rows.shape[0], self.out_features) if out is not None else None
         if len(self.parts) == 1:
@@ -56,8 +65,9 @@ class QuantizedProjection:
         start = 0
         for part in self.parts:
             end = start + part.out_features
-            cpu_ops.quant_linear(rows, part, None if bias is None else bias[start:end],
-                                 out=out[:, start:end])
+            cpu_ops.quant_linear(
+                rows, part, None if bias is None else bias[start:end], out=out[:, start:end]
+            )
             start = end
         return out.view(*x.shape[:-1], self.out_features)
 

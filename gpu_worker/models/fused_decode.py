@@ -49,13 +49,18 @@ def _weight(linear: Linear) -> StackWeight | None:
 
 def _layer(layer: nn.Module) -> StackLayer | None:
     attn, mlp = layer.self_attn, layer.mlp
-    if (attn.qk_norm or attn.attn.head_dim not in HEAD_DIMS or attn.attn.kv_cache.dim() != 5
-            or attn.attn.num_heads % attn.attn.num_kv_heads
-            or attn.attn.num_heads // attn.attn.num_kv_heads > MAX_GROUP):
+    if (
+        attn.qk_norm
+        or attn.attn.head_dim not in HEAD_DIMS
+        or attn.attn.kv_cache.dim() != 5
+        or attn.attn.num_heads % attn.attn.num_kv_heads
+        or attn.attn.num_heads // attn.attn.num_kv_heads > MAX_GROUP
+    ):
         return None
     if mlp.fused_gate_up is not None:
-        gate_up = StackWeight(F32_PAIRS, 2 * mlp.intermediate, mlp.gate_up_proj.in_features,
-                              mlp.fused_gate_up)
+        gate_up = StackWeight(
+            F32_PAIRS, 2 * mlp.intermediate, mlp.gate_up_proj.in_features, mlp.fused_gate_up
+        )
     else:
         gate_up = _weight(mlp.gate_up_proj)
     weights = (_weight(attn.qkv_proj), _weight(attn.o_proj), gate_up, _weight(mlp.down_proj))
@@ -79,22 +84,36 @@ class FusedDecode:
     @property
     def enabled(self) -> bool:
         if self._enabled is None:
-            self._enabled = (os.environ.get("ENGINE_FUSED_DECODE", "1") != "0"
-                             and tp_world_size() == 1 and cpu_ops.available())
+            self._enabled = (
+                os.environ.get("ENGINE_FUSED_DECODE", "1") != "0"
+                and tp_world_size() == 1
+                and cpu_ops.available()
+            )
         return self._enabled
 
     def _build(self) -> DecodeStack | None:
         inner, cfg = self.model.model, self.model.cfg
         layers = [_layer(layer) for layer in inner.layers]
-        if not layers or any(ly is None for ly in layers) or \
-                cfg.intermediate_size % 32 or inner.norm.weight.dtype != torch.float32:
+        if (
+            not layers
+            or any(ly is None for ly in layers)
+            or cfg.intermediate_size % 32
+            or inner.norm.weight.dtype != torch.float32
+        ):
             return None
         attn = inner.layers[0].self_attn.attn
         block_size = attn.kv_cache.shape[3]
         if block_size % 16:
             return None
-        shape = StackShape(cfg.hidden_size, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                           cfg.intermediate_size, cfg.rms_norm_eps, attn.scale)
+        shape = StackShape(
+            cfg.hidden_size,
+            attn.num_heads,
+            attn.num_kv_heads,
+            attn.head_dim,
+            cfg.intermediate_size,
+            cfg.rms_norm_eps,
+            attn.scale,
+        )
         return DecodeStack(shape, layers, inner.norm.weight)
 
     def stack(self) -> DecodeStack | None:
@@ -111,12 +130,22 @@ class FusedDecode:
         if x.is_cuda or not 1 <= rows <= MAX_ROWS or x.dtype != torch.float32 or not self.enabled:
             return None
         meta = get_attn_metadata().metadata
-        if (not isinstance(meta, CpuAttnMetadata) or meta.query_start_loc.numel() != rows + 1
-                or meta.block_table.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32
-                or meta.slot_mapping.dtype != torch.int64):
+        if (
+            not isinstance(meta, CpuAttnMetadata)
+            or meta.query_start_loc.numel() != rows + 1
+            or meta.block_table.dtype != torch.int32
+            or meta.seq_lens.dtype != torch.int32
+            or meta.slot_mapping.dtype != torch.int64
+        ):
             return None
         stack = self.stack()
         if stack is None:
             return None
-        return stack.run(x.contiguous(), cos.reshape(rows, -1), sin.reshape(rows, -1),
-                         meta.slot_mapping, meta.block_table, meta.seq_lens)
+        return stack.run(
+            x.contiguous(),
+            cos.reshape(rows, -1),
+            sin.reshape(rows, -1),
+            meta.slot_mapping,
+            meta.block_table,
+            meta.seq_lens,
+        )

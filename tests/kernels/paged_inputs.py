@@ -55,8 +55,9 @@ def make_batch(
     return {name: t.to(device) for name, t in batch.items()}
 
 
-def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor,
-                              dtype: torch.dtype) -> None:
+def assert_close_to_reference(
+    actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype
+) -> None:
     """actual is a dtype tensor of expected's shape (an fp32 reference), within dtype's
     tolerance of it."""
     assert actual.dtype == dtype and actual.shape == expected.shape

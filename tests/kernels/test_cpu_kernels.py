@@ -22,7 +22,8 @@ def _cpu_batch(requests, num_kv_heads, group, head_dim, block_size, seed=0):
 
 
 def _cpu_layout(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """[N, bs, Hkv, D] caches -> the CPU kernels' keys [N, Hkv, D, bs] and values [N, Hkv, bs, D]."""
+    """[N, bs, Hkv, D] caches -> the CPU kernels' keys [N, Hkv, D, bs] and values
+    [N, Hkv, bs, D]."""
     return key_cache.permute(0, 2, 3, 1).contiguous(), value_cache.permute(0, 2, 1, 3).contiguous()
 
 
@@ -32,10 +33,14 @@ def _check_attention(batch, threads: int = 2) -> None:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        actual = cpu_ops.paged_attention(batch["query"],
-                                         *_cpu_layout(batch["key_cache"], batch["value_cache"]),
-                                         batch["block_table"], batch["query_start_loc"],
-                                         batch["seq_lens"], scale)
+        actual = cpu_ops.paged_attention(
+            batch["query"],
+            *_cpu_layout(batch["key_cache"], batch["value_cache"]),
+            batch["block_table"],
+            batch["query_start_loc"],
+            batch["seq_lens"],
+            scale,
+        )
     finally:
         torch.set_num_threads(previous)
     torch.testing.assert_close(actual, expected, rtol=2e-5, atol=2e-5)
@@ -75,13 +80,19 @@ def test_queries_may_be_a_strided_view() -> None:
 
 def test_attention_refuses_what_it_would_misread() -> None:
     batch = _cpu_batch([(0, 4)], 1, 1, 64, 16)
-    args = [*_cpu_layout(batch["key_cache"], batch["value_cache"]), batch["block_table"],
-            batch["query_start_loc"], batch["seq_lens"], 0.125]
+    args = [
+        *_cpu_layout(batch["key_cache"], batch["value_cache"]),
+        batch["block_table"],
+        batch["query_start_loc"],
+        batch["seq_lens"],
+        0.125,
+    ]
     for head_dim, block_size in ((32, 16), (64, 8)):
         small = _cpu_batch([(0, 4)], 1, 1, head_dim, block_size)
         with pytest.raises(ValueError, match="head_dim 64 or 128 and a block_size"):
-            cpu_ops.paged_attention(small["query"], *_cpu_layout(small["key_cache"],
-                                    small["value_cache"]), *args[2:])
+            cpu_ops.paged_attention(
+                small["query"], *_cpu_layout(small["key_cache"], small["value_cache"]), *args[2:]
+            )
     with pytest.raises(ValueError, match="float32"):
         cpu_ops.paged_attention(batch["query"].double(), *args)
     with pytest.raises(ValueError, match="int32"):
@@ -89,9 +100,12 @@ def test_attention_refuses_what_it_would_misread() -> None:
     heads = _cpu_batch([(0, 4)], 1, 3, 64, 16)
     query = heads["query"].transpose(1, 2).contiguous().transpose(1, 2)  # heads not packed
     with pytest.raises(ValueError, match="contiguous"):
-        cpu_ops.paged_attention(query, *_cpu_layout(heads["key_cache"], heads["value_cache"]),
-                                *[heads[k] for k in ("block_table", "query_start_loc", "seq_lens")],
-                                0.125)
+        cpu_ops.paged_attention(
+            query,
+            *_cpu_layout(heads["key_cache"], heads["value_cache"]),
+            *[heads[k] for k in ("block_table", "query_start_loc", "seq_lens")],
+            0.125,
+        )
     with pytest.raises(ValueError, match="does not match caches"):
         cpu_ops.paged_attention(batch["query"], batch["key_cache"], batch["value_cache"], *args[2:])
 
@@ -169,8 +183,9 @@ def test_linear_matches_matmul(rows: int, bias: bool) -> None:
     x = torch.randn(rows, 77, generator=gen)
     blocked = cpu_ops.block_weight(weight)
     assert blocked.shape == (3, 77, 32)
-    torch.testing.assert_close(cpu_ops.linear(x, blocked, b), F.linear(x, weight, b),
-                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        cpu_ops.linear(x, blocked, b), F.linear(x, weight, b), rtol=1e-5, atol=1e-4
+    )
 
 
 def test_linear_takes_views_and_batches() -> None:
@@ -202,7 +217,7 @@ def test_linear_writes_into_out() -> None:
 def test_argmax_rows_matches_torch(cols: int) -> None:
     gen = torch.Generator().manual_seed(cols)
     wide = torch.randn(9, cols + 3, generator=gen)
-    x = wide[:, 2:cols + 2]  # rows cols + 3 apart
+    x = wide[:, 2 : cols + 2]  # rows cols + 3 apart
     x[1] = float("-inf")  # every logit masked: index 0, as torch
     x[2] = 1.5  # all equal: the first
     if cols > 600:
@@ -251,8 +266,8 @@ def test_model_linears_use_the_blocked_layout(tmp_path) -> None:
     """After loading, every fp32 CPU linear layer is re-laid for the kernel and its original
     weight freed (except the output projection tied to the embedding)."""
     from gpu_worker.layers.linear import Linear
-    from tests.worker.runner_utils import make_runner
     from tests.tiny_models import make_tiny_model
+    from tests.worker.runner_utils import make_runner
 
     model_dir = make_tiny_model(tmp_path / "tiny", "llama", tie_word_embeddings=True)
     runner, _ = make_runner(model_dir, kv_cache_memory="4MiB")
@@ -307,8 +322,10 @@ def test_loading_the_library_leaves_the_process_floats_alone() -> None:
     import subprocess
     import sys
 
-    code = ("from kernels import cpu_library\nassert cpu_library.load() is not None\n"
-            "print(repr(5e-324 * 1.0), repr(1e-310 / 2))")
+    code = (
+        "from kernels import cpu_library\nassert cpu_library.load() is not None\n"
+        "print(repr(5e-324 * 1.0), repr(1e-310 / 2))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["5e-324", "5e-311"]
 

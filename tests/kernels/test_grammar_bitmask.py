@@ -12,14 +12,15 @@ from kernels.grammar_bitmask import apply_token_bitmask, apply_token_bitmask_ref
 def _bitmask(rows: int, vocab: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     words = (vocab + 31) // 32
-    mask = torch.randint(-2**31, 2**31 - 1, (rows, words), dtype=torch.int32, generator=g)
+    mask = torch.randint(-(2**31), 2**31 - 1, (rows, words), dtype=torch.int32, generator=g)
     mask[:, ::3] = 0  # all forbidden
     mask[:, 1::5] = -1  # all allowed
     return mask
 
 
-@pytest.mark.parametrize("num_logits, rows, vocab", [(7, 3, 100), (5, 5, 33), (4, 2, 32),
-                                                      (64, 17, 49152), (3, 1, 1)])
+@pytest.mark.parametrize(
+    "num_logits, rows, vocab", [(7, 3, 100), (5, 5, 33), (4, 2, 32), (64, 17, 49152), (3, 1, 1)]
+)
 def test_kernel_matches_reference(num_logits, rows, vocab):
     if not cpu_ops.available():
         pytest.skip("no C compiler")
@@ -47,8 +48,10 @@ def test_reference_allows_exactly_the_set_bits():
 
 def test_shapes_are_checked():
     with pytest.raises(ValueError, match="does not cover"):
-        apply_token_bitmask(torch.zeros(2, 65), torch.zeros(1, 2, dtype=torch.int32),
-                            torch.tensor([0]))
+        apply_token_bitmask(
+            torch.zeros(2, 65), torch.zeros(1, 2, dtype=torch.int32), torch.tensor([0])
+        )
     with pytest.raises(ValueError, match="int32"):
-        apply_token_bitmask(torch.zeros(2, 64), torch.zeros(1, 2, dtype=torch.int64),
-                            torch.tensor([0]))
+        apply_token_bitmask(
+            torch.zeros(2, 64), torch.zeros(1, 2, dtype=torch.int64), torch.tensor([0])
+        )

@@ -77,8 +77,9 @@ def scalars(args: tuple) -> list:
     return [a for a in args if not isinstance(a, torch.Tensor)]
 
 
-def assert_one_variant(kernel, launches: Launches, step_a, step_b,
-                       scalars_differ: bool = True) -> None:
+def assert_one_variant(
+    kernel, launches: Launches, step_a, step_b, scalars_differ: bool = True
+) -> None:
     """step_a and step_b (callables launching kernel) share one specialisation key, and on CUDA
     the second compiles nothing new. scalars_differ: the steps pass different scalar values."""
     step_a()
@@ -88,16 +89,17 @@ def assert_one_variant(kernel, launches: Launches, step_a, step_b,
     (args_a, kwargs_a), (args_b, kwargs_b) = launches.calls[kernel.__name__][-2:]
     if scalars_differ:
         assert scalars(args_a) != scalars(args_b), "the steps should differ in a per-step value"
-    assert specialization_key(kernel, args_a, kwargs_a) == specialization_key(kernel, args_b,
-                                                                             kwargs_b)
+    assert specialization_key(kernel, args_a, kwargs_a) == specialization_key(
+        kernel, args_b, kwargs_b
+    )
 
 
 def test_declared_per_step_arguments():
     assert {"num_seqs", "stride_bt"} <= declared_do_not_specialize(
-        pa_module._paged_attention_kernel)
+        pa_module._paged_attention_kernel
+    )
     scratch = {"stride_ms", "stride_mh"}
-    assert scratch | {"stride_bt"} <= declared_do_not_specialize(
-        pd_module._decode_partition_kernel)
+    assert scratch | {"stride_bt"} <= declared_do_not_specialize(pd_module._decode_partition_kernel)
     assert scratch <= declared_do_not_specialize(pd_module._decode_reduce_kernel)
 
 
@@ -107,13 +109,17 @@ def test_paged_attention_one_variant_across_batch_sizes(monkeypatch, device):
     # num_seqs 1 then 3, block-table width 2 then 4, another scale; one decode tile size.
     step_a = make_batch([(5, 1)], 1, 2, 64, 16, torch.float32, device=device)
     step_b = make_batch([(5, 1), (40, 1), (20, 1)], 1, 2, 64, 16, torch.float32, device=device)
-    assert_one_variant(kernel, launches,
-                       lambda: paged_attention(**step_a, scale=0.125, max_query_len=1),
-                       lambda: paged_attention(**step_b, scale=0.1, max_query_len=1))
+    assert_one_variant(
+        kernel,
+        launches,
+        lambda: paged_attention(**step_a, scale=0.125, max_query_len=1),
+        lambda: paged_attention(**step_b, scale=0.1, max_query_len=1),
+    )
     # The check has teeth: without do_not_specialize, num_seqs == 1 would be a constant.
     (args_a, kwargs_a), (args_b, kwargs_b) = launches.calls[kernel.__name__][-2:]
-    assert (specialization_key(kernel, args_a, kwargs_a, honour_declared=False)
-            != specialization_key(kernel, args_b, kwargs_b, honour_declared=False))
+    assert specialization_key(
+        kernel, args_a, kwargs_a, honour_declared=False
+    ) != specialization_key(kernel, args_b, kwargs_b, honour_declared=False)
 
 
 def test_split_decode_one_variant_across_batches_and_lengths(monkeypatch, device):

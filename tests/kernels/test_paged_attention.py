@@ -23,8 +23,9 @@ def check(batch: dict[str, torch.Tensor], **kwargs) -> None:
 
 def test_reference_matches_dense_attention(device):
     ctx, q_len, num_kv_heads, group, head_dim, block_size = 37, 11, 2, 3, 16, 8
-    batch = make_batch([(ctx, q_len)], num_kv_heads, group, head_dim, block_size, torch.float32,
-                       device=device)
+    batch = make_batch(
+        [(ctx, q_len)], num_kv_heads, group, head_dim, block_size, torch.float32, device=device
+    )
     seq_len = ctx + q_len
     positions = torch.arange(seq_len, device=device)
     blocks = batch["block_table"][0].long()[positions // block_size]
@@ -47,17 +48,28 @@ def test_reference_matches_dense_attention(device):
 
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_decode_at_block_boundaries(block_size, device):
-    lens = [block_size - 1, block_size, block_size + 1, 2 * block_size - 1, 2 * block_size,
-            2 * block_size + 1]
-    batch = make_batch([(n - 1, 1) for n in lens], 1, 2, 64, block_size, torch.float32,
-                       device=device)
+    lens = [
+        block_size - 1,
+        block_size,
+        block_size + 1,
+        2 * block_size - 1,
+        2 * block_size,
+        2 * block_size + 1,
+    ]
+    batch = make_batch(
+        [(n - 1, 1) for n in lens], 1, 2, 64, block_size, torch.float32, device=device
+    )
     check(batch, max_query_len=1)
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_prefill_at_block_boundaries(block_size, device):
-    requests = [(0, block_size - 1), (0, block_size), (0, block_size + 1),
-                (block_size, block_size + 1)]
+    requests = [
+        (0, block_size - 1),
+        (0, block_size),
+        (0, block_size + 1),
+        (block_size, block_size + 1),
+    ]
     check(make_batch(requests, 1, 1, 64, block_size, torch.float32, device=device))
 
 
@@ -84,8 +96,10 @@ def test_half_precision(dtype, device):
 def test_large_mixed_batch_on_cuda(dtype, device):
     rng = random.Random(7)
     requests = [(rng.randint(0, 3000), rng.choice([1, 1, 1, 64, 700])) for _ in range(24)]
-    check(make_batch(requests, 8, 4, 128, 16, dtype, seed=3, device=device),
-          max_query_len=max(q for _, q in requests))
+    check(
+        make_batch(requests, 8, 4, 128, 16, dtype, seed=3, device=device),
+        max_query_len=max(q for _, q in requests),
+    )
 
 
 def test_random_shapes(device):

@@ -21,8 +21,9 @@ def check(batch: dict[str, torch.Tensor], partition_size: int | None = None) -> 
     scale = batch["query"].shape[-1] ** -0.5
     expected = paged_attention_ref(**batch, scale=scale, out_dtype=torch.float32)
     max_seq_len = int(batch["seq_lens"].max())
-    actual = paged_decode_split(**batch, scale=scale, max_seq_len=max_seq_len,
-                                partition_size=partition_size)
+    actual = paged_decode_split(
+        **batch, scale=scale, max_seq_len=max_seq_len, partition_size=partition_size
+    )
     assert_close_to_reference(actual, expected, batch["query"].dtype)
 
 
@@ -35,16 +36,20 @@ def decode(seq_lens: list[int]) -> list[tuple[int, int]]:
 def test_partition_boundaries_gqa(group, device):
     # Small partitions so that lengths at, before and after partition edges stay cheap here.
     lens = [1, 63, 64, 65, 150]
-    check(make_batch(decode(lens), 1, group, 64, 16, torch.float32, seed=group, device=device),
-          partition_size=64)
+    check(
+        make_batch(decode(lens), 1, group, 64, 16, torch.float32, seed=group, device=device),
+        partition_size=64,
+    )
 
 
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_partition_of_one_block(block_size, device):
     # A partition as small as a block: one key tile per program, many partitions to combine.
     lens = [block_size * 40 + 3, 5]
-    check(make_batch(decode(lens), 1, 2, 32, block_size, torch.float32, device=device),
-          partition_size=block_size)
+    check(
+        make_batch(decode(lens), 1, 2, 32, block_size, torch.float32, device=device),
+        partition_size=block_size,
+    )
 
 
 @pytest.mark.parametrize(
@@ -57,8 +62,16 @@ def test_partition_of_one_block(block_size, device):
 )
 def test_long_contexts(seq_lens, num_kv_heads, group, block_size, device):
     # 4096-token partitions keep the interpreter's grid at 8 programs per sequence and kv head.
-    batch = make_batch(decode(seq_lens), num_kv_heads, group, 64, block_size, torch.float32,
-                       seed=len(seq_lens), device=device)
+    batch = make_batch(
+        decode(seq_lens),
+        num_kv_heads,
+        group,
+        64,
+        block_size,
+        torch.float32,
+        seed=len(seq_lens),
+        device=device,
+    )
     check(batch, partition_size=4096)
 
 
@@ -80,8 +93,9 @@ def test_half_precision(dtype, device):
     check(make_batch(decode([300, 77]), 2, 4, 128, 16, dtype, device=device), partition_size=128)
 
 
-@cuda_only("16-bit tl.dot on tensor cores at the default partition size, too large for the "
-           "interpreter")
+@cuda_only(
+    "16-bit tl.dot on tensor cores at the default partition size, too large for the interpreter"
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_default_partitions_on_cuda(dtype, device):
     lens = [16384, 9000, 513, 512, 1, 2049, 12000, 4097]

@@ -19,12 +19,21 @@ def _state(device: str):
     num_computed = num_tokens - 1
     num_output = torch.randint(0, 5, (8,), generator=gen)
     slots = torch.tensor([6, 1, 3, 0, 4])
-    seq_lens = num_computed[slots].to(torch.int32) + torch.tensor([1, 1, 9, 1, 1],
-                                                                  dtype=torch.int32)
+    seq_lens = num_computed[slots].to(torch.int32) + torch.tensor(
+        [1, 1, 9, 1, 1], dtype=torch.int32
+    )
     sample_slots = torch.tensor([6, 1, 4])
     sampled = torch.tensor([901, 902, 903])
-    tensors = [slots, seq_lens, sample_slots, sampled, num_computed, num_tokens, token_ids,
-               num_output]
+    tensors = [
+        slots,
+        seq_lens,
+        sample_slots,
+        sampled,
+        num_computed,
+        num_tokens,
+        token_ids,
+        num_output,
+    ]
     return [t.to(device) for t in tensors]
 
 

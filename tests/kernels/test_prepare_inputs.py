@@ -21,8 +21,9 @@ def _step(device: str, seed: int = 0):
     rng = np.random.default_rng(seed)
     num_slots, width, max_blocks = 12, 200, 13
     token_ids = torch.from_numpy(rng.integers(0, 50_000, (num_slots, width)))
-    block_table = torch.from_numpy(rng.permutation(num_slots * max_blocks)
-                                   .reshape(num_slots, max_blocks).astype(np.int32))
+    block_table = torch.from_numpy(
+        rng.permutation(num_slots * max_blocks).reshape(num_slots, max_blocks).astype(np.int32)
+    )
     num_computed = torch.from_numpy(rng.integers(0, 150, num_slots))
     slots = torch.tensor([7, 2, 11, 0, 5, 9])
     query_lens = np.array([1, 40, 1, 17, 1, 3])
@@ -42,15 +43,17 @@ def _assert_equal(got, want) -> None:
 
 def test_reference_reads_the_tables_as_documented() -> None:
     (slots, qsl, sample_rows, computed, tokens, blocks), num_tokens, step_blocks = _step("cpu")
-    out = prepare_inputs_torch(slots, qsl, sample_rows, computed, tokens, blocks, BLOCK_SIZE,
-                               num_tokens, step_blocks)
+    out = prepare_inputs_torch(
+        slots, qsl, sample_rows, computed, tokens, blocks, BLOCK_SIZE, num_tokens, step_blocks
+    )
     # Request 1 (slot 2) computes 40 tokens from its computed count onward.
     start, c = int(qsl[1]), int(computed[2])
-    assert out.positions[start:start + 40].tolist() == list(range(c, c + 40))
-    assert out.input_ids[start:start + 40].tolist() == tokens[2, c:c + 40].tolist()
+    assert out.positions[start : start + 40].tolist() == list(range(c, c + 40))
+    assert out.input_ids[start : start + 40].tolist() == tokens[2, c : c + 40].tolist()
     pos = c + 39
-    assert int(out.slot_mapping[start + 39]) == (int(blocks[2, pos // BLOCK_SIZE]) * BLOCK_SIZE
-                                                 + pos % BLOCK_SIZE)
+    assert int(out.slot_mapping[start + 39]) == (
+        int(blocks[2, pos // BLOCK_SIZE]) * BLOCK_SIZE + pos % BLOCK_SIZE
+    )
     assert out.seq_lens.tolist() == (computed[slots] + qsl[1:].long() - qsl[:-1].long()).tolist()
     assert out.logits_indices.tolist() == [0, 41, 58, 59]
     assert out.sample_slots.tolist() == [7, 11, 0, 5]
@@ -70,8 +73,12 @@ def test_c_kernel_matches_the_reference() -> None:
         want = prepare_inputs_torch(*args, BLOCK_SIZE, num_tokens, step_blocks)
         _assert_equal(cpu_ops.prepare_inputs(*args, BLOCK_SIZE, num_tokens, step_blocks), want)
     # An empty step, and arguments it would misread.
-    empty = [torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int32),
-             torch.zeros(0, dtype=torch.int64), *args[3:]]
+    empty = [
+        torch.zeros(0, dtype=torch.int64),
+        torch.zeros(1, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.int64),
+        *args[3:],
+    ]
     assert cpu_ops.prepare_inputs(*empty, BLOCK_SIZE, 0, 0).input_ids.shape == (0,)
     with pytest.raises(ValueError, match="int32"):
         cpu_ops.prepare_inputs(args[0], args[1].long(), *args[2:], BLOCK_SIZE, num_tokens, 1)

@@ -20,8 +20,16 @@ from kernels.gguf_quant import QuantizedWeight, pack
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
 
-TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-         GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+TYPES = [
+    GGMLType.Q4_0,
+    GGMLType.Q4_1,
+    GGMLType.Q5_0,
+    GGMLType.Q5_1,
+    GGMLType.Q8_0,
+    GGMLType.Q4_K,
+    GGMLType.Q5_K,
+    GGMLType.Q6_K,
+]
 # Byte offsets of the fp16 super-block scales of the types gguf cannot quantize (random codes
 # and sub-block scales, scales kept small and finite).
 _K_SCALES = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
@@ -122,7 +130,19 @@ def test_builds_for_other_vector_widths(march: str, tmp_path: Path) -> None:
     cc = cpu_library._compiler()
     flags = [f for f in cpu_library._FLAGS if f not in ("-march=native", "-O3")]
     source = Path(cpu_library.__file__).parent / "cpu" / "quant_linear.c"
-    result = subprocess.run([cc, *flags, "-O0", f"-march={march}", "-Wno-psabi", "-c", str(source),
-                             "-o", str(tmp_path / "quant_linear.o")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            cc,
+            *flags,
+            "-O0",
+            f"-march={march}",
+            "-Wno-psabi",
+            "-c",
+            str(source),
+            "-o",
+            str(tmp_path / "quant_linear.o"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr

@@ -52,30 +52,47 @@ def decode_step(batch: dict[str, torch.Tensor], device: torch.device):
     shape = (len(slots), *key_cache.shape[2:])
     k = torch.randn(shape, generator=gen).to(device)
     v = torch.randn(shape, generator=gen).to(device)
-    meta = DeviceBatch(batch["query_start_loc"], batch["seq_lens"], batch["block_table"],
-                       torch.tensor(slots, dtype=torch.int64, device=device),
-                       max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
-                       max_seq_len=max(seq_lens))
+    meta = DeviceBatch(
+        batch["query_start_loc"],
+        batch["seq_lens"],
+        batch["block_table"],
+        torch.tensor(slots, dtype=torch.int64, device=device),
+        max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
+        max_seq_len=max(seq_lens),
+    )
     return k, v, torch.stack([key_cache, value_cache]), meta
 
 
-@pytest.mark.parametrize("requests,split", [
-    ([(SPLIT_MIN_SEQ_LEN + 99, 1), (700, 1)], True),
-    ([(1000, 1), (700, 1)], False),  # short contexts
-    ([(SPLIT_MIN_SEQ_LEN + 99, 1), (70, 5)], False),  # a prefill chunk in the step
-])
+@pytest.mark.parametrize(
+    "requests,split",
+    [
+        ([(SPLIT_MIN_SEQ_LEN + 99, 1), (700, 1)], True),
+        ([(1000, 1), (700, 1)], False),  # short contexts
+        ([(SPLIT_MIN_SEQ_LEN + 99, 1), (70, 5)], False),  # a prefill chunk in the step
+    ],
+)
 def test_forward_takes_the_chosen_kernel(requests, split, monkeypatch, device):
     calls = []
     split_kernel = triton_backend.paged_decode_split
-    monkeypatch.setattr(triton_backend, "paged_decode_split",
-                        lambda *a, **kw: calls.append(kw["max_seq_len"]) or split_kernel(*a, **kw))
+    monkeypatch.setattr(
+        triton_backend,
+        "paged_decode_split",
+        lambda *a, **kw: calls.append(kw["max_seq_len"]) or split_kernel(*a, **kw),
+    )
     batch = make_batch(requests, 1, 2, 64, 16, torch.float32, device=device)
     k, v, kv_cache, meta = decode_step(batch, device)
     expected_cache = kv_cache.clone()
     write_kv_ref(k, v, expected_cache[0], expected_cache[1], meta.slot_mapping)
-    expected = paged_attention_ref(batch["query"], expected_cache[0], expected_cache[1],
-                                   meta.block_table, meta.query_start_loc, meta.seq_lens,
-                                   scale=0.125, out_dtype=torch.float32)
+    expected = paged_attention_ref(
+        batch["query"],
+        expected_cache[0],
+        expected_cache[1],
+        meta.block_table,
+        meta.query_start_loc,
+        meta.seq_lens,
+        scale=0.125,
+        out_dtype=torch.float32,
+    )
 
     out = TritonAttentionBackend().forward(batch["query"], k, v, kv_cache, meta, scale=0.125)
 

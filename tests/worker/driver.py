@@ -28,8 +28,13 @@ class StepDriver:
         self.blocks[req_id].extend(new)
         return new
 
-    def run(self, prompts: dict[str, list[int]], params: SamplingParams, max_new: int,
-            chunk: int | None = None) -> dict[str, list[int]]:
+    def run(
+        self,
+        prompts: dict[str, list[int]],
+        params: SamplingParams,
+        max_new: int,
+        chunk: int | None = None,
+    ) -> dict[str, list[int]]:
         """Generate max_new tokens for every prompt, at most `chunk` prompt tokens per step."""
         new_reqs = []
         for req_id, prompt in prompts.items():
@@ -46,18 +51,26 @@ class StepDriver:
                 n = todo if chunk is None else min(todo, chunk)
                 new_blocks = self._grow(req_id, self.computed[req_id] + n)
                 if req_id in pending:
-                    new_reqs.append(NewRequestData(req_id, pending.pop(req_id), params,
-                                                   list(self.blocks[req_id]), 0))
+                    new_reqs.append(
+                        NewRequestData(
+                            req_id, pending.pop(req_id), params, list(self.blocks[req_id]), 0
+                        )
+                    )
                 else:
                     cached.req_ids.append(req_id)
                     cached.new_block_ids.append(new_blocks)
                     cached.num_computed_tokens.append(self.computed[req_id])
                 num_sched[req_id] = n
             finished = [r for r in prompts if len(self.outputs[r]) >= max_new and r in self.blocks]
-            out = self.runner.execute_model(SchedulerOutput(
-                scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
-                num_scheduled_tokens=num_sched, total_num_scheduled_tokens=sum(num_sched.values()),
-                finished_req_ids=finished))
+            out = self.runner.execute_model(
+                SchedulerOutput(
+                    scheduled_new_reqs=new_reqs,
+                    scheduled_cached_reqs=cached,
+                    num_scheduled_tokens=num_sched,
+                    total_num_scheduled_tokens=sum(num_sched.values()),
+                    finished_req_ids=finished,
+                )
+            )
             for r in finished:
                 self.free.extend(self.blocks.pop(r))
             for req_id, sampled, lp in zip(out.req_ids, out.sampled_token_ids, out.logprobs):

@@ -11,14 +11,14 @@ from gpu_worker.model_runner import ModelRunner
 from tests.worker.driver import StepDriver
 
 
-def make_runner(model: str | Path | None, attention_backend=None,
-                **engine_args) -> tuple[ModelRunner, StepDriver]:
+def make_runner(
+    model: str | Path | None, attention_backend=None, **engine_args
+) -> tuple[ModelRunner, StepDriver]:
     """A loaded runner with its KV cache, and a driver over all its blocks; attention_backend
     replaces the one the device would pick."""
     engine_args.setdefault("device", "cpu")
     engine_args.setdefault("kv_cache_memory", "64MiB")
-    config = resolved_config(model=None if model is None else str(model),
-                                       **engine_args)
+    config = resolved_config(model=None if model is None else str(model), **engine_args)
     runner = ModelRunner(config, torch.device(config.device_type))
     if attention_backend is not None:
         runner.backend = attention_backend

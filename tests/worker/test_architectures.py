@@ -24,8 +24,14 @@ NEW_TOKENS = 10
 PROMPT_LENS = (1, 7, 16, 45)  # one token, under a block, exactly one block, more than two blocks
 LOGIT_ATOL = 1e-4
 
-LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
-                   high_freq_factor=4.0, original_max_position_embeddings=64)
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=10000.0,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=64,
+)
 
 # name -> (family, overrides of the tiny config, rewrite config.json in the pre-v5 rope layout)
 CASES = {
@@ -41,8 +47,11 @@ CASES = {
     "llama-attention-bias": ("llama", {"attention_bias": True}, False),  # q/k/v and o biases
     "llama3-rope": ("llama", {"rope_parameters": LLAMA3_ROPE}, False),
     "llama3-rope-legacy": ("llama", {"rope_parameters": LLAMA3_ROPE}, True),
-    "linear-rope": ("llama", {"rope_parameters": dict(rope_type="linear", rope_theta=10000.0,
-                                                      factor=4.0)}, False),
+    "linear-rope": (
+        "llama",
+        {"rope_parameters": dict(rope_type="linear", rope_theta=10000.0, factor=4.0)},
+        False,
+    ),
 }
 
 
@@ -101,9 +110,10 @@ def case(request, tmp_path_factory):
     tokens, logprobs, last_logits = {}, {}, {}
     with torch.inference_mode():
         for req_id, ids in prompts.items():
-            seq = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 pad_token_id=0)
-            tokens[req_id] = seq[0, len(ids):].tolist()
+            seq = model.generate(
+                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+            )
+            tokens[req_id] = seq[0, len(ids) :].tolist()
             logits = model(torch.tensor([ids])).logits[0].float()
             logprobs[req_id] = torch.log_softmax(logits, dim=-1)
             last_logits[req_id] = logits[-1]
@@ -174,8 +184,9 @@ def test_prompt_logprobs_match_transformers(case):
         for pos in range(len(ids) - 1):
             assert got.token_ids[pos][0] == ids[pos + 1]
             assert abs(got.logprobs[pos][0] - ref[pos, ids[pos + 1]].item()) < LOGIT_ATOL
-            assert torch.allclose(torch.tensor(got.logprobs[pos][1:]), ref[pos].topk(4).values,
-                                  atol=LOGIT_ATOL)
+            assert torch.allclose(
+                torch.tensor(got.logprobs[pos][1:]), ref[pos].topk(4).values, atol=LOGIT_ATOL
+            )
 
 
 def test_dummy_load_format_needs_only_config(tmp_path, monkeypatch):
@@ -183,9 +194,17 @@ def test_dummy_load_format_needs_only_config(tmp_path, monkeypatch):
     import transformers
 
     model_dir = tmp_path / "config-only"
-    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   vocab_size=512, max_position_embeddings=256, eos_token_id=2)
+    cfg = transformers.Qwen3Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        max_position_embeddings=256,
+        eos_token_id=2,
+    )
     cfg.architectures = ["Qwen3ForCausalLM"]
     cfg.save_pretrained(model_dir)
     assert sorted(p.name for p in model_dir.iterdir()) == ["config.json"]

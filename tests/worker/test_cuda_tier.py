@@ -16,8 +16,9 @@ from tests.hf_reference import NEW_TOKENS, greedy, prompt_ids
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="CUDA test tier: no GPU on this machine")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA test tier: no GPU on this machine"
+)
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
 PROMPTS = {"a": list(range(3, 40)), "b": [7], "c": list(range(100, 121))}
@@ -25,8 +26,12 @@ PROMPTS = {"a": list(range(3, 40)), "b": [7], "c": list(range(100, 121))}
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", hidden_size=64,
-                           num_attention_heads=4, num_key_value_heads=2)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "llama",
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
 
 
 def test_fp32_on_cuda_equals_the_cpu_runner(tiny):
@@ -45,8 +50,9 @@ def test_bf16_logprobs_within_tolerance_of_fp32(tiny):
     bf16.run(PROMPTS, params, 1)
     for req in PROMPTS:
         ref, got = fp32.logprobs[req][0], bf16.logprobs[req][0]
-        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(ref.logprobs),
-                                   atol=0.05, rtol=0.02)
+        torch.testing.assert_close(
+            torch.tensor(got.logprobs), torch.tensor(ref.logprobs), atol=0.05, rtol=0.02
+        )
 
 
 def test_a_step_makes_no_implicit_sync(tiny):
@@ -65,17 +71,25 @@ def test_a_step_makes_no_implicit_sync(tiny):
 
     runner.execute_model = checked
     try:
-        params = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=1,
-                                repetition_penalty=1.2, min_tokens=2, logprobs=2,
-                                ignore_eos=True)
+        params = SamplingParams(
+            temperature=0.8,
+            top_p=0.9,
+            top_k=20,
+            seed=1,
+            repetition_penalty=1.2,
+            min_tokens=2,
+            logprobs=2,
+            ignore_eos=True,
+        )
         driver.run(PROMPTS, params, 4, chunk=9)
     finally:
         runner.execute_model = real
 
 
 def test_default_model_fp32_on_cuda_equals_transformers():
-    _, driver = make_runner(None, device="cuda", dtype="float32", max_model_len=2048,
-                            kv_cache_memory="512MiB")
+    _, driver = make_runner(
+        None, device="cuda", dtype="float32", max_model_len=2048, kv_cache_memory="512MiB"
+    )
     prompts = prompt_ids()
     outputs = driver.run(prompts, GREEDY, NEW_TOKENS)
     for req, ids in prompts.items():

@@ -22,15 +22,21 @@ def _recording(forward, seen):
     def record(*args):
         seen.append(forward(*args).clone())
         return seen[-1]
+
     return record
 
 
 @pytest.fixture(scope="module", params=[3, 2], ids=["kv3", "kv2"])
 def model_dir(request, tmp_path_factory):
     kv = request.param
-    return make_tiny_model(tmp_path_factory.mktemp(f"split{kv}") / "tiny", hidden_size=64 * 2 * kv,
-                           intermediate_size=512, num_attention_heads=2 * kv,
-                           num_key_value_heads=kv, max_position_embeddings=1024)
+    return make_tiny_model(
+        tmp_path_factory.mktemp(f"split{kv}") / "tiny",
+        hidden_size=64 * 2 * kv,
+        intermediate_size=512,
+        num_attention_heads=2 * kv,
+        num_key_value_heads=kv,
+        max_position_embeddings=1024,
+    )
 
 
 @pytest.mark.parametrize("threads", [2, 3])
@@ -49,8 +55,10 @@ def test_split_attention_equals_the_layers(model_dir, threads, lengths):
             fused._enabled = enabled
             seen = []
             runner.model.forward = _recording(runner.model.forward, seen)
-            prompts = {f"{enabled}-{i}": [(11 * i + 3 * j) % 250 + 1 for j in range(n)]
-                       for i, n in enumerate(lengths)}
+            prompts = {
+                f"{enabled}-{i}": [(11 * i + 3 * j) % 250 + 1 for j in range(n)]
+                for i, n in enumerate(lengths)
+            }
             params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6)
             tokens = driver.run(prompts, params, 6)
             results.append((list(tokens.values()), seen))

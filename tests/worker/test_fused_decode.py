@@ -12,8 +12,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as GGMLType
 
-from engine_core.sampling_params import SamplingParams
 from config.gguf_convert import GGUF_LINK
+from engine_core.sampling_params import SamplingParams
 from gpu_worker.loader.model_loader import load_model
 from kernels import cpu_ops
 from kernels.decode_stack import MAX_ROWS, DecodeStack
@@ -25,9 +25,17 @@ pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler o
 
 # One type per fused projection (q, k and v alike), so each is one kernel run; several types
 # across the model, the K-quants' 256-row records included.
-_TYPES = {"attn_q": GGMLType.Q4_1, "attn_k": GGMLType.Q4_1, "attn_v": GGMLType.Q4_1,
-          "attn_output": GGMLType.Q4_0, "ffn_gate": GGMLType.Q8_0, "ffn_up": GGMLType.Q8_0,
-          "ffn_down": GGMLType.Q6_K, "output": GGMLType.Q5_K, "token_embd": GGMLType.Q4_K}
+_TYPES = {
+    "attn_q": GGMLType.Q4_1,
+    "attn_k": GGMLType.Q4_1,
+    "attn_v": GGMLType.Q4_1,
+    "attn_output": GGMLType.Q4_0,
+    "ffn_gate": GGMLType.Q8_0,
+    "ffn_up": GGMLType.Q8_0,
+    "ffn_down": GGMLType.Q6_K,
+    "output": GGMLType.Q5_K,
+    "token_embd": GGMLType.Q4_K,
+}
 _TINY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
 
 
@@ -61,7 +69,9 @@ def _recording(model):
 def _runner(model_dir, quantized: bool):
     runner, driver = make_runner(model_dir, max_model_len=256, dtype="float32")
     if quantized:  # the same layers with the linked GGUF file's weights kept quantized
-        runner.model = load_model(model_dir, runner.arch, torch.float32, torch.device("cpu"), "gguf")
+        runner.model = load_model(
+            model_dir, runner.arch, torch.float32, torch.device("cpu"), "gguf"
+        )
         runner.initialize_kv_cache(len(driver.free))
     return runner, driver
 
@@ -78,8 +88,10 @@ def _decode_both_ways(model_dir, rows: int, quantized: bool):
         for enabled in (True, False):
             fused._enabled = enabled
             seen = _recording(runner.model)
-            prompts = {f"{enabled}-{i}": [(7 * i + j) % 200 + 1 for j in range(9 + 5 * i)]
-                       for i in range(rows)}
+            prompts = {
+                f"{enabled}-{i}": [(7 * i + j) % 200 + 1 for j in range(9 + 5 * i)]
+                for i in range(rows)
+            }
             params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
             tokens = driver.run(prompts, params, 8)
             results.append((list(tokens.values()), seen))

@@ -31,8 +31,9 @@ def test_fused_greedy_equals_greedy_through_the_logits(tmp_path, monkeypatch) ->
             return _real(*a)
 
         monkeypatch.setattr(runner.model, "compute_logits", counting)
-        outputs[fused] = driver.run(prompts, SamplingParams(temperature=0.0, ignore_eos=True),
-                                    12, chunk=16)
+        outputs[fused] = driver.run(
+            prompts, SamplingParams(temperature=0.0, ignore_eos=True), 12, chunk=16
+        )
     assert outputs[True] == outputs[False]
     assert all(len(t) == 12 for t in outputs[True].values())
     assert calls[True] == 0 and calls[False] > 0  # the fused steps never built logits

@@ -1,4 +1,5 @@
-"""GGUF -> Hugging Face conversion of the default SmolLM2, checked against transformers' GGUF loader."""
+"""GGUF -> Hugging Face conversion of the default SmolLM2, checked against transformers' GGUF
+loader."""
 
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ def test_tokenizer_round_trip_and_chat_template(model_dir: Path) -> None:
     assert prompt.startswith("<|im_start|>system\n")
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     template = gguf.GGUFReader(find_default_gguf()).fields["tokenizer.chat_template"].contents()
-    assert json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"] == template
+    assert (
+        json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"] == template
+    )
 
 
 def test_unpermute_inverts_llama_cpp_permute() -> None:
@@ -98,7 +101,9 @@ def test_unpermute_inverts_llama_cpp_permute() -> None:
     np.testing.assert_array_equal(unpermute_rotary_rows(llama_cpp, n_head), hf)
 
 
-def test_weights_match_transformers_gguf_loader(models: tuple[torch.nn.Module, torch.nn.Module]) -> None:
+def test_weights_match_transformers_gguf_loader(
+    models: tuple[torch.nn.Module, torch.nn.Module],
+) -> None:
     ours, ref = (m.state_dict() for m in models)
     assert ours.keys() == ref.keys()
     for layer in (0, 14, 29):
@@ -145,7 +150,9 @@ def test_conversion_leaves_no_temp_dirs(model_dir: Path, cache_dir: Path) -> Non
     assert tensors_file.stat().st_size > 500e6  # fp32, not the 100 MB quantized file
 
 
-def test_default_is_converted_once(model_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_is_converted_once(
+    model_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(cache_dir))
     before = (model_dir / "model.safetensors").stat().st_mtime_ns
     assert resolve_model_path(DEFAULT_MODEL) == model_dir
@@ -185,7 +192,9 @@ def _write_gguf(path: Path, arch: str, tensor_names: list[str]) -> Path:
 def test_gguf_path_gets_its_own_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
     calls: list[Path] = []
-    monkeypatch.setattr(default_model, "convert_gguf", lambda src, out: calls.append(Path(out)) or Path(out))
+    monkeypatch.setattr(
+        default_model, "convert_gguf", lambda src, out: calls.append(Path(out)) or Path(out)
+    )
     gguf_file = _write_gguf(tmp_path / "tiny.gguf", "llama", ["token_embd.weight"])
     first = resolve_model_path(str(gguf_file))
     assert first.parent == tmp_path / "cache" / "models" and first.name.startswith("tiny-")
@@ -204,14 +213,18 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
 
 
 def test_unknown_tensor(tmp_path: Path) -> None:
-    gguf_file = _write_gguf(tmp_path / "odd.gguf", "llama", ["token_embd.weight", "blk.0.mystery.weight"])
+    gguf_file = _write_gguf(
+        tmp_path / "odd.gguf", "llama", ["token_embd.weight", "blk.0.mystery.weight"]
+    )
     with pytest.raises(ValueError, match=r"blk\.0\.mystery\.weight"):
         convert_gguf(gguf_file, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.gguf"]
 
 
 def test_concurrent_winner_is_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    gguf_file = _write_gguf(tmp_path / "tiny.gguf", "llama", ["token_embd.weight", "output_norm.weight"])
+    gguf_file = _write_gguf(
+        tmp_path / "tiny.gguf", "llama", ["token_embd.weight", "output_norm.weight"]
+    )
     out = tmp_path / "out"
 
     def other_process_finishes_first(*args: object) -> None:

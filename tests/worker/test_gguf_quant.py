@@ -18,12 +18,12 @@ from safetensors.torch import load_file
 
 from config.args import add_engine_args, engine_kwargs
 from config.engine import ConfigError, engine_config_from_kwargs
-from engine_core.resolve import resolved_config
-from config.model_arch import ModelArchConfig
-from engine_core.sampling_params import SamplingParams
-from gpu_worker.layers.linear import Linear
 from config.gguf_convert import GGUF_LINK, dense_tensor
 from config.gguf_tensors import read_gguf_tensors
+from config.model_arch import ModelArchConfig
+from engine_core.resolve import resolved_config
+from engine_core.sampling_params import SamplingParams
+from gpu_worker.layers.linear import Linear
 from gpu_worker.loader.model_loader import load_model
 from gpu_worker.models.weights import WeightLoadError
 from kernels import cpu_ops
@@ -50,21 +50,30 @@ def test_gguf_models_stay_quantized_on_the_cpu_by_default():
     assert _resolved(load_format="gguf").model.quantization == "gguf"
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"dtype": "float32"}, {"dtype": "bfloat16"}, {"device": "cuda"},
-    {"tensor_parallel_size": 3}, {"load_format": "safetensors"},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"dtype": "float32"},
+        {"dtype": "bfloat16"},
+        {"device": "cuda"},
+        {"tensor_parallel_size": 3},
+        {"load_format": "safetensors"},
+    ],
+)
 def test_what_dequantizes_at_load_as_before(kwargs):
     config = _resolved(**kwargs)
     assert config.model.quantization is None and config.load.load_format != "gguf"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"device": "cuda"}, "CPU only .* --dtype bfloat16 or --dtype float32"),
-    ({"dtype": "bfloat16"}, "computes in float32, not bfloat16"),
-    ({"tensor_parallel_size": 3}, "not split across tensor-parallel ranks"),
-    ({"load_format": "dummy"}, "not load_format 'dummy'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"device": "cuda"}, "CPU only .* --dtype bfloat16 or --dtype float32"),
+        ({"dtype": "bfloat16"}, "computes in float32, not bfloat16"),
+        ({"tensor_parallel_size": 3}, "not split across tensor-parallel ranks"),
+        ({"load_format": "dummy"}, "not load_format 'dummy'"),
+    ],
+)
 def test_what_quantized_weights_cannot_run_is_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         _resolved(quantization="gguf", **kwargs)
@@ -109,8 +118,10 @@ def test_default_model_holds_the_dequantized_weights():
     linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
     assert all(m.quantized is not None and m.weight is None for m in linears.values())
     assert [p.qtype for p in linears["lm_head"].quantized.parts] == [GGMLType.Q8_0]
-    assert {p.qtype for m in linears.values() for p in m.quantized.parts} == {GGMLType.Q4_1,
-                                                                            GGMLType.Q8_0}
+    assert {p.qtype for m in linears.values() for p in m.quantized.parts} == {
+        GGMLType.Q4_1,
+        GGMLType.Q8_0,
+    }
     # One packed weight per fused projection: q, k and v rows are whole 32-column blocks.
     assert all(len(m.quantized.parts) == 1 for m in linears.values())
     fp32 = load_file(Path(config.model_path) / "model.safetensors")
@@ -133,12 +144,28 @@ def test_default_model_holds_the_dequantized_weights():
 
 # Fused projections of mixed types (q and k Q4_K, v Q6_K), a fused projection with a part of no
 # kernel (gate F16: gate_up stays fp32), the other types, and an untied output projection.
-_TYPES = {"attn_q": GGMLType.Q4_K, "attn_k": GGMLType.Q4_K, "attn_v": GGMLType.Q6_K,
-          "attn_output": GGMLType.Q5_K, "ffn_gate": GGMLType.F16, "ffn_up": GGMLType.Q8_0,
-          "ffn_down": GGMLType.Q5_1, "output": GGMLType.Q6_K, "token_embd": GGMLType.Q5_0}
-_SHAPES = {"attn_q": (256, 256), "attn_k": (128, 256), "attn_v": (128, 256),
-           "attn_output": (256, 256), "ffn_gate": (512, 256), "ffn_up": (512, 256),
-           "ffn_down": (256, 512), "output": (512, 256), "token_embd": (512, 256)}
+_TYPES = {
+    "attn_q": GGMLType.Q4_K,
+    "attn_k": GGMLType.Q4_K,
+    "attn_v": GGMLType.Q6_K,
+    "attn_output": GGMLType.Q5_K,
+    "ffn_gate": GGMLType.F16,
+    "ffn_up": GGMLType.Q8_0,
+    "ffn_down": GGMLType.Q5_1,
+    "output": GGMLType.Q6_K,
+    "token_embd": GGMLType.Q5_0,
+}
+_SHAPES = {
+    "attn_q": (256, 256),
+    "attn_k": (128, 256),
+    "attn_v": (128, 256),
+    "attn_output": (256, 256),
+    "ffn_gate": (512, 256),
+    "ffn_up": (512, 256),
+    "ffn_down": (256, 512),
+    "output": (512, 256),
+    "token_embd": (512, 256),
+}
 
 
 def write_gguf(path: Path, layers: int, types: dict[str, GGMLType] = _TYPES) -> Path:
@@ -146,7 +173,8 @@ def write_gguf(path: Path, layers: int, types: dict[str, GGMLType] = _TYPES) -> 
     the model reads q and k rows un-permuted, as any file's."""
     writer = GGUFWriter(str(path), "llama")
     names = [n for n in types if n in ("output", "token_embd")] + [
-        f"blk.{i}.{n}" for i in range(layers) for n in types if n not in ("output", "token_embd")]
+        f"blk.{i}.{n}" for i in range(layers) for n in types if n not in ("output", "token_embd")
+    ]
     for seed, name in enumerate(names):
         kind = name.rsplit(".", 1)[-1]
         qtype = types[kind]
@@ -172,8 +200,13 @@ def write_gguf(path: Path, layers: int, types: dict[str, GGMLType] = _TYPES) -> 
 def mixed(tmp_path_factory):
     """(quantized model, fp32 model of the same file dequantized)."""
     root = tmp_path_factory.mktemp("mixed")
-    model_dir = make_tiny_model(root / "tiny", hidden_size=256, intermediate_size=512,
-                                num_attention_heads=4, num_key_value_heads=2)
+    model_dir = make_tiny_model(
+        root / "tiny",
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     config = json.loads((model_dir / "config.json").read_text())
     gguf_file = write_gguf(root / "tiny.gguf", config["num_hidden_layers"])
     (model_dir / GGUF_LINK).symlink_to(gguf_file)
@@ -183,9 +216,10 @@ def mixed(tmp_path_factory):
     from gpu_worker.models.registry import model_class
 
     reference = model_class(arch.architecture)(arch)
-    reference.load_weights((str(gguf_file), hf_tensor_name(t.name),
-                            dense_tensor(t, hf_tensor_name(t.name), 4, 2))
-                           for t in read_gguf_tensors(gguf_file))
+    reference.load_weights(
+        (str(gguf_file), hf_tensor_name(t.name), dense_tensor(t, hf_tensor_name(t.name), 4, 2))
+        for t in read_gguf_tensors(gguf_file)
+    )
     return model, reference
 
 
@@ -193,7 +227,9 @@ def test_mixed_types_keep_their_blocks_per_part(mixed):
     model, _ = mixed
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
     assert [(p.qtype, p.out_features) for p in attn.qkv_proj.quantized.parts] == [
-        (GGMLType.Q4_K, 384), (GGMLType.Q6_K, 128)]  # q and k merged, v its own
+        (GGMLType.Q4_K, 384),
+        (GGMLType.Q6_K, 128),
+    ]  # q and k merged, v its own
     assert [p.qtype for p in attn.o_proj.quantized.parts] == [GGMLType.Q5_K]
     assert [p.qtype for p in mlp.down_proj.quantized.parts] == [GGMLType.Q5_1]
     assert mlp.gate_up_proj.quantized is None and mlp.gate_up_proj.blocked_weight is not None
@@ -218,8 +254,9 @@ def test_mixed_types_equal_the_dequantized_model(mixed):
 def test_float32_dtype_keeps_the_dequantized_model():
     """--dtype float32 on the default model: fp32 weights as before, transformers' tokens."""
     runner, driver = make_runner(None, dtype="float32", max_model_len=512, kv_cache_memory="64MiB")
-    assert not any(isinstance(m, Linear) and m.quantized is not None
-                   for m in runner.model.modules())
+    assert not any(
+        isinstance(m, Linear) and m.quantized is not None for m in runner.model.modules()
+    )
     ids = prompt_ids()
     prompts = {r: ids[r] for r in ("p0", "p9", "p13")}
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)

@@ -1,4 +1,5 @@
-"""The default model through the model runner equals transformers' greedy generate, token for token."""
+"""The default model through the model runner equals transformers' greedy generate, token for
+token."""
 
 from __future__ import annotations
 
@@ -83,7 +84,9 @@ def test_prompt_logprobs_match_transformers(engine, prompts):
     for pos in range(len(ids) - 1):
         assert got.token_ids[pos][0] == ids[pos + 1]
         assert abs(got.logprobs[pos][0] - ref[pos, ids[pos + 1]].item()) < 1e-3
-        assert torch.allclose(torch.tensor(got.logprobs[pos][1:]), ref[pos].topk(3).values, atol=1e-3)
+        assert torch.allclose(
+            torch.tensor(got.logprobs[pos][1:]), ref[pos].topk(3).values, atol=1e-3
+        )
 
 
 def test_torch_path_without_the_c_kernels(prompts, reference):

@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine_core.resolve import resolved_config
 from config.model_arch import SUPPORTED_ROPE_TYPES
+from engine_core.resolve import resolved_config
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.models.registry import ARCHITECTURES
 from gpu_worker.models.weights import WeightLoadError
@@ -36,8 +36,7 @@ def model_dir(pristine, tmp_path) -> Path:
 
 
 def _load(model_dir: Path) -> ModelRunner:
-    config = resolved_config(model=str(model_dir), device="cpu",
-                                       kv_cache_memory="4MiB")
+    config = resolved_config(model=str(model_dir), device="cpu", kv_cache_memory="4MiB")
     runner = ModelRunner(config, torch.device("cpu"))
     runner.load_model()
     return runner
@@ -75,7 +74,9 @@ def test_pristine_copy_loads(model_dir):
 
 def test_missing_config_json(model_dir):
     (model_dir / "config.json").unlink()
-    with pytest.raises(FileNotFoundError, match=_esc(model_dir / "config.json") + ".*no config.json"):
+    with pytest.raises(
+        FileNotFoundError, match=_esc(model_dir / "config.json") + ".*no config.json"
+    ):
         _load(model_dir)
 
 
@@ -87,8 +88,9 @@ def test_config_json_is_not_json(model_dir):
 
 def test_config_missing_required_field(model_dir):
     _edit_config(model_dir, hidden_size=None)
-    with pytest.raises(ValueError, match=_esc(model_dir / "config.json")
-                       + ".*missing required field 'hidden_size'"):
+    with pytest.raises(
+        ValueError, match=_esc(model_dir / "config.json") + ".*missing required field 'hidden_size'"
+    ):
         _load(model_dir)
 
 
@@ -100,23 +102,45 @@ def test_config_without_architectures(model_dir):
 
 def test_unknown_architecture_is_named_with_the_supported_ones(model_dir):
     _edit_config(model_dir, architectures=["GPTNeoXForCausalLM"])
-    with pytest.raises(ValueError, match=_esc(model_dir / "config.json")
-                       + ".*'GPTNeoXForCausalLM' is not supported") as info:
+    with pytest.raises(
+        ValueError,
+        match=_esc(model_dir / "config.json") + ".*'GPTNeoXForCausalLM' is not supported",
+    ) as info:
         _load(model_dir)
     for name in ARCHITECTURES:
         assert name in str(info.value)
 
 
-@pytest.mark.parametrize("kind, rope", [
-    ("yarn", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                  "original_max_position_embeddings": 128}}),
-    ("dynamic", {"rope_parameters": None, "rope_theta": 10000.0,  # the pre-v5 layout
-                 "rope_scaling": {"type": "dynamic", "factor": 2.0}}),
-])
+@pytest.mark.parametrize(
+    "kind, rope",
+    [
+        (
+            "yarn",
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "rope_theta": 10000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 128,
+                }
+            },
+        ),
+        (
+            "dynamic",
+            {
+                "rope_parameters": None,
+                "rope_theta": 10000.0,  # the pre-v5 layout
+                "rope_scaling": {"type": "dynamic", "factor": 2.0},
+            },
+        ),
+    ],
+)
 def test_unsupported_rope_scaling_type(model_dir, kind, rope):
     _edit_config(model_dir, **rope)
-    with pytest.raises(ValueError, match=_esc(model_dir / "config.json")
-                       + f".*rope scaling type '{kind}' is not supported") as info:
+    with pytest.raises(
+        ValueError,
+        match=_esc(model_dir / "config.json") + f".*rope scaling type '{kind}' is not supported",
+    ) as info:
         _load(model_dir)
     for name in SUPPORTED_ROPE_TYPES:
         assert name in str(info.value)
@@ -136,14 +160,17 @@ def _shard(model_dir: Path) -> dict[str, str]:
     tensors = load_file(model_dir / "model.safetensors")
     (model_dir / "model.safetensors").unlink()
     names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2 :]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     weight_map = {}
     for file, part in shards.items():
         save_file({n: tensors[n] for n in part}, model_dir / file, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(part, file))
     (model_dir / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": weight_map}))
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     return weight_map
 
 
@@ -156,8 +183,9 @@ def test_index_names_a_missing_shard(model_dir):
     _shard(model_dir)
     (model_dir / "model-00002-of-00002.safetensors").unlink()
     index = model_dir / "model.safetensors.index.json"
-    with pytest.raises(WeightLoadError, match=_esc(index)
-                       + ".*model-00002-of-00002.safetensors, which is missing"):
+    with pytest.raises(
+        WeightLoadError, match=_esc(index) + ".*model-00002-of-00002.safetensors, which is missing"
+    ):
         _load(model_dir)
 
 
@@ -176,51 +204,73 @@ def test_corrupt_safetensors_file(model_dir):
         _load(model_dir)
 
 
-@pytest.mark.parametrize("name, bad_shape, want_shape", [
-    ("model.layers.0.self_attn.k_proj.weight", (16, 64), (32, 64)),  # a slice of fused qkv_proj
-    ("model.layers.1.mlp.up_proj.weight", (128, 32), (128, 64)),  # a slice of fused gate_up_proj
-    ("model.embed_tokens.weight", (500, 64), (512, 64)),
-    ("model.norm.weight", (32,), (64,)),
-])
+@pytest.mark.parametrize(
+    "name, bad_shape, want_shape",
+    [
+        ("model.layers.0.self_attn.k_proj.weight", (16, 64), (32, 64)),  # a slice of fused qkv_proj
+        (
+            "model.layers.1.mlp.up_proj.weight",
+            (128, 32),
+            (128, 64),
+        ),  # a slice of fused gate_up_proj
+        ("model.embed_tokens.weight", (500, 64), (512, 64)),
+        ("model.norm.weight", (32,), (64,)),
+    ],
+)
 def test_tensor_with_wrong_shape(model_dir, name, bad_shape, want_shape):
     def edit(t):
         assert tuple(t[name].shape) == want_shape
         t[name] = torch.zeros(bad_shape)
 
     path = _edit_weights(model_dir, edit)
-    with pytest.raises(WeightLoadError, match=_esc(path) + f".*{re.escape(repr(name))}.*"
-                       + re.escape(f"shape {bad_shape}") + ".*" + re.escape(f"expects {want_shape}")):
+    with pytest.raises(
+        WeightLoadError,
+        match=_esc(path)
+        + f".*{re.escape(repr(name))}.*"
+        + re.escape(f"shape {bad_shape}")
+        + ".*"
+        + re.escape(f"expects {want_shape}"),
+    ):
         _load(model_dir)
 
 
-@pytest.mark.parametrize("name", [
-    "model.layers.1.self_attn.k_proj.weight",  # one of three slices of a fused parameter
-    "model.layers.0.mlp.down_proj.weight",
-    "lm_head.weight",  # untied embeddings need their own head
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "model.layers.1.self_attn.k_proj.weight",  # one of three slices of a fused parameter
+        "model.layers.0.mlp.down_proj.weight",
+        "lm_head.weight",  # untied embeddings need their own head
+    ],
+)
 def test_checkpoint_missing_a_tensor(model_dir, name):
     path = _edit_weights(model_dir, lambda t: t.pop(name))
     with pytest.raises(WeightLoadError, match=_esc(path) + ".*missing.*" + re.escape(name)):
         _load(model_dir)
 
 
-@pytest.mark.parametrize("name", [
-    "model.layers.0.self_attn.extra_proj.weight",
-    "model.layers.7.self_attn.q_proj.weight",  # a layer the config does not have
-    "model.layers.0.self_attn.o_proj.bias",  # attention_bias is false
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "model.layers.0.self_attn.extra_proj.weight",
+        "model.layers.7.self_attn.q_proj.weight",  # a layer the config does not have
+        "model.layers.0.self_attn.o_proj.bias",  # attention_bias is false
+    ],
+)
 def test_extra_unknown_tensor(model_dir, name):
     def edit(t):
         t[name] = torch.zeros(64, 64)
 
     path = _edit_weights(model_dir, edit)
-    with pytest.raises(WeightLoadError, match=_esc(path) + f".*{re.escape(repr(name))} "
-                       + "does not belong to this model"):
+    with pytest.raises(
+        WeightLoadError,
+        match=_esc(path) + f".*{re.escape(repr(name))} " + "does not belong to this model",
+    ):
         _load(model_dir)
 
 
 def test_rotary_inv_freq_in_checkpoint_is_ignored(model_dir):
     """Old checkpoints store rotary_emb.inv_freq buffers; they are not weights."""
+
     def edit(t):
         t["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
 

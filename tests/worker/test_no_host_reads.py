@@ -21,8 +21,17 @@ from tests.kernels.library_env import library_env
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
 
-_HOST_READS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
-               "__array__", "cpu"}
+_HOST_READS = {
+    "item",
+    "tolist",
+    "numpy",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "__array__",
+    "cpu",
+}
 
 
 class HostRead(AssertionError):
@@ -37,8 +46,10 @@ class DeviceTensor(torch.Tensor):
         name = getattr(func, "__name__", "")
         if name in _HOST_READS:
             raise HostRead(f"host read of a device tensor: Tensor.{name}")
-        if name == "to" and any(isinstance(a, (str, torch.device)) and torch.device(a).type
-                                == "cpu" for a in (*args[1:], *(kwargs or {}).values())):
+        if name == "to" and any(
+            isinstance(a, (str, torch.device)) and torch.device(a).type == "cpu"
+            for a in (*args[1:], *(kwargs or {}).values())
+        ):
             raise HostRead("host read of a device tensor: Tensor.to('cpu')")
         return super().__torch_function__(func, types, args, kwargs or {})
 
@@ -53,9 +64,18 @@ def _guard_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def test_the_guard_catches_host_reads():
     t = _guard(torch.arange(4))
-    for read in (lambda: t[0].item(), t.tolist, t.numpy, lambda: bool(t[0]), lambda: int(t[1]),
-                 lambda: float(t[1]), lambda: [0, 1][t[1]], lambda: np.asarray(t), t.cpu,
-                 lambda: t.to("cpu")):
+    for read in (
+        lambda: t[0].item(),
+        t.tolist,
+        t.numpy,
+        lambda: bool(t[0]),
+        lambda: int(t[1]),
+        lambda: float(t[1]),
+        lambda: [0, 1][t[1]],
+        lambda: np.asarray(t),
+        t.cpu,
+        lambda: t.to("cpu"),
+    ):
         with pytest.raises(HostRead):
             read()
     assert isinstance(t * 2 + torch.ones(4), DeviceTensor)  # derived tensors stay guarded
@@ -77,8 +97,10 @@ def guarded(request, monkeypatch, tmp_path):
 
 def _guarded(runner, monkeypatch, rewrap_model: bool):
     st, sp = runner.states, runner.sampling
-    for owner, names in ((st, ("token_ids", "num_tokens", "num_computed", "block_table")),
-                         (sp, ("floats", "ints", "num_output"))):
+    for owner, names in (
+        (st, ("token_ids", "num_tokens", "num_computed", "block_table")),
+        (sp, ("floats", "ints", "num_output")),
+    ):
         for name in names:
             setattr(owner, name, _guard(getattr(owner, name)))
     for attn in runner.model.attention_layers():
@@ -86,26 +108,36 @@ def _guarded(runner, monkeypatch, rewrap_model: bool):
     if rewrap_model:
         # The C kernels' outputs are fresh host tensors: guard them as the device's would be.
         gather = runner.inputs._gather
-        monkeypatch.setattr(runner.inputs, "_gather",
-                            lambda *a: PreparedInputs(*(_guard(t) for t in gather(*a))))
+        monkeypatch.setattr(
+            runner.inputs, "_gather", lambda *a: PreparedInputs(*(_guard(t) for t in gather(*a)))
+        )
         greedy = runner.sampler.greedy
         monkeypatch.setattr(runner.sampler, "greedy", lambda logits: _guard(greedy(logits)))
         for name in ("forward", "compute_logits", "greedy_tokens"):
             real = getattr(runner.model, name)
-            monkeypatch.setattr(runner.model, name,
-                                lambda *a, _real=real: _guard_or_none(_real(*a)))
+            monkeypatch.setattr(
+                runner.model, name, lambda *a, _real=real: _guard_or_none(_real(*a))
+            )
     real_copy = staging.HostToDevice.copy
-    monkeypatch.setattr(staging.HostToDevice, "copy",
-                        lambda self, *a: [_guard(t) for t in real_copy(self, *a)])
+    monkeypatch.setattr(
+        staging.HostToDevice, "copy", lambda self, *a: [_guard(t) for t in real_copy(self, *a)]
+    )
     # The side stream's copy to pinned memory: plain host tensors, which get_output() reads.
-    monkeypatch.setattr(async_output.DeviceToHost, "start",
-                        lambda self, ts: ([t.as_subclass(torch.Tensor).clone() for t in ts],
-                                          None))
+    monkeypatch.setattr(
+        async_output.DeviceToHost,
+        "start",
+        lambda self, ts: ([t.as_subclass(torch.Tensor).clone() for t in ts], None),
+    )
     return runner
 
 
-def _steps(prompts: dict[str, list[int]], params: dict[str, SamplingParams], chunk: int,
-           num_decodes: int, bitmasks: dict[str, bytes] | None = None):
+def _steps(
+    prompts: dict[str, list[int]],
+    params: dict[str, SamplingParams],
+    chunk: int,
+    num_decodes: int,
+    bitmasks: dict[str, bytes] | None = None,
+):
     """SchedulerOutputs for prompts in chunks of `chunk`, then num_decodes decode steps; blocks
     of 16 tokens, handed out as the requests grow. A request in bitmasks is constrained to
     the same grammar bitmask row whenever it samples."""
@@ -132,11 +164,14 @@ def _steps(prompts: dict[str, list[int]], params: dict[str, SamplingParams], chu
             if computed[r] >= len(prompt):
                 total[r] = max(total[r], computed[r] + 1)
         constrained = [r for r in bitmasks or {} if computed[r] >= len(prompts[r])]
-        yield SchedulerOutput(scheduled_new_reqs=news, scheduled_cached_reqs=cached,
-                              num_scheduled_tokens=sched,
-                              total_num_scheduled_tokens=sum(sched.values()),
-                              structured_output_request_ids=constrained,
-                              grammar_bitmask=b"".join(bitmasks[r] for r in constrained))
+        yield SchedulerOutput(
+            scheduled_new_reqs=news,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=sched,
+            total_num_scheduled_tokens=sum(sched.values()),
+            structured_output_request_ids=constrained,
+            grammar_bitmask=b"".join(bitmasks[r] for r in constrained),
+        )
 
 
 def test_steps_make_no_host_read_and_match_the_plain_runner(guarded):
@@ -144,10 +179,22 @@ def test_steps_make_no_host_read_and_match_the_plain_runner(guarded):
     rng = np.random.default_rng(0)
     prompts = {f"r{i}": rng.integers(3, 500, n).tolist() for i, n in enumerate((37, 5, 20, 64))}
     params = {
-        "r0": SamplingParams(temperature=0.0, logprobs=3, prompt_logprobs=2,
-                             repetition_penalty=1.3, presence_penalty=0.5),
-        "r1": SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=7, min_tokens=4,
-                             stop_token_ids=[9], logit_bias={11: 3.0}),
+        "r0": SamplingParams(
+            temperature=0.0,
+            logprobs=3,
+            prompt_logprobs=2,
+            repetition_penalty=1.3,
+            presence_penalty=0.5,
+        ),
+        "r1": SamplingParams(
+            temperature=0.8,
+            top_k=20,
+            top_p=0.9,
+            seed=7,
+            min_tokens=4,
+            stop_token_ids=[9],
+            logit_bias={11: 3.0},
+        ),
         "r2": SamplingParams(temperature=1.0, min_p=0.05, seed=3, frequency_penalty=0.4),
         "r3": SamplingParams(temperature=0.0),
     }
@@ -156,8 +203,7 @@ def test_steps_make_no_host_read_and_match_the_plain_runner(guarded):
     row[1] = 0xFF00
     guarded_out, plain_out = [], []
     launched = None
-    for sched in _steps(prompts, params, chunk=16, num_decodes=6,
-                        bitmasks={"r2": row.tobytes()}):
+    for sched in _steps(prompts, params, chunk=16, num_decodes=6, bitmasks={"r2": row.tobytes()}):
         # Async scheduling's order: step N+1 is launched before step N's output is read.
         step = runner.execute_model_async(sched)
         if launched is not None:
@@ -170,8 +216,13 @@ def test_steps_make_no_host_read_and_match_the_plain_runner(guarded):
     assert [o.logprobs for o in guarded_out] == [o.logprobs for o in plain_out]
     assert [o.prompt_logprobs for o in guarded_out] == [o.prompt_logprobs for o in plain_out]
     assert any(o.prompt_logprobs for o in guarded_out)
-    r2 = [t for o in guarded_out for r, ts in zip(o.req_ids, o.sampled_token_ids) if r == "r2"
-          for t in ts]
+    r2 = [
+        t
+        for o in guarded_out
+        for r, ts in zip(o.req_ids, o.sampled_token_ids)
+        if r == "r2"
+        for t in ts
+    ]
     assert len(r2) > 3 and all(40 <= t < 48 for t in r2)
     # Each request samples from the step that completes its prompt to the last step.
     expected = sum(len(guarded_out) - -(-len(p) // 16) + 1 for p in prompts.values())

@@ -11,10 +11,10 @@ import os
 import pytest
 import torch
 
+from config.gguf_convert import GGUF_LINK
 from config.model_arch import ModelArchConfig
 from gpu_worker.layers.linear import Linear
 from gpu_worker.loader import gguf_weights, packed_cache
-from config.gguf_convert import GGUF_LINK
 from gpu_worker.loader.model_loader import load_model
 from gpu_worker.loader.packed_cache import cache_file
 from kernels import cpu_ops
@@ -30,28 +30,38 @@ CPU = torch.device("cpu")
 def model_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(packed_cache, "MIN_CACHED_BYTES", 0)  # the tiny model is kept too
-    model_dir = make_tiny_model(tmp_path / "tiny", hidden_size=256, intermediate_size=512,
-                                num_attention_heads=4, num_key_value_heads=2)
+    model_dir = make_tiny_model(
+        tmp_path / "tiny",
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
     (model_dir / GGUF_LINK).symlink_to(write_gguf(tmp_path / "tiny.gguf", layers))
     return model_dir
 
 
 def _load(model_dir):
-    return load_model(model_dir, ModelArchConfig.from_model_dir(model_dir), torch.float32, CPU,
-                      "gguf")
+    return load_model(
+        model_dir, ModelArchConfig.from_model_dir(model_dir), torch.float32, CPU, "gguf"
+    )
 
 
 def _packed(model) -> dict[str, list[tuple]]:
-    return {name: [(p.qtype, p.out_features, p.data) for p in m.quantized.parts]
-            for name, m in model.named_modules()
-            if isinstance(m, Linear) and m.quantized is not None}
+    return {
+        name: [(p.qtype, p.out_features, p.data) for p in m.quantized.parts]
+        for name, m in model.named_modules()
+        if isinstance(m, Linear) and m.quantized is not None
+    }
 
 
 def _same(a, b) -> bool:
     return a.keys() == b.keys() and all(
-        len(a[n]) == len(b[n]) and all(x[:2] == y[:2] and torch.equal(x[2], y[2])
-                                       for x, y in zip(a[n], b[n])) for n in a)
+        len(a[n]) == len(b[n])
+        and all(x[:2] == y[:2] and torch.equal(x[2], y[2]) for x, y in zip(a[n], b[n]))
+        for n in a
+    )
 
 
 def _no_packing(monkeypatch):
@@ -70,8 +80,7 @@ def test_second_load_maps_what_the_first_packed(model_dir, monkeypatch):
     assert _same(first, _packed(second))
     x = torch.randn(3, 256)
     layer = second.model.layers[0].self_attn.o_proj
-    torch.testing.assert_close(layer(x), x @ layer.quantized.dequantize().T, rtol=1e-5,
-                               atol=1e-4)
+    torch.testing.assert_close(layer(x), x @ layer.quantized.dequantize().T, rtol=1e-5, atol=1e-4)
 
 
 def test_changed_file_or_code_is_packed_again(model_dir, monkeypatch):

@@ -1,4 +1,5 @@
-"""The sampler matches vLLM's semantics: greedy, seeded determinism, truncation, distribution, penalties, logprobs."""
+"""The sampler matches vLLM's semantics: greedy, seeded determinism, truncation, distribution,
+penalties, logprobs."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ class State:
     generator: torch.Generator | None = None
 
 
-def state(params: SamplingParams, prompt: list[int] | None = None, output: list[int] | None = None) -> State:
+def state(
+    params: SamplingParams, prompt: list[int] | None = None, output: list[int] | None = None
+) -> State:
     generator = None
     if params.seed is not None:
         generator = torch.Generator(DEVICE).manual_seed(params.seed)
@@ -40,7 +43,11 @@ def sample(logits: torch.Tensor, states: list[State]) -> SamplerOutput:
 
 def draws(logits: torch.Tensor, params: SamplingParams, n: int) -> np.ndarray:
     """n independent samples of one logits row, as one batched call."""
-    return sample(logits.expand(n, -1), [state(params) for _ in range(n)]).sampled_token_ids.cpu().numpy()
+    return (
+        sample(logits.expand(n, -1), [state(params) for _ in range(n)])
+        .sampled_token_ids.cpu()
+        .numpy()
+    )
 
 
 # --- greedy -----------------------------------------------------------------------------------
@@ -81,7 +88,9 @@ MIXED_GREEDY = [
     (SamplingParams(temperature=0.0, frequency_penalty=0.8), [4], [9, 9, 9, 1]),
     (SamplingParams(temperature=0.0, repetition_penalty=1.7), [0, 1, 2, 3, 11], [12]),
     (
-        SamplingParams(temperature=0.0, presence_penalty=-0.5, frequency_penalty=0.3, repetition_penalty=0.8),
+        SamplingParams(
+            temperature=0.0, presence_penalty=-0.5, frequency_penalty=0.3, repetition_penalty=0.8
+        ),
         [5],
         [6, 6],
     ),
@@ -119,7 +128,9 @@ def test_seeded_request_ignores_the_rest_of_the_batch():
         ["greedy", "unseeded", "top_p", "seeded", "seeded", "unseeded", "greedy"],
         ["top_p"] * 9,
     ]
-    target_logits = [torch.randn(vocab, generator=torch.Generator().manual_seed(s)) for s in range(steps)]
+    target_logits = [
+        torch.randn(vocab, generator=torch.Generator().manual_seed(s)) for s in range(steps)
+    ]
 
     sequences = []
     for layout, composition in enumerate(compositions):
@@ -156,18 +167,25 @@ def softmax64(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def allowed_set(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
-    """Boolean mask of tokens vLLM may sample: min-p, then top-k, then top-p on the renormalized rest."""
+def allowed_set(
+    logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+) -> np.ndarray:
+    """Boolean mask of tokens vLLM may sample: min-p, then top-k, then top-p on the renormalized
+    rest."""
     x = logits.astype(np.float64) / temperature
     probs = softmax64(x)
-    assert min_p == 0.0 or np.all(np.abs(probs / probs.max() - min_p) > 1e-4), "min_p too close to a ratio"
+    assert min_p == 0.0 or np.all(np.abs(probs / probs.max() - min_p) > 1e-4), (
+        "min_p too close to a ratio"
+    )
     x = np.where(probs >= min_p * probs.max(), x, -np.inf)
     if top_k:
         x = np.where(x >= np.sort(x)[::-1][top_k - 1], x, -np.inf)
     probs = softmax64(x)
     order = np.argsort(-probs, kind="stable")
     cum = np.cumsum(probs[order])
-    assert top_p == 1.0 or np.all(np.abs(cum - top_p) > 1e-4), "top_p too close to a cumulative mass"
+    assert top_p == 1.0 or np.all(np.abs(cum - top_p) > 1e-4), (
+        "top_p too close to a cumulative mass"
+    )
     keep = np.zeros_like(probs, dtype=bool)
     keep[order[: int(np.searchsorted(cum, top_p)) + 1]] = True
     return keep & (probs > 0)
@@ -255,11 +273,15 @@ def test_penalties_change_logits_exactly():
     ).cpu()
     for i, (p, prompt, out) in enumerate(MIXED_GREEDY):
         no_bias = state(SamplingParams(**{**_penalty_fields(p), "temperature": 0.0}), prompt, out)
-        torch.testing.assert_close(got[i].double(), reference_adjusted(logits[i], no_bias), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(
+            got[i].double(), reference_adjusted(logits[i], no_bias), rtol=1e-6, atol=1e-6
+        )
 
 
 def _penalty_fields(p: SamplingParams) -> dict:
-    return {k: getattr(p, k) for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")}
+    return {
+        k: getattr(p, k) for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")
+    }
 
 
 @pytest.mark.parametrize(
@@ -276,7 +298,8 @@ def _penalty_fields(p: SamplingParams) -> dict:
         ([2.0, 1.5, 0.0], dict(logit_bias={1: 0.6}), [], [], 1),
         ([2.0, 1.5, 0.0], dict(logit_bias={0: -0.6}), [], [], 1),
         ([2.0, 1.5, 0.0], dict(logit_bias={99: 5.0, -1: 5.0}), [], [], 0),
-        # Repetition before presence (vLLM): 1.0 / 2 - 0.5 = 0.0 < 0.1, whereas (1.0 - 0.5) / 2 = 0.25 would win.
+        # Repetition before presence (vLLM): 1.0 / 2 - 0.5 = 0.0 < 0.1, whereas
+        # (1.0 - 0.5) / 2 = 0.25 would win.
         ([1.0, 0.1, 0.0], dict(repetition_penalty=2.0, presence_penalty=0.5), [], [0], 1),
     ],
 )
@@ -289,8 +312,12 @@ def test_penalty_and_bias_decide_greedy(logits, params, prompt, output, expected
 def test_min_tokens_masks_eos_and_stop_ids_until_reached(ignore_eos):
     logits = torch.full((1, 10), -2.0)
     logits[0, EOS], logits[0, 3], logits[0, 7] = 5.0, 4.0, 3.0
-    params = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[3], ignore_eos=ignore_eos)
-    tokens = [sample(logits, [state(params, [], [1] * n)]).sampled_token_ids.item() for n in range(5)]
+    params = SamplingParams(
+        temperature=0.0, min_tokens=3, stop_token_ids=[3], ignore_eos=ignore_eos
+    )
+    tokens = [
+        sample(logits, [state(params, [], [1] * n)]).sampled_token_ids.item() for n in range(5)
+    ]
     assert tokens == [7, 7, 7, EOS, EOS]
 
     torch.manual_seed(5)
@@ -362,15 +389,22 @@ def test_logprobs_minus_one_is_whole_vocabulary():
 
 
 def test_metadata_flags_skip_unused_stages():
-    md = build_sampling_metadata([state(SamplingParams(temperature=0.0, top_k=5, top_p=0.5))], DEVICE, 10, EOS)
+    md = build_sampling_metadata(
+        [state(SamplingParams(temperature=0.0, top_k=5, top_p=0.5))], DEVICE, 10, EOS
+    )
     assert md.all_greedy and md.no_top_k and md.no_top_p and md.no_min_p and md.no_penalties
     assert md.no_logit_bias and md.no_min_tokens and md.max_num_logprobs is None and md.argmax_only
 
     md = build_sampling_metadata(
-        [state(SamplingParams(top_k=3)), state(SamplingParams(temperature=0.0, repetition_penalty=1.1))],
+        [
+            state(SamplingParams(top_k=3)),
+            state(SamplingParams(temperature=0.0, repetition_penalty=1.1)),
+        ],
         DEVICE,
         10,
         EOS,
     )
     assert not md.all_greedy and not md.all_random and md.greedy_mask.tolist() == [False, True]
-    assert md.top_k.tolist() == [3, 10] and md.max_top_k == 3 and md.no_top_p and not md.no_penalties
+    assert (
+        md.top_k.tolist() == [3, 10] and md.max_top_k == 3 and md.no_top_p and not md.no_penalties
+    )

@@ -28,16 +28,28 @@ def test_reused_metadata_equals_metadata_from_scratch() -> None:
     cpu = torch.device("cpu")
     reused = SamplingStates(6, VOCAB, EOS, cpu, HostToDevice(cpu))
     fresh = SamplingStates(6, VOCAB, EOS, cpu, HostToDevice(cpu))
-    params = [SamplingParams(temperature=0.0),
-              SamplingParams(temperature=0.7, top_k=5, seed=1),
-              SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[9]),
-              SamplingParams(temperature=0.0, presence_penalty=0.5, logit_bias={4: 2.0}),
-              SamplingParams(temperature=1.0, top_p=0.8, min_p=0.1, logprobs=2),
-              SamplingParams(temperature=0.0, repetition_penalty=1.2, allowed_token_ids=[1, 3])]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7, top_k=5, seed=1),
+        SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[9]),
+        SamplingParams(temperature=0.0, presence_penalty=0.5, logit_bias={4: 2.0}),
+        SamplingParams(temperature=1.0, top_p=0.8, min_p=0.1, logprobs=2),
+        SamplingParams(temperature=0.0, repetition_penalty=1.2, allowed_token_ids=[1, 3]),
+    ]
     # (slots that sample this step, {slot: params index added before the step})
-    steps = [([0, 1], {0: 0, 1: 1}), ([0, 1], {}), ([0, 1, 2], {2: 2}), ([0, 1, 2], {}),
-             ([0, 1, 2], {}), ([0, 1, 2], {}), ([1, 2], {}), ([1, 2, 0], {0: 3}),
-             ([1, 2, 0], {1: 4}), ([1, 2, 0, 3], {3: 5}), ([1, 2, 0, 3], {})]
+    steps = [
+        ([0, 1], {0: 0, 1: 1}),
+        ([0, 1], {}),
+        ([0, 1, 2], {2: 2}),
+        ([0, 1, 2], {}),
+        ([0, 1, 2], {}),
+        ([0, 1, 2], {}),
+        ([1, 2], {}),
+        ([1, 2, 0], {0: 3}),
+        ([1, 2, 0], {1: 4}),
+        ([1, 2, 0, 3], {3: 5}),
+        ([1, 2, 0, 3], {}),
+    ]
     for sample_slots, added in steps:
         for states in (reused, fresh):
             for slot, which in added.items():
@@ -50,8 +62,9 @@ def test_reused_metadata_equals_metadata_from_scratch() -> None:
         slots = torch.from_numpy(slots_np)
         fresh._static = None
         got, want = reused.metadata(slots_np, slots), fresh.metadata(slots_np, slots)
-        assert ({r: g.initial_seed() for r, g in got.generators.items()}
-                == {r: g.initial_seed() for r, g in want.generators.items()})
+        assert {r: g.initial_seed() for r, g in got.generators.items()} == {
+            r: g.initial_seed() for r, g in want.generators.items()
+        }
         for f in dataclasses.fields(want):
             if f.name == "generators":
                 continue

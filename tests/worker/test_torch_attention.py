@@ -19,8 +19,15 @@ from kernels.reference import paged_attention_ref, write_kv_ref
 CPU = torch.device("cpu")
 
 
-def _make_batch(requests: list[tuple[int, int]], block_size: int, num_kv_heads: int,
-                group: int, head_dim: int, dtype: torch.dtype, seed: int):
+def _make_batch(
+    requests: list[tuple[int, int]],
+    block_size: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int,
+):
     """requests: (cached context length, query length) each; returns tensors and the StepBatch."""
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -38,8 +45,10 @@ def _make_batch(requests: list[tuple[int, int]], block_size: int, num_kv_heads: 
     query_start_loc[1:] = np.cumsum(q_lens)
     positions = np.concatenate([np.arange(ctx, ctx + q) for ctx, q in requests])
     req_of_token = np.repeat(np.arange(len(requests)), q_lens)
-    slot_mapping = (block_table[req_of_token, positions // block_size].astype(np.int64) * block_size
-                    + positions % block_size)
+    slot_mapping = (
+        block_table[req_of_token, positions // block_size].astype(np.int64) * block_size
+        + positions % block_size
+    )
     step = StepBatch(query_start_loc, seq_lens, block_table, slot_mapping, block_size)
 
     tokens, num_heads = int(query_start_loc[-1]), num_kv_heads * group
@@ -47,20 +56,30 @@ def _make_batch(requests: list[tuple[int, int]], block_size: int, num_kv_heads: 
     k = torch.randn(tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
     # Random everywhere: cached context, and garbage in slots that this step must not read.
-    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(
+        dtype
+    )
     return step, q, k, v, kv_cache
 
 
-def _check(requests, block_size=16, num_kv_heads=2, group=1, head_dim=16, dtype=torch.float32,
-           seed=0):
-    step, q, k, v, kv_cache = _make_batch(requests, block_size, num_kv_heads, group, head_dim,
-                                          dtype, seed)
+def _check(
+    requests, block_size=16, num_kv_heads=2, group=1, head_dim=16, dtype=torch.float32, seed=0
+):
+    step, q, k, v, kv_cache = _make_batch(
+        requests, block_size, num_kv_heads, group, head_dim, dtype, seed
+    )
     scale = head_dim**-0.5
     ref_cache = kv_cache.clone()
     write_kv_ref(k, v, ref_cache[0], ref_cache[1], torch.from_numpy(step.slot_mapping))
-    expected = paged_attention_ref(q, ref_cache[0], ref_cache[1], torch.from_numpy(step.block_table),
-                                   torch.from_numpy(step.query_start_loc),
-                                   torch.from_numpy(step.seq_lens), scale)
+    expected = paged_attention_ref(
+        q,
+        ref_cache[0],
+        ref_cache[1],
+        torch.from_numpy(step.block_table),
+        torch.from_numpy(step.query_start_loc),
+        torch.from_numpy(step.seq_lens),
+        scale,
+    )
 
     backend = TorchAttentionBackend()
     meta = backend.build(step, DeviceBatch.from_step(step, CPU), CPU)
@@ -84,8 +103,19 @@ def test_gqa_mixed_decode_and_prefill_after_context(group, num_kv_heads):
 @pytest.mark.parametrize("block_size", [1, 8, 16, 32])
 def test_lengths_around_block_boundaries(block_size):
     b = block_size
-    requests = [(b - 1, 1), (b, 1), (b + 1, 1), (2 * b - 1, 1), (0, b), (0, b + 1), (b - 1, 2),
-                (b, b), (2 * b, b - 1 or 1), (0, 2 * b + 1), (b + 1, 2 * b)]
+    requests = [
+        (b - 1, 1),
+        (b, 1),
+        (b + 1, 1),
+        (2 * b - 1, 1),
+        (0, b),
+        (0, b + 1),
+        (b - 1, 2),
+        (b, b),
+        (2 * b, b - 1 or 1),
+        (0, 2 * b + 1),
+        (b + 1, 2 * b),
+    ]
     _check(requests, block_size=block_size, group=2, seed=block_size)
 
 
@@ -101,8 +131,14 @@ def test_random_batches(seed):
         ctx = int(rng.integers(0, 3 * block_size + 2))
         q_len = 1 if rng.random() < 0.5 else int(rng.integers(1, 2 * block_size + 3))
         requests.append((ctx, q_len))
-    _check(requests, block_size=block_size, num_kv_heads=num_kv_heads, group=group,
-           head_dim=head_dim, seed=seed)
+    _check(
+        requests,
+        block_size=block_size,
+        num_kv_heads=num_kv_heads,
+        group=group,
+        head_dim=head_dim,
+        seed=seed,
+    )
 
 
 def test_single_token_batch():

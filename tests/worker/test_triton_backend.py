@@ -14,8 +14,13 @@ from tests.worker.runner_utils import make_runner
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     # head_dim 16 is the smallest the kernel's tl.dot accepts; GQA ratio 2.
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", "llama", hidden_size=64,
-                           num_attention_heads=4, num_key_value_heads=2)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "llama",
+        "llama",
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
 
 
 def test_triton_backend_matches_torch_backend(model_dir):
@@ -24,7 +29,8 @@ def test_triton_backend_matches_torch_backend(model_dir):
     _, torch_driver = make_runner(model_dir, max_model_len=128, block_size=16)
     expected = torch_driver.run(prompts, params, 6, chunk=9)
 
-    runner, driver = make_runner(model_dir, max_model_len=128, block_size=16,
-                                 attention_backend=TritonAttentionBackend())
+    runner, driver = make_runner(
+        model_dir, max_model_len=128, block_size=16, attention_backend=TritonAttentionBackend()
+    )
     assert runner.backend.name == "triton"
     assert driver.run(prompts, params, 6, chunk=9) == expected

@@ -17,14 +17,21 @@ from tests.kernels.test_kernel_specialization import Launches, specialization_ke
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
 
-KERNELS = (pa_module._paged_attention_kernel, kv_module._write_kv_kernel,
-           pd_module._decode_partition_kernel, pd_module._decode_reduce_kernel)
+KERNELS = (
+    pa_module._paged_attention_kernel,
+    kv_module._write_kv_kernel,
+    pd_module._decode_partition_kernel,
+    pd_module._decode_reduce_kernel,
+)
 
 
 def _keys(launches: Launches) -> set[tuple[str, str]]:
     by_name = {k.__name__: k for k in KERNELS}
-    return {(name, repr(specialization_key(by_name[name], args, kwargs)))
-            for name, calls in launches.calls.items() for args, kwargs in calls}
+    return {
+        (name, repr(specialization_key(by_name[name], args, kwargs)))
+        for name, calls in launches.calls.items()
+        for args, kwargs in calls
+    }
 
 
 def test_warm_up_shapes_cover_chunks_decode_batches_and_long_contexts():
@@ -38,11 +45,17 @@ def test_warm_up_shapes_cover_chunks_decode_batches_and_long_contexts():
 
 
 def test_requests_after_warm_up_compile_nothing_new(monkeypatch, tmp_path):
-    path = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4,
-                           num_key_value_heads=2)
-    runner, driver = make_runner(path, max_model_len=96, block_size=16, max_num_seqs=4,
-                                 max_num_batched_tokens=40,
-                                 attention_backend=TritonAttentionBackend())
+    path = make_tiny_model(
+        tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2
+    )
+    runner, driver = make_runner(
+        path,
+        max_model_len=96,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=40,
+        attention_backend=TritonAttentionBackend(),
+    )
     launches = Launches(monkeypatch, *KERNELS)
     runner.warm_up()
     warmed = _keys(launches)
