@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.machine_limits import machine_info, memory_read_gbps
-from bench.single_stream import decode_weight_bytes, load_runner, runner_decode
+from bench.single_stream import decode_kv_bytes, decode_weight_bytes, load_runner, runner_decode
 from config.default_model import cache_root, find_default_gguf
 
 
@@ -157,6 +157,8 @@ def main() -> None:
     medians = {name: statistics.median(values) for name, values in runs.items()}
     gbps = memory_read_gbps()
     quantized_bytes = decode_weight_bytes(runners["auto"].model)
+    # A step decoding token i attends to prompt + i positions: bench/single_stream.py's count.
+    kv_bytes = decode_kv_bytes(runners["auto"].model, args.prompt_tokens + args.new_tokens / 2)
     result = {
         "workload": "single-stream decode tok/s",
         "machine": machine_info(),
@@ -171,7 +173,11 @@ def main() -> None:
         },
         "memory_read_gb_s": round(gbps, 1),
         "quantized_weight_mb": round(quantized_bytes / 1e6, 1),
+        "kv_mb_mean": round(kv_bytes / 1e6, 1),
         "engine_quantized_fraction_of_limit": round(
+            medians["engine quantized"] * (quantized_bytes + kv_bytes) / (gbps * 1e9), 3
+        ),
+        "engine_quantized_fraction_weights_only": round(
             medians["engine quantized"] * quantized_bytes / (gbps * 1e9), 3
         ),
     }
