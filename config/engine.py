@@ -71,7 +71,9 @@ class AttentionSupport:
     head_dims: tuple[int, ...] | None = None
     dtypes: tuple[str, ...] | None = None
 
-    def refusal(self, block_size: int, head_dim: int, dtype: str) -> tuple[str, Any, tuple] | None:
+    def refusal(
+        self, block_size: int, head_dim: int, dtype: str
+    ) -> tuple[str, int | str, tuple[int | str, ...]] | None:
         """(field, value, supported values) of the first setting this backend cannot run, or
         None when it runs them all."""
         for name, value, allowed in (

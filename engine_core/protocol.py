@@ -165,13 +165,13 @@ class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
 
 # The payload type of each message type, for typed decoders on either side.
-REQUEST_PAYLOADS: dict[RequestType, Any] = {
+REQUEST_PAYLOADS: dict[RequestType, object] = {  # msgspec type forms
     RequestType.HELLO: ClientHello,
     RequestType.ADD: EngineCoreRequest,
     RequestType.ABORT: list[str],
     RequestType.UTILITY: UtilityRequest,
 }
-OUTPUT_PAYLOADS: dict[OutputType, Any] = {
+OUTPUT_PAYLOADS: dict[OutputType, object] = {
     OutputType.READY: EngineCoreReady,
     OutputType.OUTPUTS: EngineCoreOutputs,
     OutputType.UTILITY: UtilityOutput,

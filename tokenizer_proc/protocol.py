@@ -154,13 +154,13 @@ class RequestError(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     status: int = 400
 
 
-API_REQUEST_PAYLOADS: dict[ApiRequestType, Any] = {
+API_REQUEST_PAYLOADS: dict[ApiRequestType, object] = {  # msgspec type forms
     ApiRequestType.HELLO: TokenizerHello,
     ApiRequestType.GENERATE: GenerateRequest,
     ApiRequestType.ABORT: AbortRequest,
     ApiRequestType.HEARTBEAT: Heartbeat,
 }
-API_OUTPUT_PAYLOADS: dict[ApiOutputType, Any] = {
+API_OUTPUT_PAYLOADS: dict[ApiOutputType, object] = {
     ApiOutputType.READY: TokenizerReady,
     ApiOutputType.DELTAS: list[RequestDelta],
     ApiOutputType.ERROR: RequestError,
