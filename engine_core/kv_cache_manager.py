@@ -9,6 +9,10 @@ from engine_core.request import Request
 class KVCacheManager:
     """Allocates blocks for requests' tokens and shares full blocks through the prefix cache."""
 
+    # allocate_slots caches a block a decode completes without the general path (off: the
+    # differential tests' full path).
+    cache_only_path = True
+
     def __init__(
         self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int
     ) -> None:
@@ -68,10 +72,19 @@ class KVCacheManager:
                     return []
                 # As below: blocks full by the end of this step, min(total, num_tokens) // bs.
                 num_cached = self.num_cached_blocks.get(req_id, 0)
-                if (
-                    num_total_tokens // block_size <= num_cached
-                    or len(request.all_token_ids) // block_size <= num_cached
-                ):
+                num_full = min(num_total_tokens, len(request.all_token_ids)) // block_size
+                if num_full <= num_cached:
+                    return []
+                if self.cache_only_path:
+                    # A decode completing a block in the blocks it holds (every block_size
+                    # tokens): cache it, nothing to allocate; what the general path does then.
+                    self.pool.cache_full_blocks(
+                        req_blocks, request.block_hashes, num_cached, num_full
+                    )
+                    self.num_cached_blocks[req_id] = num_full
+                    request.alloc_limit = min(
+                        len(req_blocks) * block_size, (num_full + 1) * block_size - 1
+                    )
                     return []
         computed = new_computed_blocks or ()
         if req_blocks is None:

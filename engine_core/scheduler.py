@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 class Scheduler:
     """Decides each step which requests compute how many tokens, and applies what they sampled."""
 
+    # update_from_output applies a sampled token that only completes a block (its hash is due)
+    # inline, not through _update_one (off: the differential tests' full path).
+    boundary_path = True
+
     def __init__(self, config: EngineConfig, num_blocks: int, eos_token_id: int | None) -> None:
         sched, cache = config.scheduler, config.cache
         assert sched.max_num_batched_tokens is not None, "EngineConfig.resolve() not called"
@@ -342,6 +346,8 @@ class Scheduler:
         self._any_finished = False
         num_generated = 0
         running = RequestStatus.RUNNING
+        max_model_len = self.max_model_len
+        boundary_path = self.boundary_path
         slow = self._update_one
         append_output = outputs.append
         req_ids = model_runner_output.req_ids
@@ -372,6 +378,28 @@ class Scheduler:
                 or req.grammar is not None
                 or (prompt_logprobs and req_id in prompt_logprobs)
             ):
+                num_tokens = len(all_ids) + 1
+                if (
+                    boundary_path
+                    and num_tokens < req.max_tokens_total
+                    and num_tokens < max_model_len
+                    and num_tokens != req.prompt_len + 1
+                    and token not in req.stop_check_ids
+                    and len(sampled) == 1
+                    and lp is None
+                    and req.grammar is None
+                    and not (prompt_logprobs and req_id in prompt_logprobs)
+                ):
+                    # Only check_at's block boundary (a block completes: its hash is due), not
+                    # the first output, no stop, no length cap: what _update_one does then.
+                    pending = req.num_output_placeholders
+                    if pending:
+                        req.num_output_placeholders = pending - 1
+                    req.append_output_token(token)
+                    self._set_check_at(req)
+                    append_output(EngineCoreOutput(req_id, sampled))
+                    num_generated += 1
+                    continue
                 num_generated += slow(
                     req,
                     sampled,

@@ -66,6 +66,11 @@ class InputPreparer:
         self._gather = prepare_inputs_for(device)
         # The last step's (states.version, req_ids, slots): most steps run the same requests.
         self._last_slots: tuple[int, list[str], np.ndarray] = (-1, [], np.zeros(0, np.int64))
+        # B -> (arange(B + 1) int32, arange(B) int64): the query start locations and sampling
+        # rows of a step of B single-token requests that all sample (a decode step). The same
+        # objects each step, never written: on the CPU the copy of an array it copied last
+        # time is free (HostToDevice.copy).
+        self._decode_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _slots(self, req_ids: list[str]) -> np.ndarray:
         version, last_ids, last_slots = self._last_slots
@@ -76,16 +81,38 @@ class InputPreparer:
         self._last_slots = (self.states.version, req_ids, slots)
         return slots
 
-    def prepare(self, req_ids: list[str], num_scheduled: np.ndarray) -> InputBatch:
-        """Inputs for a step computing num_scheduled[i] tokens of request req_ids[i]."""
+    def _decode(self, num_reqs: int) -> tuple[np.ndarray, np.ndarray]:
+        arrays = self._decode_arrays.get(num_reqs)
+        if arrays is None:
+            arrays = self._decode_arrays[num_reqs] = (
+                np.arange(num_reqs + 1, dtype=np.int32),
+                np.arange(num_reqs, dtype=np.int64),
+            )
+        return arrays
+
+    def prepare(
+        self, req_ids: list[str], num_scheduled: np.ndarray, num_tokens: int | None = None
+    ) -> InputBatch:
+        """Inputs for a step computing num_scheduled[i] tokens of request req_ids[i]
+        (num_tokens: their sum, when the caller knows it)."""
         st = self.states
+        num_reqs = len(req_ids)
         slots_np = self._slots(req_ids)
-        qsl_np = np.zeros(len(req_ids) + 1, dtype=np.int32)
-        np.cumsum(num_scheduled, out=qsl_np[1:])
         seq_lens_np = (st.num_computed_np[slots_np] + num_scheduled).astype(np.int32)
         sample_rows_np = np.flatnonzero(seq_lens_np >= st.num_tokens_np[slots_np])
-        num_tokens = int(qsl_np[-1])
-        max_seq_len = int(seq_lens_np.max()) if len(req_ids) else 0
+        if num_tokens == num_reqs and num_reqs:
+            # One token each (every count is at least one): the query start locations are
+            # 0..B, and when every request samples, so are the sampling rows.
+            qsl_np, iota = self._decode(num_reqs)
+            max_query_len = 1
+            if len(sample_rows_np) == num_reqs:
+                sample_rows_np = iota
+        else:
+            qsl_np = np.zeros(num_reqs + 1, dtype=np.int32)
+            np.cumsum(num_scheduled, out=qsl_np[1:])
+            num_tokens = int(qsl_np[-1])
+            max_query_len = int(num_scheduled.max()) if num_reqs else 0
+        max_seq_len = int(seq_lens_np.max()) if num_reqs else 0
         max_blocks = -(-max_seq_len // st.block_size)
 
         slots, qsl, sample_rows = self.h2d.copy(slots_np, qsl_np, sample_rows_np)
@@ -105,7 +132,7 @@ class InputPreparer:
             seq_lens=inputs.seq_lens,
             block_table=inputs.block_table,
             slot_mapping=inputs.slot_mapping,
-            max_query_len=int(num_scheduled.max()) if len(req_ids) else 0,
+            max_query_len=max_query_len,
             max_seq_len=max_seq_len,
         )
         return InputBatch(
@@ -114,7 +141,11 @@ class InputPreparer:
             query_start_loc_np=qsl_np,
             seq_lens_np=seq_lens_np,
             sample_rows_np=sample_rows_np,
-            sample_slots_np=slots_np[sample_rows_np],
+            # Every row samples (sample_rows is 0..B-1): the same array, so that consumers
+            # that cache by the sampling slots (SamplingStates.metadata) see the same object.
+            sample_slots_np=(
+                slots_np if len(sample_rows_np) == num_reqs else slots_np[sample_rows_np]
+            ),
             slots=slots,
             sample_slots=inputs.sample_slots,
             logits_indices=inputs.logits_indices,

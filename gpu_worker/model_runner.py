@@ -167,7 +167,7 @@ class ModelRunner:
         num_scheduled = np.fromiter(
             sched.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids)
         )
-        batch = self.inputs.prepare(req_ids, num_scheduled)
+        batch = self.inputs.prepare(req_ids, num_scheduled, sched.total_num_scheduled_tokens)
         hidden = self._forward(batch)
         owners, chunks, complete = self.prompt_logprobs.compute(
             self.model.compute_logits, hidden, batch, self.states

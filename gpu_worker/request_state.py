@@ -41,7 +41,8 @@ class RequestStates:
         self.num_tokens_np = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed_np = np.zeros(max_num_reqs, dtype=np.int64)
         self.prompt_len_np = np.zeros(max_num_reqs, dtype=np.int64)
-        self.num_blocks_np = np.zeros(max_num_reqs, dtype=np.int64)
+        # Blocks each slot holds: a list, read and written one slot at a time.
+        self.num_blocks = [0] * max_num_reqs
         self.block_table_np = np.zeros((max_num_reqs, max_blocks), dtype=np.int32)
         self._token_writes = StagedWrites(self.token_ids, h2d)
         self._count_writes = [StagedWrites(t, h2d) for t in (self.num_tokens, self.num_computed)]
@@ -77,7 +78,7 @@ class RequestStates:
         self.prompt_len_np[slot] = num_prompt
         self._count_writes[0].put(slot, n)
         self._count_writes[1].put(slot, num_computed)
-        self.num_blocks_np[slot] = 0
+        self.num_blocks[slot] = 0
         self.append_blocks(slot, block_ids)
         return slot
 
@@ -93,9 +94,12 @@ class RequestStates:
         """Extend a slot's block table."""
         if not block_ids:
             return
-        start = int(self.num_blocks_np[slot])
-        self.block_table_np[slot, start : start + len(block_ids)] = block_ids
-        self.num_blocks_np[slot] = start + len(block_ids)
+        start = self.num_blocks[slot]
+        if len(block_ids) == 1:  # a decode entering a new block: most calls
+            self.block_table_np[slot, start] = block_ids[0]
+        else:
+            self.block_table_np[slot, start : start + len(block_ids)] = block_ids
+        self.num_blocks[slot] = start + len(block_ids)
         self._block_writes.put_row(slot, block_ids, start)
 
     def apply_staged_writes(self) -> None:

@@ -210,7 +210,11 @@ class SamplingStates:
         a parameter changed (a steady decode batch reuses it); what moves every step (output
         counts, min-tokens bans, bad words) is gathered each step."""
         cached = self._static
-        if cached is None or cached[0] != self._version or not np.array_equal(cached[1], slots_np):
+        if (
+            cached is None
+            or cached[0] != self._version
+            or (cached[1] is not slots_np and not np.array_equal(cached[1], slots_np))
+        ):
             cached = self._static = (
                 self._version,
                 slots_np,

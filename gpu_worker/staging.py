@@ -25,6 +25,7 @@ class HostToDevice:
         self._events: list[torch.cuda.Event | None] = []
         self._next = 0
         self._capacity = 0
+        self._last_cpu: list[tuple[np.ndarray, torch.Tensor]] = []
         if device.type == "cuda":
             self._stream = torch.cuda.Stream(device)
             self._grow(capacity)
@@ -44,8 +45,19 @@ class HostToDevice:
         """The arrays on the device, in one copy. On the CPU they share the arrays' memory, so
         the caller hands over fresh arrays and never writes them afterwards."""
         if self.device.type != "cuda":
-            # Same memory: the arrays become the device tensors (each step builds fresh ones).
-            return [torch.from_numpy(a) for a in arrays]
+            # Same memory: the arrays become the device tensors (each step builds fresh ones,
+            # or hands over again an array it never writes: the last call's tensor of that
+            # very array serves again, held here with it so that its id is not reused).
+            out: list[torch.Tensor] = []
+            for a in arrays:
+                tensor = None
+                for prev, t in self._last_cpu:
+                    if prev is a:
+                        tensor = t
+                        break
+                out.append(torch.from_numpy(a) if tensor is None else tensor)
+            self._last_cpu = list(zip(arrays, out))
+            return out
         offsets, total = [], 0
         for a in arrays:
             # 128-byte aligned: Triton specialises a pointer on 16-byte alignment, so an

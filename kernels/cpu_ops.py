@@ -479,18 +479,37 @@ def prepare_inputs(
     max_blocks: int,
 ) -> PreparedInputs:
     """kernels.prepare_inputs' contract in one C call (kernels/cpu/prepare_inputs.c)."""
-    for t, name, dtype in (
-        (slots, "slots", torch.int64),
-        (qsl, "qsl", torch.int32),
-        (sample_rows, "sample_rows", torch.int64),
-        (num_computed, "num_computed", torch.int64),
-        (token_ids, "token_ids", torch.int64),
-        (block_table, "block_table", torch.int32),
+    i64, i32 = torch.int64, torch.int32
+    # Once per step: the whole check in one expression, the messages only when it fails.
+    if not (
+        slots.dtype is i64
+        and qsl.dtype is i32
+        and sample_rows.dtype is i64
+        and num_computed.dtype is i64
+        and token_ids.dtype is i64
+        and block_table.dtype is i32
+        and slots.is_cpu
+        and qsl.is_cpu
+        and sample_rows.is_cpu
+        and num_computed.is_cpu
+        and token_ids.is_cpu
+        and block_table.is_cpu
+        and slots.is_contiguous()
+        and qsl.is_contiguous()
+        and sample_rows.is_contiguous()
+        and num_computed.is_contiguous()
+        and token_ids.is_contiguous()
+        and block_table.is_contiguous()
     ):
-        _check(t, name, dtype)
-    if not all(
-        t.is_contiguous() for t in (slots, qsl, sample_rows, num_computed, token_ids, block_table)
-    ):
+        for t, name, dtype in (
+            (slots, "slots", i64),
+            (qsl, "qsl", i32),
+            (sample_rows, "sample_rows", i64),
+            (num_computed, "num_computed", i64),
+            (token_ids, "token_ids", i64),
+            (block_table, "block_table", i32),
+        ):
+            _check(t, name, dtype)
         raise ValueError("prepare_inputs needs contiguous tensors")
     num_reqs = slots.shape[0]
     if qsl.shape != (num_reqs + 1,) or not 0 <= max_blocks <= block_table.shape[1]:
@@ -528,20 +547,47 @@ def post_update(
     num_output: torch.Tensor,
 ) -> None:
     """kernels.post_update's contract in one C call (kernels/cpu/post_update.c)."""
-    tensors = (
-        (slots, "slots", torch.int64),
-        (seq_lens, "seq_lens", torch.int32),
-        (sample_slots, "sample_slots", torch.int64),
-        (sampled, "sampled", torch.int64),
-        (num_computed, "num_computed", torch.int64),
-        (num_tokens, "num_tokens", torch.int64),
-        (token_ids, "token_ids", torch.int64),
-        (num_output, "num_output", torch.int64),
-    )
-    for t, name, dtype in tensors:
-        _check(t, name, dtype)
-        if not t.is_contiguous():
-            raise ValueError(f"post_update needs a contiguous {name}")
+    i64 = torch.int64
+    # Once per step: the whole check in one expression, the messages only when it fails.
+    if not (
+        slots.dtype is i64
+        and seq_lens.dtype is torch.int32
+        and sample_slots.dtype is i64
+        and sampled.dtype is i64
+        and num_computed.dtype is i64
+        and num_tokens.dtype is i64
+        and token_ids.dtype is i64
+        and num_output.dtype is i64
+        and slots.is_cpu
+        and seq_lens.is_cpu
+        and sample_slots.is_cpu
+        and sampled.is_cpu
+        and num_computed.is_cpu
+        and num_tokens.is_cpu
+        and token_ids.is_cpu
+        and num_output.is_cpu
+        and slots.is_contiguous()
+        and seq_lens.is_contiguous()
+        and sample_slots.is_contiguous()
+        and sampled.is_contiguous()
+        and num_computed.is_contiguous()
+        and num_tokens.is_contiguous()
+        and token_ids.is_contiguous()
+        and num_output.is_contiguous()
+    ):
+        for t, name, dtype in (
+            (slots, "slots", i64),
+            (seq_lens, "seq_lens", torch.int32),
+            (sample_slots, "sample_slots", i64),
+            (sampled, "sampled", i64),
+            (num_computed, "num_computed", i64),
+            (num_tokens, "num_tokens", i64),
+            (token_ids, "token_ids", i64),
+            (num_output, "num_output", i64),
+        ):
+            _check(t, name, dtype)
+            if not t.is_contiguous():
+                raise ValueError(f"post_update needs a contiguous {name}")
     if seq_lens.shape != slots.shape or sampled.shape != sample_slots.shape:
         raise ValueError(
             f"seq_lens {tuple(seq_lens.shape)} / sampled {tuple(sampled.shape)} "

@@ -228,6 +228,10 @@ def _trace(seed: int, steady: bool, monkeypatch: pytest.MonkeyPatch) -> str:
             return blocks
 
         monkeypatch.setattr(KVCacheManager, "allocate_slots", allocate)
+        # Nor the shortcuts taken at a block boundary: caching a completed block, applying
+        # the token that completes it.
+        monkeypatch.setattr(KVCacheManager, "cache_only_path", False)
+        monkeypatch.setattr(Scheduler, "boundary_path", False)
         monkeypatch.setattr(
             Scheduler, "_set_check_at", lambda self, req: setattr(req, "check_at", 0)
         )
