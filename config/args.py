@@ -190,6 +190,16 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
                 "the CPU, where the model runs on the same cores)",
             ),
         ),
+        (
+            "--stream-interval",
+            "stream_interval",
+            dict(
+                type=int,
+                help="tokens a streamed completion gathers per chunk: 1 streams every token, "
+                "more saves the server work per token (the first token and the end go out at "
+                "once; default 1)",
+            ),
+        ),
     ],
     "parallel": [
         (

@@ -260,8 +260,14 @@ class SchedulerConfig:
     # Schedule step N+1 while step N runs (vLLM's --async-scheduling); see engine_core.engine_core.
     # None: resolve() picks by device (see default_async_scheduling).
     async_scheduling: bool | None = None
+    # Tokens a streamed completion gathers before its next chunk goes out (vLLM's
+    # --stream-interval): 1 streams every token; more costs the serving processes fewer
+    # wake-ups per token. The first token and the last chunk go out at once.
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
+        if self.stream_interval < 1:
+            raise ConfigError(f"stream_interval must be at least 1, got {self.stream_interval}")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:

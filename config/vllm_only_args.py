@@ -54,7 +54,6 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     ),
     "max_num_partial_prefills": (True, ("1",), "one prompt is chunked at a time"),
     "max_long_partial_prefills": (True, ("1",), "one prompt is chunked at a time"),
-    "stream_interval": (True, ("1",), "every token is streamed as it comes"),
     "revision": (True, (), "models load from a local folder or file as they are"),
     "tokenizer_revision": (True, (), "models load from a local folder or file as they are"),
     "code_revision": (True, (), "a model's own code is never run"),

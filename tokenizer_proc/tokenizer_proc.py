@@ -103,7 +103,9 @@ class TokenizerProc:
             engine.ready.block_size,
         )
         self.streams = DeltaStreams(
-            tokenizer, RequestStatsRecorder(engine.ready.model_name, engine.ready.max_model_len)
+            tokenizer,
+            RequestStatsRecorder(engine.ready.model_name, engine.ready.max_model_len),
+            config.scheduler.stream_interval,
         )
         self._handshake = HandshakeServer(
             TOKENIZER_PROTOCOL_VERSION,
