@@ -1,0 +1,143 @@
+"""What serving one stream over HTTP costs against the offline API (issue 17 item 4).
+
+Alternates rounds of: `engine bench single-stream --runs 3` (the offline API: the engine core in
+its own process, the text built in the caller), then for each --stream-interval value an
+`engine serve` (the default model, or the engine flags after `--`) streaming --requests
+/v1/completions requests of 32 random prompt tokens and --new-tokens greedy tokens (EOS ignored),
+one at a time, through the engine's own HTTP benchmark client. Per server: decode tokens/s of
+each request (tokens after the first over the time from the first to the last text chunk, as
+scripts/llama_server_bench.py counts) and the CPU time per token of each of its processes
+(/proc utime + stime over the timed requests: engine core, tokenizer process, API server) and of
+this client. Prints JSON: every run, the medians, each server's ratio to the offline API in the
+same rounds, and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.machine_limits import machine_info
+from scripts.llama_server_bench import free_port, start, stop, stream_once, wait_healthy
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(launcher_pid: int) -> dict[str, float]:
+    """CPU seconds so far of each child of the launcher, by its /proc comm name."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            comm = Path(f"/proc/{entry}/comm").read_text().strip()
+        except OSError:
+            continue
+        if int(fields[1]) == launcher_pid:
+            found[comm] = (int(fields[11]) + int(fields[12])) / _TICK
+    return found
+
+
+def offline(engine: str, extra: list[str]) -> list[float]:
+    out = subprocess.run(
+        [engine, "bench", "single-stream", "--runs", "3", *extra],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out[out.index("{") :])["runs"]
+
+
+async def serve_round(
+    engine: str, extra: list[str], interval: int, args: argparse.Namespace, seed: int
+) -> dict:
+    import aiohttp
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.mkdtemp(prefix="serving_overhead-")) / "serve.log"
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    cmd = [engine, "serve", "--port", str(port), "--stream-interval", str(interval), *extra]
+    proc = start(cmd, log, env)
+    try:
+        await asyncio.to_thread(wait_healthy, "engine serve", base, proc, log, 600.0)
+        rng = np.random.default_rng(seed)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+            async with session.get(f"{base}/v1/models") as resp:
+                model = (await resp.json())["data"][0]["id"]
+            await stream_once(session, base, model, rng.integers(100, 49000, 32).tolist(), 16)
+            before, client_before = process_cpu(proc.pid), time.process_time()
+            runs = []
+            for _ in range(args.requests):
+                prompt = rng.integers(100, args.max_token_id, 32).tolist()
+                runs.append(await stream_once(session, base, model, prompt, args.new_tokens))
+            after, client_after = process_cpu(proc.pid), time.process_time()
+        tokens = sum(r["tokens"] for r in runs)
+        cpu = {k: round((after[k] - before.get(k, 0.0)) / tokens * 1e3, 3) for k in after}
+        cpu["client"] = round((client_after - client_before) / tokens * 1e3, 3)
+        return {
+            "decode_tok_s": [r["decode_tok_s"] for r in runs],
+            "text_chunks": [r["text_chunks"] for r in runs],
+            "cpu_ms_per_token": cpu,
+        }
+    finally:
+        stop(proc)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=4, help="timed requests per server")
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--stream-interval", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the server")
+    parser.add_argument("--max-token-id", type=int, default=49152)
+    parser.add_argument("engine_args", nargs="*", help="engine flags for both (after --)")
+    args = parser.parse_args()
+    engine = shutil.which("engine")
+    if engine is None:
+        raise RuntimeError("no `engine` command on PATH: pip install -e . --no-deps")
+    offline_runs: list[float] = []
+    served: dict[int, list[dict]] = {i: [] for i in args.stream_interval}
+    for round_ in range(args.rounds):
+        offline_runs += offline(engine, args.engine_args)
+        for interval in args.stream_interval:
+            served[interval].append(
+                asyncio.run(serve_round(engine, args.engine_args, interval, args, round_))
+            )
+    offline_median = statistics.median(offline_runs)
+    result = {
+        "offline_tok_s": offline_runs,
+        "offline_median": offline_median,
+        "served": {},
+        "machine": machine_info(),
+    }
+    for interval, rounds in served.items():
+        runs = [t for r in rounds for t in r["decode_tok_s"]]
+        median = statistics.median(runs)
+        result["served"][f"stream_interval={interval}"] = {
+            "rounds": rounds,
+            "median_tok_s": median,
+            "fraction_of_offline": round(median / offline_median, 3),
+        }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
