@@ -46,6 +46,7 @@ from engine_core.protocol import (
     UtilityRequest,
     request_decoders,
 )
+from engine_core.stream_gate import StreamGate
 from engine_core.utilities import engine_utilities
 from ipc.curve import key_from_env
 from ipc.handshake import READY, HandshakeServer
@@ -116,6 +117,9 @@ class EngineCoreProc:
         self._publish_load = config.parallel.data_parallel_size > 1
         self._clients: set[bytes] = set()  # identities that said HELLO (busy loop only)
         self._utilities = engine_utilities(engine)
+        # --stream-interval above 1: requests' outputs held until they carry that many tokens.
+        interval = config.scheduler.stream_interval
+        self._gate = StreamGate(interval) if interval > 1 else None
 
     def run(self) -> int:
         """Serve until shutdown() (exit code 0) or a fatal engine error (exit code 1)."""
@@ -208,8 +212,11 @@ class EngineCoreProc:
                 if out.finished
                 else self._owners.get(out.request_id)
             )
-            if owner is not None:
-                per_client.setdefault(owner, []).append(out)
+            if owner is None:
+                continue
+            sent = out if self._gate is None else self._gate.admit(out)
+            if sent is not None:
+                per_client.setdefault(owner, []).append(sent)
         for identity, outs in per_client.items():
             self._send(
                 identity,

@@ -3,9 +3,9 @@ API server that owns each request, with the request statistics recorded along th
 
 With a stream interval above 1 (--stream-interval) a completion's deltas are gathered until they
 hold that many tokens; its first delta (the first token, for the time to first token) and its
-last one go out at once. Fewer, larger messages cost the tokenizer process's send, the API
-server and the HTTP client one wake-up per chunk instead of one per token. The request
-statistics still see every step."""
+last one go out at once. The engine core gathers the same way already (engine_core/stream_gate.py:
+it spares this process the wake-ups too); gathering here as well keeps the chunks whole where
+a stop string's held-back text or several engine outputs would split them."""
 
 from __future__ import annotations
 
