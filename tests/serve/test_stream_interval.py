@@ -35,5 +35,14 @@ def test_streamed_chunks_gather_the_interval(tiny_args):
             == (whole["choices"][0]["text"])
         )
         assert chunks[-1]["usage"]["completion_tokens"] == 23
+        # A stop string met inside a held chunk: the same text as the whole answer cut there.
+        text = whole["choices"][0]["text"]
+        stop = text[len(text) // 2 : len(text) // 2 + 4]
+        cut = text[: text.index(stop)]
+        stream = SseStream(server, "/v1/completions", {**BODY, "stop": [stop]})
+        events = [json.loads(e) for e in stream.rest()[:-1]]
+        stream.close()
+        assert "".join(c["choices"][0]["text"] for c in events if c["choices"]) == cut
+        assert events[-1]["choices"][0]["finish_reason"] == "stop"
     finally:
         assert server.stop() == 0
