@@ -70,12 +70,15 @@ def hash_block_tokens(
 class BlockHasher:
     """Callable: the hashes of a request's newly completed full blocks, in order."""
 
-    __slots__ = ("block_size", "_hash_fn", "_root")
+    __slots__ = ("block_size", "_hash_fn", "_root", "_as_list")
 
     def __init__(self, block_size: int, algo: str = "sha256") -> None:
         self.block_size = block_size
         self._hash_fn = get_hash_fn(algo)
         self._root = root_hash(algo)
+        # msgpack encodes a list and a tuple alike, so sha256 and xxhash hash the token slice
+        # itself; builtin hash() needs the (hashable) tuple.
+        self._as_list = algo != "builtin"
 
     def __call__(self, request: Request) -> list[BlockHash]:
         hashes = request.block_hashes
@@ -93,6 +96,25 @@ class BlockHasher:
             parent = hash_fn((parent, tuple(tokens[i * block_size : (i + 1) * block_size]), extra))
             new.append(parent)
         return new
+
+    def hash_next(self, request: Request) -> None:
+        """Append the hash of the one block the request's tokens have just completed (its
+        block_hashes cover every block before it): what __call__ returns then, without the
+        loop and the list."""
+        hashes = request.block_hashes
+        block_size = self.block_size
+        i = len(hashes)
+        start = i * block_size
+        tokens = request.all_token_ids[start : start + block_size]
+        hashes.append(
+            self._hash_fn(
+                (
+                    hashes[-1] if i else self._root,
+                    tokens if self._as_list else tuple(tokens),
+                    request.cache_salt if i == 0 else None,
+                )
+            )
+        )
 
 
 def make_block_hasher(block_size: int, algo: str = "sha256") -> BlockHasher:

@@ -102,6 +102,25 @@ class BlockPool:
             blocks.append(block)
         return blocks
 
+    def get_new_block(self) -> KVCacheBlock:
+        """get_new_blocks(1)[0], without the loop and the list (a decode's next block)."""
+        queue = self.free_queue
+        block = queue._head.next_free
+        if block is queue._tail:
+            raise ValueError("no free blocks")
+        prev, nxt = block.prev_free, block.next_free
+        prev.next_free = nxt  # type: ignore[union-attr]
+        nxt.prev_free = prev  # type: ignore[union-attr]
+        block.prev_free = block.next_free = None
+        queue.num_free_blocks -= 1
+        block_hash = block.block_hash
+        if block_hash is not None:
+            if self.cached.get(block_hash) is block:
+                del self.cached[block_hash]
+            block.block_hash = None
+        block.ref_cnt = 1
+        return block
+
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference to prefix-cache hits, pulling unreferenced ones off the free queue."""
         for block in blocks:

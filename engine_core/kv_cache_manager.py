@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import sys
+
 from engine_core.block_pool import BlockPool, KVCacheBlock
 from engine_core.request import Request
+
+# Request.cache_due_at without prefix caching: no block is ever due.
+_NEVER = sys.maxsize
 
 
 class KVCacheManager:
     """Allocates blocks for requests' tokens and shares full blocks through the prefix cache."""
 
-    # allocate_slots caches a block a decode completes without the general path (off: the
-    # differential tests' full path).
+    # allocate_slots caches a block a decode completes, and gives a decode entering a new block
+    # that block, without the general path (off: the differential tests' full path).
     cache_only_path = True
+    alloc_one_path = True
 
     def __init__(
         self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int
@@ -82,10 +88,35 @@ class KVCacheManager:
                         req_blocks, request.block_hashes, num_cached, num_full
                     )
                     self.num_cached_blocks[req_id] = num_full
-                    request.alloc_limit = min(
-                        len(req_blocks) * block_size, (num_full + 1) * block_size - 1
-                    )
+                    room = len(req_blocks) * block_size
+                    due = (num_full + 1) * block_size
+                    request.alloc_limit = min(room, due - 1)
+                    request.block_room = room
+                    request.cache_due_at = due
                     return []
+            elif num_total_tokens <= (len(req_blocks) + 1) * block_size and self.alloc_one_path:
+                # A decode entering a new block (every block_size tokens): one block from the
+                # free queue, and what it completes cached; what the general path does then.
+                pool = self.pool
+                if not pool.free_queue.num_free_blocks:
+                    return None
+                block = pool.get_new_block()
+                req_blocks.append(block)
+                room = len(req_blocks) * block_size
+                if self.enable_caching:
+                    num_full = min(num_total_tokens, len(request.all_token_ids)) // block_size
+                    start = self.num_cached_blocks.get(req_id, 0)
+                    if num_full > start:
+                        pool.cache_full_blocks(req_blocks, request.block_hashes, start, num_full)
+                        self.num_cached_blocks[req_id] = start = num_full
+                    due = (start + 1) * block_size
+                    request.alloc_limit = min(room, due - 1)
+                    request.cache_due_at = due
+                else:
+                    request.alloc_limit = room
+                    request.cache_due_at = _NEVER
+                request.block_room = room
+                return [block]
         computed = new_computed_blocks or ()
         if req_blocks is None:
             req_blocks = []
@@ -106,7 +137,8 @@ class KVCacheManager:
                 new_blocks = self.pool.get_new_blocks(num_new_blocks)
                 req_blocks.extend(new_blocks)
         self.req_to_blocks[req_id] = req_blocks
-        limit = len(req_blocks) * block_size
+        room = limit = len(req_blocks) * block_size
+        due = _NEVER
         if self.enable_caching:
             # Blocks whose tokens are computed by the end of this step; hashes exist for them.
             num_full = min(num_total_tokens, request.num_tokens) // block_size
@@ -116,9 +148,14 @@ class KVCacheManager:
                 self.num_cached_blocks[req_id] = num_full
                 start = num_full
             # Until the next block completes there is nothing to cache.
-            limit = min(limit, (start + 1) * block_size - 1)
-        # The scheduler skips this call while num_computed_tokens + new tokens stays within.
+            due = (start + 1) * block_size
+            limit = min(limit, due - 1)
+        # The scheduler skips this call while num_computed_tokens + new tokens stays within
+        # alloc_limit; past it, while that stays within block_room and the known tokens (the
+        # request's num_tokens) below cache_due_at: what this call would do nothing for.
         request.alloc_limit = limit
+        request.block_room = room
+        request.cache_due_at = due
         return new_blocks
 
     def uncache_uncomputed_blocks(self, request: Request) -> None:
@@ -128,7 +165,7 @@ class KVCacheManager:
         scheduled), so no one has read them yet.
         """
         req_id = request.request_id
-        request.alloc_limit = 0
+        request.alloc_limit = request.block_room = 0
         start = request.num_computed_tokens // self.block_size
         end = self.num_cached_blocks.get(req_id, 0)
         if end > start:
@@ -137,7 +174,7 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first so its prefix stays cached longest."""
-        request.alloc_limit = 0
+        request.alloc_limit = request.block_room = 0
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
         if blocks:

@@ -60,6 +60,8 @@ class Request:
         "num_output_placeholders",
         "num_computed_tokens",
         "alloc_limit",
+        "block_room",
+        "cache_due_at",
         "request_id",
         "prompt_len",
         "max_tokens_total",
@@ -134,6 +136,12 @@ class Request:
         self.stop_check_ids = stop_check_ids
         self.check_at = self.prompt_len + 1
         self.alloc_limit = 0
+        # The two bounds alloc_limit combines, for a step past it that still needs nothing
+        # (async scheduling: the token that fills a block is in flight, so the block cannot be
+        # cached yet): the tokens its blocks hold, and the known token count at which the next
+        # block is due for caching (both set by the KV cache manager with alloc_limit).
+        self.block_room = 0
+        self.cache_due_at = 0
         # Structured outputs: the request's compile and matcher (engine_core.structured_output).
         self.grammar: RequestGrammar | None = None
         self._block_hasher = block_hasher
@@ -192,8 +200,13 @@ class Request:
         """Append one generated token and hash the block it completes, if any."""
         all_token_ids = self.all_token_ids
         all_token_ids.append(token)
-        if self._block_hasher is not None and len(all_token_ids) >= self._hash_at:
-            self._hash_blocks(self._block_hasher)
+        hasher = self._block_hasher
+        if hasher is not None and len(all_token_ids) >= self._hash_at:
+            if len(all_token_ids) == self._hash_at:  # one block completes: most calls
+                hasher.hash_next(self)
+                self._hash_at += hasher.block_size
+            else:
+                self._hash_blocks(hasher)
 
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         """Append several generated tokens and hash any blocks they complete."""

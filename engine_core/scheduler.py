@@ -212,7 +212,16 @@ class Scheduler:
                 i += 1
                 continue
             n = total - computed
-            if 0 < n <= budget and total <= req.alloc_limit and total <= max_model_len:
+            if (
+                0 < n <= budget
+                and total <= max_model_len
+                and (
+                    total <= req.alloc_limit
+                    # Async scheduling: the token that fills the last block is in flight; the
+                    # block is cached once it is known (a step later), nothing to do now.
+                    or (total <= req.block_room and total - pending < req.cache_due_at)
+                )
+            ):
                 # The steady path: a decode (or a prompt chunk) that fits the budget and the
                 # blocks it holds, completing no block: nothing to allocate or cache.
                 add_id(req.request_id)
@@ -346,78 +355,112 @@ class Scheduler:
         self._any_finished = False
         num_generated = 0
         running = RequestStatus.RUNNING
-        max_model_len = self.max_model_len
-        boundary_path = self.boundary_path
-        slow = self._update_one
+        checked = self._apply_checked
         append_output = outputs.append
         req_ids = model_runner_output.req_ids
-        for req_id, sampled, lp, req in zip(
-            req_ids,
-            model_runner_output.sampled_token_ids,
-            logprobs or repeat(None),
-            self._scheduled_requests(scheduler_output, req_ids),
-        ):
-            if req.status != running:  # finished (its id may name a new request now) or
-                req = requests.get(req_id)  # preempted; the same lookup when not known
-                if req is None or req.status != running:
-                    continue
-            # Mid-prompt; or preempted after this step was scheduled (then recomputed from
-            # its tokens) and running again: its status is not told apart, as before.
-            if not sampled:
-                continue
-            # The steady path: one token, no stop id, below every length cap and block
-            # boundary (check_at, in tokens), no grammar or logprobs; the rest goes through
-            # _update_one.
-            token = sampled[0]
-            all_ids = req.all_token_ids
-            if (
-                len(all_ids) + 1 >= req.check_at
-                or token in req.stop_check_ids
-                or len(sampled) != 1
-                or lp is not None
-                or req.grammar is not None
-                or (prompt_logprobs and req_id in prompt_logprobs)
+        scheduled = self._scheduled_requests(scheduler_output, req_ids)
+        if not prompt_logprobs and not any(logprobs or ()):
+            # No logprobs in this step (most steps): the steady loop tests nothing for them.
+            for req_id, sampled, req in zip(
+                req_ids, model_runner_output.sampled_token_ids, scheduled
             ):
-                num_tokens = len(all_ids) + 1
-                if (
-                    boundary_path
-                    and num_tokens < req.max_tokens_total
-                    and num_tokens < max_model_len
-                    and num_tokens != req.prompt_len + 1
-                    and token not in req.stop_check_ids
-                    and len(sampled) == 1
-                    and lp is None
-                    and req.grammar is None
-                    and not (prompt_logprobs and req_id in prompt_logprobs)
-                ):
-                    # Only check_at's block boundary (a block completes: its hash is due), not
-                    # the first output, no stop, no length cap: what _update_one does then.
-                    pending = req.num_output_placeholders
-                    if pending:
-                        req.num_output_placeholders = pending - 1
-                    req.append_output_token(token)
-                    self._set_check_at(req)
-                    append_output(EngineCoreOutput(req_id, sampled))
-                    num_generated += 1
+                if req.status != running:  # as in the loop below
+                    req = requests.get(req_id)
+                    if req is None or req.status != running:
+                        continue
+                if not sampled:
                     continue
-                num_generated += slow(
-                    req,
-                    sampled,
-                    outputs,
-                    lp,
-                    prompt_logprobs.get(req_id) if prompt_logprobs else None,
-                )
-                continue
-            pending = req.num_output_placeholders
-            if pending:
-                req.num_output_placeholders = pending - 1
-            all_ids.append(token)
-            append_output(EngineCoreOutput(req_id, sampled))
-            num_generated += 1
+                token = sampled[0]
+                all_ids = req.all_token_ids
+                if (
+                    len(all_ids) + 1 >= req.check_at
+                    or token in req.stop_check_ids
+                    or len(sampled) != 1
+                    or req.grammar is not None
+                ):
+                    num_generated += checked(req, req_id, sampled, None, None, outputs)
+                    continue
+                pending = req.num_output_placeholders
+                if pending:
+                    req.num_output_placeholders = pending - 1
+                all_ids.append(token)
+                append_output(EngineCoreOutput(req_id, sampled))
+                num_generated += 1
+        else:
+            for req_id, sampled, lp, req in zip(
+                req_ids,
+                model_runner_output.sampled_token_ids,
+                logprobs or repeat(None),
+                scheduled,
+            ):
+                if req.status != running:  # finished (its id may name a new request now) or
+                    req = requests.get(req_id)  # preempted; the same lookup when not known
+                    if req is None or req.status != running:
+                        continue
+                # Mid-prompt; or preempted after this step was scheduled (then recomputed
+                # from its tokens) and running again: its status is not told apart, as before.
+                if not sampled:
+                    continue
+                # The steady path: one token, no stop id, below every length cap and block
+                # boundary (check_at, in tokens), no grammar or logprobs; the rest goes through
+                # _apply_checked.
+                token = sampled[0]
+                all_ids = req.all_token_ids
+                plp = prompt_logprobs.get(req_id) if prompt_logprobs else None
+                if (
+                    len(all_ids) + 1 >= req.check_at
+                    or token in req.stop_check_ids
+                    or len(sampled) != 1
+                    or lp is not None
+                    or req.grammar is not None
+                    or plp is not None
+                ):
+                    num_generated += checked(req, req_id, sampled, lp, plp, outputs)
+                    continue
+                pending = req.num_output_placeholders
+                if pending:
+                    req.num_output_placeholders = pending - 1
+                all_ids.append(token)
+                append_output(EngineCoreOutput(req_id, sampled))
+                num_generated += 1
         if self._any_finished:
             self.running = [r for r in self.running if not r.is_finished]
         self._num_generation_tokens += num_generated
         return outputs
+
+    def _apply_checked(
+        self,
+        req: Request,
+        req_id: str,
+        sampled: list[int],
+        lp: LogprobsLists | None,
+        plp: LogprobsLists | None,
+        outputs: list[EngineCoreOutput],
+    ) -> int:
+        """Apply a request's sampled tokens off the steady path; returns the tokens kept."""
+        num_tokens = len(req.all_token_ids) + 1
+        token = sampled[0]
+        if (
+            self.boundary_path
+            and num_tokens < req.max_tokens_total
+            and num_tokens < self.max_model_len
+            and num_tokens != req.prompt_len + 1
+            and token not in req.stop_check_ids
+            and len(sampled) == 1
+            and lp is None
+            and req.grammar is None
+            and plp is None
+        ):
+            # Only check_at's block boundary (a block completes: its hash is due), not the
+            # first output, no stop, no length cap: what _update_one does then.
+            pending = req.num_output_placeholders
+            if pending:
+                req.num_output_placeholders = pending - 1
+            req.append_output_token(token)
+            self._set_check_at(req)
+            outputs.append(EngineCoreOutput(req_id, sampled))
+            return 1
+        return self._update_one(req, sampled, outputs, lp, plp)
 
     def _scheduled_requests(
         self, scheduler_output: SchedulerOutput, req_ids: list[str]

@@ -17,6 +17,7 @@ from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from gpu_worker.request_state import RequestStates
 from gpu_worker.staging import HostToDevice
 from kernels.prepare_inputs import prepare_inputs_for
+from kernels.prepared_inputs import PreparedInputs, empty_outputs
 
 
 @dataclass(slots=True)
@@ -71,6 +72,13 @@ class InputPreparer:
         # objects each step, never written: on the CPU the copy of an array it copied last
         # time is free (HostToDevice.copy).
         self._decode_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # On the CPU: the last step's gathered inputs, (B, T, max_blocks, S) -> tensors, filled
+        # again by the next step of that shape instead of seven new tensors (a steady decode
+        # keeps its shape for block_size steps). Nothing reads a step's inputs once the next
+        # step's are prepared: execute_model_async uses them before it returns. On CUDA the
+        # caching allocator makes new ones cheap and they stay per step.
+        self._reuse_out = device.type == "cpu"
+        self._out: tuple[tuple[int, int, int, int], PreparedInputs] | None = None
 
     def _slots(self, req_ids: list[str]) -> np.ndarray:
         version, last_ids, last_slots = self._last_slots
@@ -116,6 +124,15 @@ class InputPreparer:
         max_blocks = -(-max_seq_len // st.block_size)
 
         slots, qsl, sample_rows = self.h2d.copy(slots_np, qsl_np, sample_rows_np)
+        out = None
+        if self._reuse_out:
+            shape = (num_reqs, num_tokens, max_blocks, len(sample_rows_np))
+            last = self._out
+            if last is not None and last[0] == shape:
+                out = last[1]
+            else:
+                out = empty_outputs(self.device, *shape)
+                self._out = (shape, out)
         inputs = self._gather(
             slots,
             qsl,
@@ -126,6 +143,7 @@ class InputPreparer:
             st.block_size,
             num_tokens,
             max_blocks,
+            out,
         )
         device_batch = DeviceBatch(
             query_start_loc=qsl,

@@ -220,9 +220,10 @@ class ModelRunner:
             if params.prompt_logprobs is not None and not new.output_token_ids:
                 self.prompt_logprobs.add_request(new.req_id, params.prompt_logprobs)
         cached = sched.scheduled_cached_reqs
-        for req_id, block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
-            if block_ids:
-                states.append_blocks(states.slot_of[req_id], block_ids)
+        if len(cached.req_ids) != len(cached.new_block_ids):
+            raise ValueError("scheduled_cached_reqs: req_ids and new_block_ids differ in length")
+        if any(cached.new_block_ids):  # most steps give no request a block
+            states.append_blocks_of(cached.req_ids, cached.new_block_ids)
         states.apply_staged_writes()
         sampling.apply_staged_writes()
         for slot in penalized:

@@ -102,6 +102,32 @@ class RequestStates:
         self.num_blocks[slot] = start + len(block_ids)
         self._block_writes.put_row(slot, block_ids, start)
 
+    def append_blocks_of(self, req_ids: list[str], new_block_ids: list[list[int]]) -> None:
+        """append_blocks for each request of req_ids given blocks (a step's block boundary:
+        often many requests, one block each, written into the mirror with one numpy call)."""
+        slot_of, num_blocks = self.slot_of, self.num_blocks
+        width = self.block_table_np.shape[1]
+        rows: list[int] = []
+        cols: list[int] = []
+        flat: list[int] = []
+        ids: list[int] = []
+        for req_id, block_ids in zip(req_ids, new_block_ids):
+            if not block_ids:
+                continue
+            slot = slot_of[req_id]
+            if len(block_ids) == 1:
+                start = num_blocks[slot]
+                rows.append(slot)
+                cols.append(start)
+                flat.append(slot * width + start)
+                ids.append(block_ids[0])
+                num_blocks[slot] = start + 1
+            else:
+                self.append_blocks(slot, block_ids)
+        if rows:
+            self.block_table_np[rows, cols] = ids
+            self._block_writes.put_scalars(flat, ids)
+
     def apply_staged_writes(self) -> None:
         """Send the new requests and blocks to the device."""
         self._token_writes.apply()

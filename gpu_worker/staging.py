@@ -122,6 +122,11 @@ class StagedWrites:
         self._index.append(index)
         self._values.append(np.broadcast_to(np.asarray(values, dtype=self._np_dtype), index.shape))
 
+    def put_scalars(self, flat_indices: list[int], values: list) -> None:
+        """Stage target.view(-1)[flat_indices[k]] = values[k] for each k (Python lists)."""
+        self._one_index.extend(flat_indices)
+        self._one_value.extend(values)
+
     def put_row(self, row: int, values: np.ndarray | list | tuple, start: int = 0) -> None:
         """Stage target[row, start:start + len(values)] = values (a 2-D target)."""
         at = row * self.target.shape[1] + start

@@ -13,6 +13,7 @@ import torch
 
 from kernels.cpu_library import load
 from kernels.gguf_quant import QuantizedWeight
+from kernels.prepare_inputs import check_outputs
 from kernels.prepared_inputs import PreparedInputs, empty_outputs
 
 
@@ -477,8 +478,10 @@ def prepare_inputs(
     block_size: int,
     num_tokens: int,
     max_blocks: int,
+    out: PreparedInputs | None = None,
 ) -> PreparedInputs:
-    """kernels.prepare_inputs' contract in one C call (kernels/cpu/prepare_inputs.c)."""
+    """kernels.prepare_inputs' contract in one C call (kernels/cpu/prepare_inputs.c); into
+    out's tensors when given (checked: the C code writes them through raw pointers)."""
     i64, i32 = torch.int64, torch.int32
     # Once per step: the whole check in one expression, the messages only when it fails.
     if not (
@@ -517,7 +520,11 @@ def prepare_inputs(
             f"qsl {tuple(qsl.shape)} / max_blocks {max_blocks} do not match "
             f"{num_reqs} requests and a block table {tuple(block_table.shape)}"
         )
-    out = empty_outputs(slots.device, num_reqs, num_tokens, max_blocks, sample_rows.shape[0])
+    num_samples = sample_rows.shape[0]
+    if out is None:
+        out = empty_outputs(slots.device, num_reqs, num_tokens, max_blocks, num_samples)
+    else:
+        check_outputs(out, slots.device, num_reqs, num_tokens, max_blocks, num_samples)
     _lib().prepare_inputs_i64(
         slots.data_ptr(),
         qsl.data_ptr(),
@@ -530,7 +537,7 @@ def prepare_inputs(
         block_size,
         max_blocks,
         sample_rows.data_ptr(),
-        sample_rows.shape[0],
+        num_samples,
         *(t.data_ptr() for t in out),
     )
     return out

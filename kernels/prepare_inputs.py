@@ -12,12 +12,12 @@ and torch ops here (the reference, and the path without either).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
 from kernels.dispatch import kernel_for
-from kernels.prepared_inputs import PreparedInputs
+from kernels.prepared_inputs import PreparedInputs, empty_outputs
 
 
 def prepare_inputs_torch(
@@ -30,8 +30,9 @@ def prepare_inputs_torch(
     block_size: int,
     num_tokens: int,
     max_blocks: int,
+    out: PreparedInputs | None = None,
 ) -> PreparedInputs:
-    """The reference: a dozen torch ops, on any device."""
+    """The reference: a dozen torch ops, on any device (into out's tensors when given)."""
     qsl_long = qsl.to(torch.int64)
     iota = torch.arange(num_tokens, dtype=torch.int64, device=slots.device)
     token_req = torch.searchsorted(qsl_long[1:], iota, right=True)
@@ -45,7 +46,7 @@ def prepare_inputs_torch(
         block_table.reshape(-1).index_select(0, block_index).to(torch.int64) * block_size
         + positions % block_size
     )
-    return PreparedInputs(
+    result = PreparedInputs(
         input_ids,
         positions,
         seq_lens,
@@ -54,28 +55,101 @@ def prepare_inputs_torch(
         qsl_long.index_select(0, sample_rows + 1) - 1,
         slots.index_select(0, sample_rows),
     )
+    if out is None:
+        return result
+    check_outputs(out, slots.device, slots.shape[0], num_tokens, max_blocks, sample_rows.shape[0])
+    for dst, src in zip(out, result):
+        dst.copy_(src)
+    return out
 
 
-PrepareFn = Callable[
-    [
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        int,
-        int,
-        int,
-    ],
-    PreparedInputs,
-]
+def outputs_fit(
+    out: PreparedInputs,
+    device: torch.device,
+    num_reqs: int,
+    num_tokens: int,
+    max_blocks: int,
+    num_samples: int,
+) -> bool:
+    """Whether out is what empty_outputs makes for this step: contiguous tensors on device of
+    the contract's shapes and dtypes (a kernel writes them through raw pointers)."""
+    i64, i32 = torch.int64, torch.int32
+    ids, pos, lens, mapping, table, logits, sample = out
+    return (
+        ids.shape == (num_tokens,)
+        and pos.shape == (num_tokens,)
+        and mapping.shape == (num_tokens,)
+        and lens.shape == (num_reqs,)
+        and table.shape == (num_reqs, max_blocks)
+        and logits.shape == (num_samples,)
+        and sample.shape == (num_samples,)
+        and ids.dtype is i64
+        and pos.dtype is i64
+        and mapping.dtype is i64
+        and lens.dtype is i32
+        and table.dtype is i32
+        and logits.dtype is i64
+        and sample.dtype is i64
+        and all(t.device == device and t.is_contiguous() for t in out)
+    )
+
+
+# The outputs the last check_outputs passed and their step's sizes: a caller reusing one set
+# step after step (InputPreparer) is checked once per shape. A tensor's dtype, device and
+# layout do not change in place (short of resize_/set_, which no caller does to these).
+_checked: list = [None, None]
+
+
+def check_outputs(
+    out: PreparedInputs,
+    device: torch.device,
+    num_reqs: int,
+    num_tokens: int,
+    max_blocks: int,
+    num_samples: int,
+) -> None:
+    """Raise ValueError unless outputs_fit."""
+    sizes = (num_reqs, num_tokens, max_blocks, num_samples)
+    if _checked[0] is out and _checked[1] == sizes:
+        return
+    if not outputs_fit(out, device, num_reqs, num_tokens, max_blocks, num_samples):
+        want = empty_outputs(device, num_reqs, num_tokens, max_blocks, num_samples)
+        raise ValueError(
+            "out does not match the step: want "
+            + ", ".join(f"{n} {tuple(t.shape)} {t.dtype}" for n, t in zip(want._fields, want))
+            + " (contiguous, on "
+            + str(device)
+            + "), got "
+            + ", ".join(f"{tuple(t.shape)} {t.dtype} {t.device}" for t in out)
+        )
+    _checked[0], _checked[1] = out, sizes
+
+
+class PrepareFn(Protocol):
+    """The contract: (slots, qsl, sample_rows, num_computed, token_ids, block_table, block_size,
+    num_tokens, max_blocks, out=None) -> PreparedInputs; with out (tensors as empty_outputs
+    makes them for the step, e.g. the last step's when its shape repeats) the results are
+    written there and out is returned, without allocating."""
+
+    def __call__(
+        self,
+        slots: torch.Tensor,
+        qsl: torch.Tensor,
+        sample_rows: torch.Tensor,
+        num_computed: torch.Tensor,
+        token_ids: torch.Tensor,
+        block_table: torch.Tensor,
+        block_size: int,
+        num_tokens: int,
+        max_blocks: int,
+        out: PreparedInputs | None = None,
+    ) -> PreparedInputs: ...
 
 
 def prepare_inputs_for(device: torch.device) -> PrepareFn:
     """The implementation for a device: the Triton kernel on CUDA, the C one on a CPU where the
     kernels are built, torch ops otherwise. Each takes (slots, qsl, sample_rows, num_computed,
-    token_ids, block_table, block_size, num_tokens, max_blocks)."""
+    token_ids, block_table, block_size, num_tokens, max_blocks, out=None)."""
 
     def triton_impl() -> PrepareFn:
         from kernels.prepare_inputs_triton import prepare_inputs_triton

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.prepare_inputs import check_outputs
 from kernels.prepared_inputs import PreparedInputs, empty_outputs
 
 
@@ -70,9 +71,14 @@ def prepare_inputs_triton(
     block_size: int,
     num_tokens: int,
     max_blocks: int,
+    out: PreparedInputs | None = None,
 ) -> PreparedInputs:
-    """One launch of one program per request."""
-    out = empty_outputs(slots.device, slots.shape[0], num_tokens, max_blocks, sample_rows.shape[0])
+    """One launch of one program per request (into out's tensors when given)."""
+    num_reqs, num_samples = slots.shape[0], sample_rows.shape[0]
+    if out is None:
+        out = empty_outputs(slots.device, num_reqs, num_tokens, max_blocks, num_samples)
+    else:
+        check_outputs(out, slots.device, num_reqs, num_tokens, max_blocks, num_samples)
     if slots.shape[0]:
         _prepare_inputs_kernel[(slots.shape[0],)](
             slots,

@@ -18,6 +18,7 @@ import pytest
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.request import RequestStatus
 from engine_core.scheduler import _UNKNOWN, Scheduler
+from gpu_worker.protocol import SchedulerOutput
 from tests.engine_core.test_scheduler_random import check_invariants
 from tests.engine_core.utils import (
     EOS,
@@ -224,13 +225,14 @@ def _trace(seed: int, steady: bool, monkeypatch: pytest.MonkeyPatch) -> str:
 
         def allocate(self, request, *args):
             blocks = original(self, request, *args)
-            request.alloc_limit = 0
+            request.alloc_limit = request.block_room = 0
             return blocks
 
         monkeypatch.setattr(KVCacheManager, "allocate_slots", allocate)
         # Nor the shortcuts taken at a block boundary: caching a completed block, applying
         # the token that completes it.
         monkeypatch.setattr(KVCacheManager, "cache_only_path", False)
+        monkeypatch.setattr(KVCacheManager, "alloc_one_path", False)
         monkeypatch.setattr(Scheduler, "boundary_path", False)
         monkeypatch.setattr(
             Scheduler, "_set_check_at", lambda self, req: setattr(req, "check_at", 0)
@@ -303,3 +305,97 @@ def test_steady_path_changes_nothing(seed: int, monkeypatch: pytest.MonkeyPatch)
     with_path = _trace(seed, True, monkeypatch)
     without = _trace(seed, False, monkeypatch)
     assert with_path == without
+
+
+def _check_block_state(sched: Scheduler, so: SchedulerOutput) -> None:
+    """After schedule(): every request it scheduled holds blocks for its computed tokens and
+    no more, has every full block whose tokens are computed and known cached, and none beyond;
+    the skip bounds (alloc_limit, block_room, cache_due_at) say exactly that."""
+    kv, bs = sched.kv, sched.kv.block_size
+    for req in sched.running:
+        rid = req.request_id
+        if rid not in so.num_scheduled_tokens:
+            continue
+        blocks = kv.req_to_blocks[rid]
+        computed = req.num_computed_tokens
+        assert len(blocks) * bs >= computed, rid
+        assert len(blocks) == -(-computed // bs), rid  # no block before it is needed
+        if kv.enable_caching:
+            full = min(computed, req.num_tokens) // bs
+            assert kv.num_cached_blocks.get(rid, 0) == full, (rid, computed, req.num_tokens)
+            assert req.cache_due_at == (full + 1) * bs
+            assert req.alloc_limit == min(len(blocks) * bs, (full + 1) * bs - 1)
+        else:
+            assert req.alloc_limit == len(blocks) * bs
+        assert req.block_room == len(blocks) * bs
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("block_size", [1, 8, 16])
+def test_skipped_steps_leave_nothing_to_allocate_or_cache(
+    block_size: int, caching: bool, async_scheduling: bool
+) -> None:
+    """Every step the scheduler skips allocate_slots for (total <= alloc_limit, or past it
+    within block_room with the last block's filling token in flight) is one where it would have
+    allocated and cached nothing: off by one token either way, a block would come a step late
+    (a write with no block) or be cached a step late (a prefix hit missed)."""
+    sched = make_scheduler(
+        block_size=block_size,
+        enable_prefix_caching=caching,
+        async_scheduling=async_scheduling,
+        max_num_batched_tokens=256,
+    )
+    for i, prompt_len in enumerate(range(1, 3 * block_size + 2)):
+        sched.add_request(make_request(f"p{i}", prompt_len, max_tokens=4 * block_size + 3))
+    runner = FakeRunner(sched)
+    calls: list[tuple[str, int]] = []
+    original = sched.kv.allocate_slots
+
+    def allocate(req, n, *args):
+        before = (len(sched.kv.req_to_blocks.get(req.request_id, ())),)
+        before += (sched.kv.num_cached_blocks.get(req.request_id, 0),)
+        blocks = original(req, n, *args)
+        after = (len(sched.kv.req_to_blocks.get(req.request_id, ())),)
+        after += (sched.kv.num_cached_blocks.get(req.request_id, 0),)
+        # A decode that got its blocks (None: no room, a preemption follows).
+        if req.num_computed_tokens >= req.prompt_len and n == 1 and not args and blocks is not None:
+            calls.append((req.request_id, req.num_computed_tokens, req.num_tokens, before != after))
+        return blocks
+
+    sched.kv.allocate_slots = allocate  # type: ignore[method-assign]
+    in_flight: deque = deque()
+    for _ in range(1000):
+        if not (sched.has_unfinished_requests() or sched.has_finished_requests()) and not in_flight:
+            break
+        so = sched.schedule()
+        _check_block_state(sched, so)
+        in_flight.append((so, runner.execute(so)))
+        if async_scheduling and len(in_flight) < 2 and so.total_num_scheduled_tokens:
+            continue
+        so, out = in_flight.popleft()
+        sched.update_from_output(so, out)
+        check_invariants(sched)
+    assert not sched.has_unfinished_requests()
+    # A decode calls it only when it allocates or caches something.
+    assert calls and all(c[-1] for c in calls), [c for c in calls if not c[-1]]
+
+
+@pytest.mark.parametrize("algo", ["sha256", "builtin"])
+@pytest.mark.parametrize("salt", [None, "tenant"])
+def test_one_block_hash_matches_the_general_hasher(algo: str, salt: str | None) -> None:
+    from engine_core.block_hash import make_block_hasher
+    from engine_core.request import Request
+    from engine_core.sampling_params import SamplingParams
+
+    hasher = make_block_hasher(4, algo)
+    fast = Request("a", list(range(10, 17)), SamplingParams(max_tokens=20), None, 0.0, 0, salt)
+    fast._block_hasher = hasher
+    general = Request("b", list(range(10, 17)), SamplingParams(max_tokens=20), None, 0.0, 0, salt)
+    general._block_hasher = hasher
+    for token in range(100, 114):
+        fast.append_output_token(token)  # one block completes at a time: hash_next
+        general.append_output_token_ids([token])  # the general hasher
+        assert fast.block_hashes == general.block_hashes
+        assert fast.next_hash_len == general.next_hash_len
+    assert len(fast.block_hashes) == 21 // 4

@@ -10,6 +10,7 @@ import torch
 from kernels import cpu_ops
 from kernels.prepare_inputs import prepare_inputs_for, prepare_inputs_torch
 from kernels.prepare_inputs_triton import prepare_inputs_triton
+from kernels.prepared_inputs import empty_outputs
 from tests.kernels.paged_inputs import DEVICE
 
 BLOCK_SIZE = 16
@@ -90,3 +91,42 @@ def test_each_device_gets_its_kernel() -> None:
     assert prepare_inputs_for(torch.device("cuda")) is prepare_inputs_triton
     expected = cpu_ops.prepare_inputs if cpu_ops.available() else prepare_inputs_torch
     assert prepare_inputs_for(torch.device("cpu")) is expected
+
+
+def _implementations() -> list:
+    impls = [("torch", prepare_inputs_torch, "cpu"), ("triton", prepare_inputs_triton, DEVICE)]
+    if cpu_ops.available():
+        impls.append(("c", cpu_ops.prepare_inputs, "cpu"))
+    return impls
+
+
+@pytest.mark.parametrize("name", ["torch", "triton", "c"])
+def test_out_is_filled_in_place_step_after_step(name: str) -> None:
+    """With out (as empty_outputs makes it), each implementation writes the step there and
+    returns it: a buffer reused over steps of one shape holds each step's inputs exactly, and
+    one that does not fit the step is refused before anything is written."""
+    impls = {n: (fn, device) for n, fn, device in _implementations()}
+    if name not in impls:
+        pytest.skip("no C compiler on this machine")
+    fn, device = impls[name]
+    args, num_tokens, step_blocks = _step(device, 0)
+    num_reqs, num_samples = args[0].shape[0], args[2].shape[0]
+    out = empty_outputs(torch.device(device), num_reqs, num_tokens, step_blocks, num_samples)
+    for t in out:
+        t.fill_(-7)  # stale contents, all overwritten
+    for seed in (0, 4, 6):  # steps of one shape (63 tokens, 10 blocks), different tables
+        args, num_tokens, step_blocks = _step(device, seed)
+        assert (num_tokens, step_blocks) == (out.input_ids.shape[0], out.block_table.shape[1])
+        want = prepare_inputs_torch(*[a.cpu() for a in args], BLOCK_SIZE, num_tokens, step_blocks)
+        got = fn(*args, BLOCK_SIZE, num_tokens, step_blocks, out)
+        assert got is out
+        _assert_equal(got, want)
+    wrong = empty_outputs(torch.device(device), num_reqs, num_tokens + 1, step_blocks, num_samples)
+    with pytest.raises(ValueError, match="out does not match"):
+        fn(*args, BLOCK_SIZE, num_tokens, step_blocks, wrong)
+    as_int32 = out._replace(input_ids=out.input_ids.to(torch.int32))
+    with pytest.raises(ValueError, match="out does not match"):
+        fn(*args, BLOCK_SIZE, num_tokens, step_blocks, as_int32)
+    strided = out._replace(positions=torch.empty(2 * num_tokens, dtype=torch.int64)[::2])
+    with pytest.raises(ValueError, match="out does not match"):
+        fn(*args, BLOCK_SIZE, num_tokens, step_blocks, strided)

@@ -79,3 +79,79 @@ def test_cpu_copy_reuses_the_last_calls_tensor_of_the_same_array() -> None:
     assert ta2 is ta and tc is not tb
     assert tc.data_ptr() != tb.data_ptr() and tc.tolist() == [0, 1, 2]
     assert ta.data_ptr() == a.__array_interface__["data"][0]
+
+
+def test_cpu_steps_of_one_shape_refill_the_last_steps_tensors() -> None:
+    """On the CPU the gathered inputs of a step go into the last step's tensors when the shape
+    (requests, tokens, blocks, sampling rows) repeats; each step's contents are its own, as a
+    fresh preparer's (the same step from scratch) shows, and a new shape gets new tensors."""
+    ids = ["r0", "r1", "r2"]
+    ones = np.ones(3, dtype=np.int64)
+    states, prep = _states([5, 9, 3], [6, 10, 4])
+    first = prep.prepare(ids, ones, 3)
+    kept = _fields(first)
+    tensors = [first.input_ids, first.positions, first.device_batch.block_table]
+    # The device's post-update and its mirrors: each request gained its sampled token.
+    batch = first
+    for step in range(2):
+        states.post_update(
+            batch.slots,
+            batch.slots_np,
+            batch.device_batch.seq_lens,
+            batch.seq_lens_np,
+            batch.sample_slots,
+            batch.sample_slots_np,
+            torch.tensor([70 + step, 80 + step, 90 + step]),
+            torch.zeros(8, dtype=torch.int64),
+        )
+        second = prep.prepare(ids, ones, 3)
+        assert second.input_ids is tensors[0] and second.positions is tensors[1]
+        assert second.device_batch.block_table is tensors[2]
+        assert second.input_ids.tolist() == [70 + step, 80 + step, 90 + step]
+        batch = second
+    fresh = InputPreparer(states, prep.h2d, torch.device("cpu"))
+    assert _fields(second) == _fields(fresh.prepare(ids, ones, 3))
+    assert kept["input_ids"] == [15, 20, 15] and kept != _fields(second)
+    # r1 reaches a new block (block_size 4): max_blocks grows, new tensors.
+    states.post_update(
+        second.slots,
+        second.slots_np,
+        second.device_batch.seq_lens,
+        second.seq_lens_np,
+        second.sample_slots,
+        second.sample_slots_np,
+        torch.tensor([1, 2, 3]),
+        torch.zeros(8, dtype=torch.int64),
+    )
+    third = prep.prepare(ids, ones, 3)
+    assert third.device_batch.block_table.shape[1] != tensors[2].shape[1]
+    assert third.input_ids is not tensors[0]
+    fresh = InputPreparer(states, prep.h2d, torch.device("cpu"))
+    assert _fields(third) == _fields(fresh.prepare(ids, ones, 3))
+
+
+def test_block_appends_of_a_step_match_one_by_one() -> None:
+    """RequestStates.append_blocks_of (the runner's per-step call) against append_blocks for
+    each request: the host mirror, the counts and the device table after the staged writes."""
+    device = torch.device("cpu")
+
+    def states() -> RequestStates:
+        s = RequestStates(6, 64, 4, device, HostToDevice(device))
+        for i in range(5):
+            s.add(f"r{i}", [1, 2, 3, 4, 5], 5, [10 * i, 10 * i + 1], 5)
+        s.apply_staged_writes()
+        return s
+
+    req_ids = ["r3", "r0", "r4", "r1", "r2"]
+    new = [[31], (), [41, 42, 43], [11], ()]
+    one, batched = states(), states()
+    for rid, blocks in zip(req_ids, new):
+        if blocks:
+            one.append_blocks(one.slot_of[rid], list(blocks))
+    batched.append_blocks_of(req_ids, [list(b) for b in new])
+    for s in (one, batched):
+        s.apply_staged_writes()
+    assert one.num_blocks == batched.num_blocks
+    assert np.array_equal(one.block_table_np, batched.block_table_np)
+    assert torch.equal(one.block_table, batched.block_table)
+    assert torch.equal(batched.block_table, torch.from_numpy(batched.block_table_np))
