@@ -9,6 +9,8 @@ of a failure in the engine.
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 from typing import Any, NamedTuple
 
 import msgspec
@@ -30,6 +32,30 @@ class _Source(NamedTuple):
     spec: Any
     param: str
     what: str
+
+
+# The grammar library's module: xgrammar, and torch with it, about 2 s to import.
+_GRAMMAR = "engine_core.structured_output.grammar"
+_grammar_import: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]] | None = None
+
+
+async def load_grammar_library(
+    req: _SamplingFields, tool_constraint: StructuredOutputsParams | None = None
+) -> None:
+    """Before requested_constraint() of a request that may carry a constraint: import the
+    grammar library in a thread, once per process. Imported on the event loop, the first
+    constrained request froze every stream of this API server for about 2 s; now only that
+    request (and any constrained one arriving meanwhile) waits."""
+    global _grammar_import
+    if tool_constraint is None and req.response_format is None and not req.structured_outputs:
+        return
+    loop = asyncio.get_running_loop()
+    if _grammar_import is None or _grammar_import[0] is not loop:
+        _grammar_import = (
+            loop,
+            asyncio.ensure_future(asyncio.to_thread(importlib.import_module, _GRAMMAR)),
+        )
+    await asyncio.shield(_grammar_import[1])
 
 
 def checked(params: StructuredOutputsParams, param: str, what: str) -> StructuredOutputsParams:

@@ -26,7 +26,7 @@ from frontend.openai_protocol import (
     TopLogprob,
     check_unsupported,
 )
-from frontend.response_format import requested_constraint
+from frontend.response_format import load_grammar_library, requested_constraint
 from frontend.serving import (
     ServingContext,
     json_response,
@@ -147,6 +147,7 @@ async def create_chat_completion(
     tools = resolve_tool_choice(
         req.tools, req.tool_choice, req.parallel_tool_calls, ctx.tool_parser
     )
+    await load_grammar_library(req, tools.constraint)
     constraint = requested_constraint(req, tools.constraint)
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = (

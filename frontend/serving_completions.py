@@ -18,7 +18,7 @@ from frontend.openai_protocol import (
     CompletionResponse,
     check_unsupported,
 )
-from frontend.response_format import requested_constraint
+from frontend.response_format import load_grammar_library, requested_constraint
 from frontend.serving import (
     ServingContext,
     json_response,
@@ -129,6 +129,7 @@ async def create_completion(
     if req.use_beam_search:
         return await _beam_search(ctx, req, http_request, prompts)
     k = req.logprobs
+    await load_grammar_library(req)
     params = sampling_params(
         req,
         req.max_tokens,

@@ -178,3 +178,48 @@ def test_both_endpoints_send_the_constraint(path, body):
     assert status == 400 and answer["error"]["param"] == "structured_outputs.x"
     status, answer, _ = _post(path, {**body, "response_format": {"type": "xml"}})
     assert status == 400 and answer["error"]["param"] == "response_format.type"
+
+
+_IMPORT_PROBE = """
+import asyncio, sys, time
+from frontend.openai_protocol import CompletionRequest
+from frontend.response_format import load_grammar_library
+
+async def main():
+    ticks = []
+
+    async def ticker():
+        while True:
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.005)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0.02)
+    plain = CompletionRequest(model="m", prompt="x")
+    await load_grammar_library(plain)  # no constraint asked: nothing imported
+    assert "engine_core.structured_output.grammar" not in sys.modules
+    req = CompletionRequest(model="m", prompt="x", response_format={"type": "json_object"})
+    start = time.perf_counter()
+    await asyncio.gather(load_grammar_library(req), load_grammar_library(req))
+    took = time.perf_counter() - start
+    task.cancel()
+    during = [t for t in ticks if t >= start]
+    gap = max(b - a for a, b in zip(during, during[1:]))
+    print(took, gap, "engine_core.structured_output.grammar" in sys.modules)
+
+asyncio.run(main())
+"""
+
+
+def test_first_constrained_request_imports_the_grammar_library_off_the_loop():
+    """xgrammar takes seconds to import: the event loop keeps running meanwhile (other streams
+    are served), where an import on the loop stalled it for the whole time."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE], capture_output=True, text=True, check=True
+    ).stdout.split()
+    took, gap, loaded = float(out[0]), float(out[1]), out[2]
+    assert loaded == "True"
+    assert gap < took / 3, (took, gap)
