@@ -187,7 +187,8 @@ class Scheduler:
         # num_computed_tokens before this step. Each request is advanced as it is scheduled.
         run_ids: list[str] = []
         run_counts: list[int] = []
-        run_blocks: list[list[int]] = []
+        # The new block ids of the scheduled running requests given any (most get none).
+        block_of: dict[str, list[int]] = {}
         run_computed: list[int] = []
         run_reqs: list[Request] = []
         constrained: list[Request] = []
@@ -196,7 +197,7 @@ class Scheduler:
 
         running = self.running
         add_id, add_count = run_ids.append, run_counts.append
-        add_blocks, add_computed = run_blocks.append, run_computed.append
+        add_computed = run_computed.append
         add_req = run_reqs.append
         i = 0
         while i < len(running) and budget > 0:
@@ -226,7 +227,6 @@ class Scheduler:
                 # blocks it holds, completing no block: nothing to allocate or cache.
                 add_id(req.request_id)
                 add_count(n)
-                add_blocks(_NO_BLOCKS)
                 add_req(req)
                 add_computed(computed)
                 budget -= n
@@ -262,7 +262,8 @@ class Scheduler:
                         victim.prefill_chunks.pop()
                     if victim.grammar is not None and victim in constrained:
                         constrained.remove(victim)
-                    del run_ids[j], run_counts[j], run_blocks[j], run_computed[j], run_reqs[j]
+                    # (its entry in block_of, if any, is read only for ids in run_ids)
+                    del run_ids[j], run_counts[j], run_computed[j], run_reqs[j]
                     i -= 1
                 self._preempt(victim)
                 preempted = True
@@ -272,7 +273,8 @@ class Scheduler:
                 break
             add_id(req.request_id)
             add_count(n)
-            add_blocks([b.block_id for b in blocks] if blocks else _NO_BLOCKS)
+            if blocks:
+                block_of[req.request_id] = [b.block_id for b in blocks]
             add_computed(computed)
             add_req(req)
             budget -= n
@@ -299,6 +301,11 @@ class Scheduler:
             num_scheduled[req.request_id] = n
             budget -= n
 
+        run_blocks = (
+            [block_of.get(r, _NO_BLOCKS) for r in run_ids]
+            if block_of
+            else [_NO_BLOCKS] * len(run_ids)
+        )
         output = SchedulerOutput(
             scheduled_new_reqs=[
                 NewRequestData(

@@ -36,21 +36,30 @@ class InputBatch:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     device_batch: DeviceBatch
-    block_table_np: np.ndarray  # [B, max_blocks] int32 (host mirror, for host-side backends)
+    # The runner's host mirror of every slot's block table [max_num_reqs, W] int32, read at
+    # this step (block_table_np gathers the step's rows, for host-side backends only).
+    slot_block_table_np: np.ndarray
+    max_blocks: int
     block_size: int
+
+    @property
+    def block_table_np(self) -> np.ndarray:
+        """[B, max_blocks] int32: the step's rows of the host mirror (valid during the step)."""
+        return self.slot_block_table_np[self.slots_np, : self.max_blocks]
 
     def host_batch(self) -> StepBatch:
         """The step as host arrays, for an attention backend that plans on the host."""
         qsl, seq_lens, bs = self.query_start_loc_np, self.seq_lens_np, self.block_size
+        block_table = self.block_table_np
         token_req = np.repeat(np.arange(len(seq_lens)), np.diff(qsl))
         positions = (seq_lens - np.diff(qsl))[token_req] + (np.arange(qsl[-1]) - qsl[token_req])
         slot_mapping = (
-            self.block_table_np[token_req, positions // bs].astype(np.int64) * bs + positions % bs
+            block_table[token_req, positions // bs].astype(np.int64) * bs + positions % bs
         )
         return StepBatch(
             query_start_loc=qsl,
             seq_lens=seq_lens,
-            block_table=self.block_table_np,
+            block_table=block_table,
             slot_mapping=slot_mapping,
             block_size=bs,
         )
@@ -170,6 +179,7 @@ class InputPreparer:
             input_ids=inputs.input_ids,
             positions=inputs.positions,
             device_batch=device_batch,
-            block_table_np=st.block_table_np[slots_np, :max_blocks],
+            slot_block_table_np=st.block_table_np,
+            max_blocks=max_blocks,
             block_size=st.block_size,
         )
