@@ -13,8 +13,7 @@ import torch
 
 from kernels.cpu_library import load
 from kernels.gguf_quant import QuantizedWeight
-from kernels.prepare_inputs import check_outputs
-from kernels.prepared_inputs import PreparedInputs, empty_outputs
+from kernels.prepared_inputs import PreparedInputs, check_outputs, empty_outputs
 
 
 def available() -> bool:
