@@ -365,71 +365,42 @@ class Scheduler:
         checked = self._apply_checked
         append_output = outputs.append
         req_ids = model_runner_output.req_ids
-        scheduled = self._scheduled_requests(scheduler_output, req_ids)
-        if not prompt_logprobs and not any(logprobs or ()):
-            # No logprobs in this step (most steps): the steady loop tests nothing for them.
-            for req_id, sampled, req in zip(
-                req_ids, model_runner_output.sampled_token_ids, scheduled
+        for req_id, sampled, lp, req in zip(
+            req_ids,
+            model_runner_output.sampled_token_ids,
+            logprobs or repeat(None),
+            self._scheduled_requests(scheduler_output, req_ids),
+        ):
+            if req.status != running:  # finished (its id may name a new request now) or
+                req = requests.get(req_id)  # preempted; the same lookup when not known
+                if req is None or req.status != running:
+                    continue
+            # Mid-prompt; or preempted after this step was scheduled (then recomputed
+            # from its tokens) and running again: its status is not told apart, as before.
+            if not sampled:
+                continue
+            # The steady path: one token, no stop id, below every length cap and block
+            # boundary (check_at, in tokens), no grammar or logprobs; the rest goes through
+            # _apply_checked.
+            token = sampled[0]
+            all_ids = req.all_token_ids
+            plp = prompt_logprobs.get(req_id) if prompt_logprobs else None
+            if (
+                len(all_ids) + 1 >= req.check_at
+                or token in req.stop_check_ids
+                or len(sampled) != 1
+                or lp is not None
+                or req.grammar is not None
+                or plp is not None
             ):
-                if req.status != running:  # as in the loop below
-                    req = requests.get(req_id)
-                    if req is None or req.status != running:
-                        continue
-                if not sampled:
-                    continue
-                token = sampled[0]
-                all_ids = req.all_token_ids
-                if (
-                    len(all_ids) + 1 >= req.check_at
-                    or token in req.stop_check_ids
-                    or len(sampled) != 1
-                    or req.grammar is not None
-                ):
-                    num_generated += checked(req, req_id, sampled, None, None, outputs)
-                    continue
-                pending = req.num_output_placeholders
-                if pending:
-                    req.num_output_placeholders = pending - 1
-                all_ids.append(token)
-                append_output(EngineCoreOutput(req_id, sampled))
-                num_generated += 1
-        else:
-            for req_id, sampled, lp, req in zip(
-                req_ids,
-                model_runner_output.sampled_token_ids,
-                logprobs or repeat(None),
-                scheduled,
-            ):
-                if req.status != running:  # finished (its id may name a new request now) or
-                    req = requests.get(req_id)  # preempted; the same lookup when not known
-                    if req is None or req.status != running:
-                        continue
-                # Mid-prompt; or preempted after this step was scheduled (then recomputed
-                # from its tokens) and running again: its status is not told apart, as before.
-                if not sampled:
-                    continue
-                # The steady path: one token, no stop id, below every length cap and block
-                # boundary (check_at, in tokens), no grammar or logprobs; the rest goes through
-                # _apply_checked.
-                token = sampled[0]
-                all_ids = req.all_token_ids
-                plp = prompt_logprobs.get(req_id) if prompt_logprobs else None
-                if (
-                    len(all_ids) + 1 >= req.check_at
-                    or token in req.stop_check_ids
-                    or len(sampled) != 1
-                    or lp is not None
-                    or req.grammar is not None
-                    or plp is not None
-                ):
-                    num_generated += checked(req, req_id, sampled, lp, plp, outputs)
-                    continue
-                pending = req.num_output_placeholders
-                if pending:
-                    req.num_output_placeholders = pending - 1
-                all_ids.append(token)
-                append_output(EngineCoreOutput(req_id, sampled))
-                num_generated += 1
+                num_generated += checked(req, req_id, sampled, lp, plp, outputs)
+                continue
+            pending = req.num_output_placeholders
+            if pending:
+                req.num_output_placeholders = pending - 1
+            all_ids.append(token)
+            append_output(EngineCoreOutput(req_id, sampled))
+            num_generated += 1
         if self._any_finished:
             self.running = [r for r in self.running if not r.is_finished]
         self._num_generation_tokens += num_generated
