@@ -91,28 +91,12 @@ class BlockPool:
         """Take n blocks from the head of the free queue, evicting their cached hashes."""
         if n > self.free_queue.num_free_blocks:
             raise ValueError(f"cannot allocate {n} blocks; {self.free_queue.num_free_blocks} free")
-        blocks = []
-        for _ in range(n):
-            block = self.free_queue.popleft()
-            if block.block_hash is not None:
-                if self.cached.get(block.block_hash) is block:
-                    del self.cached[block.block_hash]
-                block.block_hash = None
-            block.ref_cnt = 1
-            blocks.append(block)
-        return blocks
+        return [self.get_new_block() for _ in range(n)]
 
     def get_new_block(self) -> KVCacheBlock:
-        """get_new_blocks(1)[0], without the loop and the list (a decode's next block)."""
-        queue = self.free_queue
-        block = queue._head.next_free
-        if block is queue._tail:
-            raise ValueError("no free blocks")
-        prev, nxt = block.prev_free, block.next_free
-        prev.next_free = nxt  # type: ignore[union-attr]
-        nxt.prev_free = prev  # type: ignore[union-attr]
-        block.prev_free = block.next_free = None
-        queue.num_free_blocks -= 1
+        """The block at the head of the free queue, its cached hash evicted (a decode's next
+        block)."""
+        block = self.free_queue.popleft()  # ValueError when none is free
         block_hash = block.block_hash
         if block_hash is not None:
             if self.cached.get(block_hash) is block:
