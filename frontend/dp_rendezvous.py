@@ -7,17 +7,25 @@ first host starts its tokenizer processes once every rank is known. Afterwards b
 each other: the headless side sends a heartbeat every second and the first host answers it; a
 headless host whose engine core dies says so (the first host then stops its whole tree and
 exits non-zero); the first host tells headless hosts to stop when it stops. Messages are
-msgspec structs, one frame each, tagged by type; no pickle crosses the socket.
+msgspec structs, one frame each, tagged by type; no pickle crosses the socket. With the
+engine's shared secret (ENGINE_CORE_KEY) the socket speaks CurveZMQ as every other link does
+(ipc/curve.py): only holders of the secret can register ranks, and a headless host with another
+key is told so instead of waiting for an answer.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Callable
 
 import msgspec
 import zmq
+
+from ipc.curve import ENV_KEY, HandshakeWatch, is_exposed, secure_client, secure_server
+
+logger = logging.getLogger(__name__)
 
 RENDEZVOUS_VERSION = 1
 HEARTBEAT_S = 1.0
@@ -86,7 +94,13 @@ class FirstHost:
     watches the hosts that sent them."""
 
     def __init__(
-        self, ctx: zmq.Context, address: str, port: int, size: int, first_remote: int
+        self,
+        ctx: zmq.Context,
+        address: str,
+        port: int,
+        size: int,
+        first_remote: int,
+        auth_key: str | None = None,
     ) -> None:
         self.size = size
         self.first_remote = first_remote
@@ -97,14 +111,30 @@ class FirstHost:
         self._socket.setsockopt(zmq.LINGER, 1000)
         if ":" in address:
             self._socket.setsockopt(zmq.IPV6, 1)
+        # The authenticator needs a blocking-API context (over the same libzmq one).
+        self._auth = (
+            secure_server(zmq.Context.shadow(ctx.underlying), self._socket, auth_key)
+            if auth_key
+            else None
+        )
         try:
             self._socket.bind(self.address)
         except zmq.ZMQError as e:
             self._socket.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
             raise RendezvousError(
                 f"cannot bind {self.address} (--data-parallel-address, "
                 f"--data-parallel-rpc-port): {e}"
             ) from None
+        if auth_key is None and is_exposed(self.address):
+            logger.warning(
+                "the data-parallel rendezvous listens on %s without authentication: anyone "
+                "who reaches it can register engine cores that this server's requests then go "
+                "to. Set %s to a secret on every host",
+                self.address,
+                ENV_KEY,
+            )
 
     def missing(self) -> list[int]:
         """Ranks no headless host has registered yet."""
@@ -164,6 +194,8 @@ class FirstHost:
         for identity in self._hosts:
             self._send(identity, Stop(failed))
         self._socket.close(linger=1000)
+        if self._auth is not None:
+            self._auth.stop()
 
     def _send(self, identity: bytes, msg: Message) -> None:
         self._socket.send_multipart([identity, _ENCODER.encode(msg)])
@@ -172,12 +204,18 @@ class FirstHost:
 class HeadlessHost:
     """A headless host's side: registers its ranks, then heartbeats until told to stop."""
 
-    def __init__(self, ctx: zmq.Context, address: str, port: int) -> None:
+    def __init__(
+        self, ctx: zmq.Context, address: str, port: int, auth_key: str | None = None
+    ) -> None:
         self.address = tcp_address(address, port)
         self._socket = ctx.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 1000)
         if ":" in address:
             self._socket.setsockopt(zmq.IPV6, 1)
+        if auth_key:
+            secure_client(self._socket, auth_key)
+        # Also without a key: a CURVE server refuses a plain client.
+        self._watch = HandshakeWatch(self._socket, peer=f"the first host at {self.address}")
         self._socket.connect(self.address)
         self._last_sent = self._last_heard = time.monotonic()
 
@@ -196,6 +234,9 @@ class HeadlessHost:
                     raise RendezvousError(f"{self.address} refused the registration: {msg.message}")
                 if isinstance(msg, Accepted):
                     return
+            refused = self._watch.failure()
+            if refused is not None:
+                raise RendezvousError(refused)
             check()
         raise RendezvousError(
             f"no answer from {self.address} within {timeout_s:.0f} s: is "
@@ -225,6 +266,7 @@ class HeadlessHost:
 
     def close(self) -> None:
         """Close the socket (a pending Failed still goes out, within a second)."""
+        self._watch.close()
         self._socket.close(linger=1000)
 
     def _send(self, msg: Message) -> None:

@@ -244,6 +244,7 @@ class Launcher:
                         self.dp.rpc_port,
                         self.dp.size,
                         self.dp.remote.start,
+                        key_from_env(),
                     )
             except RendezvousError as e:
                 raise LaunchError(str(e)) from None
@@ -341,7 +342,9 @@ class Launcher:
 
     def _register(self, timeout: float, stop_requested: Callable[[], bool]) -> None:
         """A headless host: register this host's ready engine cores with the first host."""
-        self._headless_host = HeadlessHost(self._ctx, self.dp.address, self.dp.rpc_port)
+        self._headless_host = HeadlessHost(
+            self._ctx, self.dp.address, self.dp.rpc_port, key_from_env()
+        )
 
         def check() -> None:
             self._check_start_up([], float("inf"), timeout, stop_requested)
