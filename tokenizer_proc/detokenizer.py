@@ -38,6 +38,10 @@ class IncrementalDetokenizer:
         self._holdback = 0 if self._include_stop else max(longest - 1, 0)
         self._min_tokens = params.min_tokens
         self._sent = 0
+        # How many of the last update's tokens count: all of them, unless a stop string ended
+        # inside them (an output of several tokens, --stream-interval): then up to the token
+        # that completed it, as one token at a time would have had it.
+        self.num_kept = 0
 
     def update(
         self, new_token_ids: list[int], finished: bool, stop_terminated: bool = False
@@ -47,11 +51,13 @@ class IncrementalDetokenizer:
         stop_terminated: the last token is the stop token (EOS or a stop_token_id) that ended
         the request; as in vLLM its text is left out unless include_stop_str_in_output (with
         skip_special_tokens=False an EOS would otherwise show as "<|im_end|>")."""
+        self.num_kept = 0
         if self.stop_string is not None:
             return None
         self.finished = self.finished or finished
         num_before = len(self.output_token_ids)
         self.output_token_ids.extend(new_token_ids)
+        self.num_kept = len(new_token_ids)
         if stop_terminated and new_token_ids and not self._include_stop:
             new_token_ids = new_token_ids[:-1]
         if not self._stop:
@@ -64,9 +70,16 @@ class IncrementalDetokenizer:
             return None
         if num_unchecked:
             self.output_text += self._decode(new_token_ids[:num_unchecked])
-        checked_from = len(self.output_text)
-        self.output_text += self._decode(new_token_ids[num_unchecked:])
-        return self._check_stop(checked_from)
+        step = self._decoder.step
+        for kept, token_id in enumerate(new_token_ids[num_unchecked:], num_unchecked + 1):
+            checked_from = len(self.output_text)
+            self.output_text += step(token_id)
+            stop = self._check_stop(checked_from)
+            if stop is not None:
+                self.num_kept = kept
+                del self.output_token_ids[num_before + kept :]
+                return stop
+        return None
 
     def get_next_delta(self) -> str:
         """Return text not yet returned, holding back a possible partial stop string until done."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from engine_core.protocol import EngineCoreOutput, FinishReason
+from engine_core.protocol import EngineCoreOutput, FinishReason, Logprobs
 from engine_core.sampling_params import SamplingParams
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
 from tokenizer_proc.request_output import PromptLogprobs, SampleLogprobs
@@ -141,9 +141,18 @@ class OutputProcessor:
             if entry is None:
                 continue  # forgotten after a stop string or an abort
             request, seq = entry
+            new_token_ids = out.new_token_ids
             stop = seq.detokenizer.update(
-                out.new_token_ids, out.finished, out.finish_reason == FinishReason.STOP
+                new_token_ids, out.finished, out.finish_reason == FinishReason.STOP
             )
+            kept = seq.detokenizer.num_kept  # fewer when a stop string ended inside them
+            new_lp = out.new_logprobs
+            if kept < len(new_token_ids):
+                new_token_ids = new_token_ids[:kept]
+                if new_lp is not None:
+                    new_lp = Logprobs(
+                        new_lp.token_ids[:kept], new_lp.logprobs[:kept], new_lp.ranks[:kept]
+                    )
             finish_reason, stop_reason = None, None
             if stop is not None:
                 finish_reason, stop_reason = "stop", stop
@@ -158,19 +167,17 @@ class OutputProcessor:
                 request.prompt_logprobs_sent = True
                 prompt_logprobs = [None, *convert_logprobs(self.tokenizer, out.new_prompt_logprobs)]
             logprobs = None
-            if out.new_logprobs is not None:
-                logprobs = convert_logprobs(self.tokenizer, out.new_logprobs)
+            if new_lp is not None:
+                logprobs = convert_logprobs(self.tokenizer, new_lp)
                 if seq.cumulative_logprob is not None:
-                    seq.cumulative_logprob += sum(
-                        float(row[0]) for row in out.new_logprobs.logprobs
-                    )
+                    seq.cumulative_logprob += sum(float(row[0]) for row in new_lp.logprobs)
             deltas.append(
                 SequenceDelta(
                     request,
                     out.request_id,
                     seq.index,
                     seq.detokenizer.get_next_delta(),
-                    list(out.new_token_ids),
+                    list(new_token_ids),
                     logprobs,
                     prompt_logprobs,
                     seq.cumulative_logprob,

@@ -1,11 +1,5 @@
 """The tokenizer process's live requests: the output pipeline's deltas as RequestDeltas for the
-API server that owns each request, with the request statistics recorded along the way.
-
-With a stream interval above 1 (--stream-interval) a completion's deltas are gathered until they
-hold that many tokens; its first delta (the first token, for the time to first token) and its
-last one go out at once. The engine core gathers the same way already (engine_core/stream_gate.py:
-it spares this process the wake-ups too); gathering here as well keeps the chunks whole where
-a stop string's held-back text or several engine outputs would split them."""
+API server that owns each request, with the request statistics recorded along the way."""
 
 from __future__ import annotations
 
@@ -14,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from engine_core.protocol import EngineCoreOutput
 from engine_core.sampling_params import SamplingParams
-from tokenizer_proc.output_processor import OutputProcessor, SequenceDelta
+from tokenizer_proc.output_processor import OutputProcessor
 from tokenizer_proc.protocol import PositionLogprobs, RequestDelta, TokenLogprob
 from tokenizer_proc.request_output import Logprob
 
@@ -29,21 +23,11 @@ class DeltaStreams:
     identity)."""
 
     def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        stats: RequestStatsRecorder | None = None,
-        stream_interval: int = 1,
+        self, tokenizer: PreTrainedTokenizerBase, stats: RequestStatsRecorder | None = None
     ) -> None:
-        if stream_interval < 1:
-            raise ValueError(f"stream_interval must be at least 1, got {stream_interval}")
         self.tokenizer = tokenizer
         self.stats = stats
-        self.stream_interval = stream_interval
         self._outputs = OutputProcessor(tokenizer)
-        # stream_interval > 1: each completion's deltas not sent yet (by engine id), and the
-        # completions whose first delta went out.
-        self._held: dict[str, SequenceDelta] = {}
-        self._started: set[str] = set()
         # Sent on a request's first delta, then dropped (GenerateRequest.return_prompt_token_ids).
         self._prompt_token_ids: dict[str, list[int]] = {}
 
@@ -85,8 +69,6 @@ class DeltaStreams:
                 if self._outputs.request_of_child(out.request_id) is not None:
                     self.stats.on_tokens(out.request_id, len(out.new_token_ids), now)
         deltas, to_abort = self._outputs.process_outputs(outputs)
-        if self.stream_interval > 1:
-            deltas = self._gather(deltas)
         returned = self._prompt_token_ids
         sent = []
         for d in deltas:
@@ -124,33 +106,11 @@ class DeltaStreams:
             return []
         self._prompt_token_ids.pop(request_id, None)
         live = self._outputs.abort_request(request_id)
-        for child_id in live:
-            self._held.pop(child_id, None)
-            self._started.discard(child_id)
         if self.stats is not None:
             now = time.time()
             for child_id in live:
                 self.stats.on_finish(child_id, "abort", request.num_prompt_tokens, now)
         return live
-
-    def _gather(self, deltas: list[SequenceDelta]) -> list[SequenceDelta]:
-        """The deltas to send now: a completion's first, its last, and any that completes
-        stream_interval tokens, each with the deltas held back before it."""
-        ready = []
-        for delta in deltas:
-            child_id = delta.child_id
-            held = self._held.pop(child_id, None)
-            if held is not None:
-                delta = _joined(held, delta)
-            if delta.finish_reason is not None:
-                self._started.discard(child_id)
-            elif child_id not in self._started:
-                self._started.add(child_id)
-            elif len(delta.token_ids) < self.stream_interval:
-                self._held[child_id] = delta
-                continue
-            ready.append(delta)
-        return ready
 
     def return_prompt_token_ids(self, request_id: str, prompt_token_ids: list[int]) -> None:
         """Send a tracked request's prompt token ids with its first delta."""
@@ -166,18 +126,6 @@ class DeltaStreams:
     def live(self) -> list[tuple[str, bytes]]:
         """(request id, owner) of every live request."""
         return [(r.request_id, r.owner) for r in self._outputs.requests()]
-
-
-def _joined(earlier: SequenceDelta, later: SequenceDelta) -> SequenceDelta:
-    """One delta saying what earlier and later said, in that order (later, extended)."""
-    later.text = earlier.text + later.text
-    later.token_ids = earlier.token_ids + later.token_ids
-    if earlier.logprobs is not None:
-        later.logprobs = earlier.logprobs + (later.logprobs or [])
-    if later.prompt_logprobs is None:
-        later.prompt_logprobs = earlier.prompt_logprobs
-    later.prefill_chunks = earlier.prefill_chunks + later.prefill_chunks
-    return later
 
 
 def _token_logprobs(position: dict[int, Logprob]) -> PositionLogprobs:

@@ -105,7 +105,6 @@ class TokenizerProc:
         self.streams = DeltaStreams(
             tokenizer,
             RequestStatsRecorder(engine.ready.model_name, engine.ready.max_model_len),
-            config.scheduler.stream_interval,
         )
         self._handshake = HandshakeServer(
             TOKENIZER_PROTOCOL_VERSION,

@@ -1,6 +1,7 @@
-"""--stream-interval in the tokenizer process (tokenizer_proc/streams.py): a completion's deltas
-gathered to that many tokens, its first and its last sent at once, and what the chunks add up
-to exactly what every-token streaming sends."""
+"""--stream-interval as the tokenizer process sees it: the engine core's gate
+(engine_core/stream_gate.py) joins a completion's outputs to that many tokens, its first and its
+last sent at once, and the deltas the tokenizer process makes of them (tokenizer_proc/streams.py:
+detokenizing, stop strings, logprobs) add up to exactly what every-token streaming sends."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from config.args import add_engine_args, engine_kwargs
 from config.engine import ConfigError, SchedulerConfig
 from engine_core.protocol import EngineCoreOutput, FinishReason, Logprobs
 from engine_core.sampling_params import SamplingParams
+from engine_core.stream_gate import StreamGate
 from tokenizer_proc.streams import DeltaStreams
 
 PROMPT = [1, 2, 3]
@@ -26,26 +28,36 @@ def token_counts(sent) -> list[int]:
     return [len(d.token_ids) for _, d in sent]
 
 
+def gated(gate: StreamGate | None, step: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
+    """What the engine core sends of one step's outputs."""
+    if gate is None:
+        return step
+    return [sent for o in step if (sent := gate.admit(o)) is not None]
+
+
 def test_first_token_at_once_then_every_interval_then_the_end(tokenizer):
-    streams = DeltaStreams(tokenizer, stream_interval=4)
+    streams, gate = DeltaStreams(tokenizer), StreamGate(4)
     streams.add("r", b"api", PROMPT, SamplingParams(max_tokens=10))
     per_step = []
     for i in range(10):
         finish = FinishReason.LENGTH if i == 9 else None
-        sent, _ = streams.process([out("r", [100 + i], finish)])
+        sent, _ = streams.process(gated(gate, [out("r", [100 + i], finish)]))
         per_step.append(token_counts(sent))
     # Step 1 (the first token), steps 5 and 9 (four gathered each), step 10 (the end).
     assert per_step == [[1], [], [], [], [4], [], [], [], [4], [1]]
-    assert len(streams) == 0 and not streams._held and not streams._started
+    assert len(streams) == 0 and len(gate) == 0
 
 
 def _run(tokenizer, interval: int, steps, params: SamplingParams):
     """Every delta each completion was sent, and the aborts, for the given engine steps."""
-    streams = DeltaStreams(tokenizer, stream_interval=interval)
+    streams = DeltaStreams(tokenizer)
+    gate = StreamGate(interval) if interval > 1 else None
     child_ids = streams.add("r", b"api", PROMPT, params)
     sent, aborts = [], []
     for step in steps:
-        deltas, to_abort = streams.process([o for o in step if o.request_id in child_ids])
+        deltas, to_abort = streams.process(
+            gated(gate, [o for o in step if o.request_id in child_ids])
+        )
         sent += [d for _, d in deltas]
         aborts += to_abort
     return sent, aborts
@@ -111,13 +123,13 @@ def test_chunks_add_up_to_every_token_streaming(tokenizer, interval):
 
 
 def test_a_request_removed_with_held_tokens_sends_nothing_more(tokenizer):
-    streams = DeltaStreams(tokenizer, stream_interval=8)
+    streams, gate = DeltaStreams(tokenizer), StreamGate(8)
     streams.add("r", b"api", PROMPT, SamplingParams(max_tokens=20))
-    assert token_counts(streams.process([out("r", [100])])[0]) == [1]
-    assert streams.process([out("r", [101, 102])])[0] == []  # held
+    assert token_counts(streams.process(gated(gate, [out("r", [100])]))[0]) == [1]
+    assert streams.process(gated(gate, [out("r", [101, 102])]))[0] == []  # held
     assert streams.remove("r") == ["r"]
-    assert streams.process([out("r", [103], FinishReason.ABORT)])[0] == []
-    assert not streams._held and not streams._started
+    assert streams.process(gated(gate, [out("r", [103], FinishReason.ABORT)]))[0] == []
+    assert len(gate) == 0
 
 
 def test_interval_one_sends_every_step(tokenizer):
@@ -133,5 +145,5 @@ def test_the_flag_and_its_limits():
     assert engine_kwargs(parser.parse_args(["--stream-interval", "16"]))["stream_interval"] == 16
     with pytest.raises(ConfigError, match="stream_interval must be at least 1"):
         SchedulerConfig(stream_interval=0)
-    with pytest.raises(ValueError, match="stream_interval"):
-        DeltaStreams(None, stream_interval=0)
+    with pytest.raises(ValueError, match="stream interval must be at least 1"):
+        StreamGate(0)
