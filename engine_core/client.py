@@ -11,6 +11,7 @@ import collections
 import itertools
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -35,6 +36,7 @@ from engine_core.protocol import (
     output_decoders,
 )
 from engine_core.resolve import resolved_config
+from ipc.channel import Channel
 from ipc.curve import HandshakeWatch, key_from_env
 from ipc.handshake import ready_or_refused
 from ipc.sockets import connect_dealer
@@ -280,10 +282,18 @@ class AsyncEngineCoreClient(_ClientBase):
         self._outputs: asyncio.Queue[EngineCoreOutputs | RequestError | BaseException] = (
             asyncio.Queue()
         )
+        # Where outputs, refusals and the failure go: the queue get_output() reads, or the
+        # callback a consumer installed with set_output_sink().
+        self._sink: Callable[[EngineCoreOutputs | RequestError | BaseException], None] = (
+            self._outputs.put_nowait
+        )
         self._calls: dict[int, asyncio.Future[UtilityOutput]] = {}
         self._ready: asyncio.Future[EngineCoreReady] = asyncio.get_running_loop().create_future()
         self._failure: BaseException | None = None
-        self._reader = asyncio.create_task(self._read_loop())
+        # Messages go to _on_message as they arrive, without a future each (ipc/channel.py);
+        # the watch checks the engine core's liveness between them.
+        self._channel = Channel(self._socket, self._on_message, self._fail, copy=False)
+        self._watcher = asyncio.create_task(self._watch())
 
     @classmethod
     async def create(
@@ -322,6 +332,20 @@ class AsyncEngineCoreClient(_ClientBase):
         """Abort requests of this client; each ends with an ABORT output."""
         await self._send(RequestType.ABORT, request_ids)
 
+    def abort_requests_nowait(self, request_ids: list[str]) -> None:
+        """abort_requests() from synchronous code (the send never waits)."""
+        self._send_nowait(RequestType.ABORT, request_ids)
+
+    def set_output_sink(
+        self, sink: Callable[[EngineCoreOutputs | RequestError | BaseException], None]
+    ) -> None:
+        """Hand every later step's outputs, refusal (a RequestError) and the client's failure
+        (once) to sink as they arrive, in the loop's thread, instead of queueing them for
+        get_output(); what is queued already goes first."""
+        while not self._outputs.empty():
+            sink(self._outputs.get_nowait())
+        self._sink = sink
+
     async def get_output(self) -> EngineCoreOutputs:
         """The next step's outputs for this client; EngineRequestError for a refused request."""
         item = await self._outputs.get()
@@ -344,43 +368,52 @@ class AsyncEngineCoreClient(_ClientBase):
 
     def shutdown(self) -> None:
         """Stop reading, close the socket and stop the child engine core, if any."""
-        self._reader.cancel()
+        self._watcher.cancel()
+        self._channel.close()
         super().shutdown()
 
     async def _send(self, kind: RequestType, msg: Any) -> None:
+        self._send_nowait(kind, msg)
+
+    def _send_nowait(self, kind: RequestType, msg: Any) -> None:
         if self._failure is not None:
             raise self._failure
         self._check_alive()
-        await self._socket.send_multipart(self._frames(kind, msg), copy=False)
+        self._channel.send(self._frames(kind, msg), copy=False)
 
-    async def _read_loop(self) -> None:
+    async def _watch(self) -> None:
         try:
             while True:
-                if not await self._socket.poll(int(_LIVENESS_POLL_S * 1000)):
-                    self._check_alive()
-                    continue
-                kind, msg = self._decode(await self._socket.recv_multipart(copy=False))
-                if kind == OutputType.READY:
-                    self._ready.set_result(msg)
-                elif kind == OutputType.UTILITY:
-                    call = self._calls.pop(msg.call_id, None)
-                    if call is not None and not call.done():
-                        call.set_result(msg)
-                elif kind == OutputType.ERROR and not self._ready.done():
-                    try:
-                        _handshake_answer(kind, msg)
-                    except ConnectionError as refused:
-                        self._ready.set_exception(refused)
-                else:
-                    self._outputs.put_nowait(msg)
+                await asyncio.sleep(_LIVENESS_POLL_S)
+                self._check_alive()
         except Exception as e:
             self._fail(e)
 
+    def _on_message(self, frames: list[zmq.Frame]) -> None:
+        kind, msg = self._decode(frames)
+        if kind == OutputType.READY:
+            self._ready.set_result(msg)
+        elif kind == OutputType.UTILITY:
+            call = self._calls.pop(msg.call_id, None)
+            if call is not None and not call.done():
+                call.set_result(msg)
+        elif kind == OutputType.ERROR and not self._ready.done():
+            try:
+                _handshake_answer(kind, msg)
+            except ConnectionError as refused:
+                self._ready.set_exception(refused)
+        else:
+            self._sink(msg)
+
     def _fail(self, error: BaseException) -> None:
+        if self._failure is not None:
+            return
         self._failure = error
+        self._channel.close()
+        self._watcher.cancel()
         waiters = [self._ready, *self._calls.values()]
         self._calls.clear()
         for future in waiters:
             if not future.done():
                 future.set_exception(error)
-        self._outputs.put_nowait(error)
+        self._sink(error)

@@ -15,10 +15,20 @@ life, aborts included.
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine_core.client import AsyncEngineCoreClient, EngineDeadError, EngineRequestError
-from engine_core.protocol import EngineCoreOutputs, EngineCoreReady, EngineCoreRequest
+from engine_core.protocol import (
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    RequestError,
+)
+
+# What a sink receives: a step's outputs, a refusal, or (once) the group's failure.
+OutputItem = EngineCoreOutputs | EngineRequestError | EngineDeadError
 
 # vLLM's weighting: a waiting request costs more than a running one (it has a prefill ahead).
 _WAITING_WEIGHT = 4
@@ -44,10 +54,12 @@ class DPEngineCoreClient:
         self.ready: EngineCoreReady | None = engines[0].ready
         self._loads = [_Load() for _ in engines]
         self._engine_of: dict[str, int] = {}  # live engine request id -> rank
-        self._outputs: asyncio.Queue[tuple[int, EngineCoreOutputs | BaseException]] = (
-            asyncio.Queue()
+        self._outputs: asyncio.Queue[tuple[int, OutputItem]] = asyncio.Queue()
+        self._sink: Callable[[int, OutputItem], None] = lambda rank, item: self._outputs.put_nowait(
+            (rank, item)
         )
-        self._readers = [asyncio.create_task(self._read(rank)) for rank in range(len(engines))]
+        for rank, engine in enumerate(engines):
+            engine.set_output_sink(functools.partial(self._on_item, rank))
 
     @classmethod
     async def create(
@@ -105,18 +117,36 @@ class DPEngineCoreClient:
 
     async def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests on the engines that hold them; unknown ids are ignored."""
+        for rank, ids in self._per_rank(request_ids).items():
+            await self.engines[rank].abort_requests(ids)
+
+    def abort_requests_nowait(self, request_ids: list[str]) -> None:
+        """abort_requests() from synchronous code (the sends never wait)."""
+        for rank, ids in self._per_rank(request_ids).items():
+            self.engines[rank].abort_requests_nowait(ids)
+
+    def _per_rank(self, request_ids: list[str]) -> dict[int, list[str]]:
+        """The live ones of request_ids, by the rank that holds them."""
         per_rank: dict[int, list[str]] = {}
         for request_id in request_ids:
             rank = self._engine_of.get(request_id)
             if rank is not None:
                 per_rank.setdefault(rank, []).append(request_id)
-        for rank, ids in per_rank.items():
-            await self.engines[rank].abort_requests(ids)
+        return per_rank
 
     def forget(self, request_ids: list[str]) -> None:
         """Stop tracking requests whose end the caller saw outside get_output (refusals)."""
         for request_id in request_ids:
             self._release(request_id)
+
+    def set_output_sink(self, sink: Callable[[int, OutputItem], None]) -> None:
+        """Hand every later (rank, item) to sink as it arrives, in the loop's thread, instead
+        of queueing it for get_output(): a step's outputs, an EngineRequestError for a refused
+        request, an EngineDeadError (naming the rank) when an engine is gone. What is queued
+        already goes first."""
+        while not self._outputs.empty():
+            sink(*self._outputs.get_nowait())
+        self._sink = sink
 
     async def get_output(self) -> tuple[int, EngineCoreOutputs]:
         """(rank, outputs) of the next step any engine reported; EngineRequestError for a
@@ -126,39 +156,36 @@ class DPEngineCoreClient:
             self._outputs.put_nowait((rank, item))  # every later caller sees the failure too
             raise item
         if isinstance(item, BaseException):
-            if isinstance(item, EngineRequestError):
-                self._release(item.request_id)
             raise item
-        stats = item.scheduler_stats
-        if stats is not None:
-            load = self._loads[rank]
-            load.waiting, load.running = stats.num_waiting_reqs, stats.num_running_reqs
-            load.kv_usage = stats.kv_cache_usage
-        for out in item.outputs:
-            if out.finished:
-                self._release(out.request_id)
         return rank, item
+
+    def _on_item(self, rank: int, item: EngineCoreOutputs | RequestError | BaseException) -> None:
+        """An engine's output, refusal or failure, as it arrives: the loads follow it."""
+        out: OutputItem
+        if isinstance(item, RequestError):
+            self._release(item.request_id)
+            out = EngineRequestError(item.request_id, item.message)
+        elif isinstance(item, BaseException):
+            message = str(item) if len(self.engines) == 1 else f"engine core rank {rank}: {item}"
+            out = EngineDeadError(message)
+        else:
+            stats = item.scheduler_stats
+            if stats is not None:
+                load = self._loads[rank]
+                load.waiting, load.running = stats.num_waiting_reqs, stats.num_running_reqs
+                load.kv_usage = stats.kv_cache_usage
+            for o in item.outputs:
+                if o.finished:
+                    self._release(o.request_id)
+            out = item
+        self._sink(rank, out)
 
     def _release(self, request_id: str) -> None:
         rank = self._engine_of.pop(request_id, None)
         if rank is not None:
             self._loads[rank].mine -= 1
 
-    async def _read(self, rank: int) -> None:
-        engine = self.engines[rank]
-        while True:
-            try:
-                self._outputs.put_nowait((rank, await engine.get_output()))
-            except EngineRequestError as e:
-                self._outputs.put_nowait((rank, e))
-            except Exception as e:
-                message = str(e) if len(self.engines) == 1 else f"engine core rank {rank}: {e}"
-                self._outputs.put_nowait((rank, EngineDeadError(message)))
-                return
-
     def shutdown(self) -> None:
         """Stop reading and close every engine's connection."""
-        for task in self._readers:
-            task.cancel()
         for engine in self.engines:
             engine.shutdown()

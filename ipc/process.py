@@ -33,13 +33,16 @@ def spawn_module(
     own_session: bool = False,
     pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen:
-    """Run `python -m module args` with this project first on PYTHONPATH and extra_env added to
-    our environment. own_session keeps terminal signals (Ctrl-C) away from it, for a supervisor
-    that stops its children in its own order."""
+    """Run `python -P -m module args` with this project first on PYTHONPATH and extra_env added
+    to our environment. -P: `python -m` would otherwise put the working directory ahead of
+    PYTHONPATH, so a folder of the user's named like one of ours (config/, metrics/) would be
+    imported in the child instead, or another checkout when run from inside it. own_session
+    keeps terminal signals (Ctrl-C) away from it, for a supervisor that stops its children in
+    its own order."""
     env = {**os.environ, **(extra_env or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
     return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
+        [sys.executable, "-P", "-m", module, *args],
         env=env,
         start_new_session=own_session,
         pass_fds=pass_fds,

@@ -12,6 +12,7 @@ engine's shared secret (ENGINE_CORE_KEY) the sockets speak CurveZMQ (ipc/curve.p
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from ipc.channel import Channel
 from ipc.curve import key_from_env
 from ipc.handshake import hello_frames, ready_or_refused
 from ipc.process import host_identity, wait_for_exit
@@ -126,7 +128,17 @@ class TokenizerClient:
         self._decoders = api_output_decoders()
         self._queues: dict[str, asyncio.Queue[RequestDelta | RequestError]] = {}
         self._hello = [asyncio.get_running_loop().create_future() for _ in self._sockets]
-        self._readers = [asyncio.create_task(self._read_loop(i)) for i in range(len(self._sockets))]
+        # Each tokenizer process's messages go to _on_message as they arrive, and sends go out
+        # at once (ipc/channel.py: no future per message).
+        self._channels = [
+            Channel(
+                sock,
+                functools.partial(self._on_message, i),
+                functools.partial(self._on_channel_error, i),
+            )
+            for i, sock in enumerate(self._sockets)
+        ]
+        self._readers: list[asyncio.Task[None]] = []
         self._client_name = client_name
         # Why each tokenizer process cannot serve (it exited or fell silent), or why none can
         # (fail_all).
@@ -157,9 +169,9 @@ class TokenizerClient:
         client = cls(addresses, client_name, auth_key)
         pids = list(pids or ())
         try:
-            for i, sock in enumerate(client._sockets):
+            for i in range(len(client._sockets)):
                 client._ask_heartbeats[i] = i >= len(pids) or not pids[i]
-                await sock.send_multipart(
+                client._channels[i].send(
                     _hello_frames(
                         client_name, HEARTBEAT_INTERVAL_S if client._ask_heartbeats[i] else 0.0
                     )
@@ -203,11 +215,10 @@ class TokenizerClient:
         self._fail_worker(index, f"the tokenizer process {pid} exited")
 
     async def _keep_alive(self, index: int, interval: float) -> None:
-        sock = self._sockets[index]
         silence = await keep_alive(
             self._links[index],
             lambda: self._send(index, _frames(ApiRequestType.HEARTBEAT, Heartbeat())),
-            lambda: bool(sock.get(zmq.EVENTS) & zmq.POLLIN),
+            self._channels[index].has_input,
             silence_timeout(interval),
         )
         self._fail_worker(
@@ -274,6 +285,8 @@ class TokenizerClient:
         """Stop reading and close the sockets."""
         for task in [*self._readers, *self._beats.values()]:
             task.cancel()
+        for channel in self._channels:
+            channel.close()
         self._dealers.close()
         self._ctx.term()
 
@@ -281,45 +294,46 @@ class TokenizerClient:
         link = self._links.get(index)
         if link is not None:
             link.sent = True
-        await self._sockets[index].send_multipart(frames)
+        self._channels[index].send(frames)
 
-    async def _read_loop(self, index: int) -> None:
-        sock = self._sockets[index]
-        while True:
-            kind, payload = await sock.recv_multipart()
-            link = self._links.get(index)
-            if link is not None:
-                link.heard = True
-            msg = self._decoders[kind[0]].decode(payload)
-            if kind[0] == ApiOutputType.READY:
-                self._hello[index].set_result(msg)
-                # From its READY on, the tokenizer process expects our heartbeats (an older
-                # one, heartbeat_s 0, neither sends nor expects any).
-                if self._ask_heartbeats[index] and msg.heartbeat_s > 0:
-                    self._links[index] = Link()
-                    self._beats[index] = asyncio.create_task(
-                        self._keep_alive(index, msg.heartbeat_s)
-                    )
-            elif kind[0] == ApiOutputType.DELTAS:
-                for delta in msg:
-                    queue = self._queues.get(delta.request_id)
-                    if queue is not None:
-                        queue.put_nowait(delta)
-            elif kind[0] == ApiOutputType.HEARTBEAT:
-                pass  # heard: that is all it says
-            elif msg.request_id in self._queues:
-                self._queues[msg.request_id].put_nowait(msg)
-            elif not msg.request_id and not self._hello[index].done():
-                try:
-                    ready_or_refused(kind[0], msg, _refused(self.addresses[index]))
-                except ConnectionError as refused:
-                    self._hello[index].set_exception(refused)
-            elif not msg.request_id and msg.status == 503:
-                self._fail_worker(
-                    index,
-                    f"the tokenizer process at {self.addresses[index]} "
-                    f"dropped this client: {msg.message}",
-                )
+    def _on_channel_error(self, index: int, error: BaseException) -> None:
+        self._fail_worker(
+            index, f"lost the link to the tokenizer process at {self.addresses[index]}: {error}"
+        )
+
+    def _on_message(self, index: int, frames: list[bytes]) -> None:
+        kind, payload = frames
+        link = self._links.get(index)
+        if link is not None:
+            link.heard = True
+        msg = self._decoders[kind[0]].decode(payload)
+        if kind[0] == ApiOutputType.READY:
+            self._hello[index].set_result(msg)
+            # From its READY on, the tokenizer process expects our heartbeats (an older
+            # one, heartbeat_s 0, neither sends nor expects any).
+            if self._ask_heartbeats[index] and msg.heartbeat_s > 0:
+                self._links[index] = Link()
+                self._beats[index] = asyncio.create_task(self._keep_alive(index, msg.heartbeat_s))
+        elif kind[0] == ApiOutputType.DELTAS:
+            for delta in msg:
+                queue = self._queues.get(delta.request_id)
+                if queue is not None:
+                    queue.put_nowait(delta)
+        elif kind[0] == ApiOutputType.HEARTBEAT:
+            pass  # heard: that is all it says
+        elif msg.request_id in self._queues:
+            self._queues[msg.request_id].put_nowait(msg)
+        elif not msg.request_id and not self._hello[index].done():
+            try:
+                ready_or_refused(kind[0], msg, _refused(self.addresses[index]))
+            except ConnectionError as refused:
+                self._hello[index].set_exception(refused)
+        elif not msg.request_id and msg.status == 503:
+            self._fail_worker(
+                index,
+                f"the tokenizer process at {self.addresses[index]} "
+                f"dropped this client: {msg.message}",
+            )
 
 
 class BlockingTokenizerClient:

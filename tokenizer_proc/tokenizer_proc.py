@@ -28,11 +28,12 @@ import zmq.asyncio
 
 from config.engine import ConfigError, EngineConfig, decode_config
 from engine_core.client import EngineDeadError, EngineRequestError
-from engine_core.dp_client import DPEngineCoreClient
+from engine_core.dp_client import DPEngineCoreClient, OutputItem
 from engine_core.generation_config import cap_unset_max_tokens
 from engine_core.log_options import apply_log_options
-from engine_core.protocol import EngineCoreRequest
+from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest
 from engine_core.validation import check_completion_fits, validate_request
+from ipc.channel import Channel
 from ipc.curve import key_from_env
 from ipc.handshake import READY, HandshakeServer
 from ipc.process import (
@@ -126,6 +127,10 @@ class TokenizerProc:
         )
         self._router = self._server.socket
         self.address = self._server.address
+        # API servers' messages, in arrival order, for _api_loop; the replies and deltas go
+        # out through the same channel at once (ipc/channel.py: no future per message).
+        self._inbox: asyncio.Queue[list[bytes]] = asyncio.Queue()
+        self._channel = Channel(self._router, self._on_api_frames)
         self._encoder = msgspec.msgpack.Encoder()
         self._decoders = api_request_decoders()
         self._draining = False
@@ -140,9 +145,10 @@ class TokenizerProc:
     ) -> bool:
         """Serve until stop is set, then refuse new requests and drain until stop_order()'s
         deadline; requests still running then fail with its reason. True when some had to."""
-        engine_task = asyncio.create_task(self._engine_loop())
-        tasks = [asyncio.create_task(self._api_loop()), engine_task]
-        tasks += [asyncio.create_task(self._watch_engine(pid, engine_task)) for pid in engine_pids]
+        # Each step's outputs are forwarded as they arrive, with no task switch on the way.
+        self.engine.set_output_sink(self._on_engine_item)
+        tasks = [asyncio.create_task(self._api_loop())]
+        tasks += [asyncio.create_task(self._watch_engine(pid)) for pid in engine_pids]
         logger.info("tokenizer %d serving on %s", self.ready.worker_index, self.address)
         await stop.wait()
         self._draining = True
@@ -156,11 +162,12 @@ class TokenizerProc:
                 cut,
                 order.reason,
             )
-            await self._fail_all(order.reason, 503, abort=True)
+            self._fail_all(order.reason, 503, abort=True)
         tasks += [task for watches in self._watched.values() for task in watches]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._channel.close()
         self._router.close(linger=1000)
         self._server.stop_auth()
         self.engine.shutdown()
@@ -168,16 +175,19 @@ class TokenizerProc:
 
     # ---- API servers -> engine core ----
 
+    def _on_api_frames(self, frames: list[bytes]) -> None:
+        link = self._links.get(frames[0])
+        if link is not None:
+            link.heard = True  # on arrival: _api_loop may be busy tokenizing a long prompt
+        self._inbox.put_nowait(frames)
+
     async def _api_loop(self) -> None:
         while True:
-            frames = await self._router.recv_multipart()
-            link = self._links.get(frames[0])
-            if link is not None:
-                link.heard = True
+            frames = await self._inbox.get()
             try:
                 await self._on_message(frames[0], frames[1:])
             except EngineDeadError as e:
-                await self._on_engine_dead(str(e))
+                self._on_engine_dead(str(e))
             except Exception:  # a frame must never stop the process
                 logger.exception("dropped a frame from API server %r", frames[0])
 
@@ -297,43 +307,43 @@ class TokenizerProc:
 
     # ---- engine core -> API servers ----
 
-    async def _engine_loop(self) -> None:
-        try:
-            while True:
-                await self._forward_step()
-        except EngineDeadError as e:
-            await self._on_engine_dead(str(e))
+    def _on_engine_item(self, rank: int, item: OutputItem) -> None:
+        """The DP client's sink: a step's outputs, a refusal or the engine's death."""
+        if isinstance(item, EngineDeadError):
+            self._on_engine_dead(str(item))
+        elif isinstance(item, EngineRequestError):
+            self._on_refused(item)
+        elif self._engine_dead is None:
+            self._forward_step(rank, item)
 
-    async def _forward_step(self) -> None:
-        try:
-            rank, step = await self.engine.get_output()
-        except EngineRequestError as e:
-            await self._on_refused(e)
-            return
+    def _forward_step(self, rank: int, step: EngineCoreOutputs) -> None:
         deltas, to_abort = self.streams.process(step.outputs, step.timestamp, rank)
         if to_abort:
-            await self.engine.abort_requests(to_abort)
+            self.engine.abort_requests_nowait(to_abort)
+        if len(deltas) == 1:  # a single stream: no grouping
+            owner, delta = deltas[0]
+            self._send_now(owner, ApiOutputType.DELTAS, [delta])
+            return
         per_owner: dict[bytes, list[RequestDelta]] = {}
         for owner, delta in deltas:
             per_owner.setdefault(owner, []).append(delta)
         for owner, batch in per_owner.items():
-            await self._send(owner, ApiOutputType.DELTAS, batch)
+            self._send_now(owner, ApiOutputType.DELTAS, batch)
 
-    async def _on_refused(self, e: EngineRequestError) -> None:
+    def _on_refused(self, e: EngineRequestError) -> None:
         entry = self.streams.owner_of_child(e.request_id)
         if entry is None:
             return
         request_id, owner = entry
         others = [c for c in self.streams.remove(request_id) if c != e.request_id]
         if others:
-            await self.engine.abort_requests(others)
+            self.engine.abort_requests_nowait(others)
         self.engine.forget(others)
-        await self._error(owner, request_id, str(e))
+        self._error_now(owner, request_id, str(e))
 
-    async def _watch_engine(self, pid: int, engine_task: asyncio.Task[None]) -> None:
+    async def _watch_engine(self, pid: int) -> None:
         await wait_for_exit(pid, _WATCH_INTERVAL_S)
-        engine_task.cancel()
-        await self._on_engine_dead(f"the engine core process {pid} exited")
+        self._on_engine_dead(f"the engine core process {pid} exited")
 
     def _watch_client(self, identity: bytes, hello: TokenizerHello) -> None:
         """Watch a client (an API server) that said HELLO: its pid when it runs on this host,
@@ -356,7 +366,7 @@ class TokenizerProc:
         silence = await keep_alive(
             link,
             lambda: self._send(identity, ApiOutputType.HEARTBEAT, Heartbeat()),
-            lambda: bool(self._router.get(zmq.EVENTS) & zmq.POLLIN),
+            lambda: self._channel.has_input() or not self._inbox.empty(),
             silence_timeout(interval),
         )
         why = f"client {name} fell silent ({silence:.1f} s without a message or heartbeat)"
@@ -376,30 +386,36 @@ class TokenizerProc:
         if child_ids and self._engine_dead is None:
             await self.engine.abort_requests(child_ids)
 
-    async def _on_engine_dead(self, message: str) -> None:
+    def _on_engine_dead(self, message: str) -> None:
         if self._engine_dead is None:
             logger.error("%s; failing every request", message)
             self._engine_dead = message
-            await self._fail_all(message, 503, abort=False)
+            self._fail_all(message, 503, abort=False)
 
-    async def _fail_all(self, message: str, status: int, abort: bool) -> None:
+    def _fail_all(self, message: str, status: int, abort: bool) -> None:
         child_ids = []
         for request_id, owner in self.streams.live():
             child_ids += self.streams.remove(request_id)
-            await self._error(owner, request_id, message, status)
+            self._error_now(owner, request_id, message, status)
         if abort and child_ids and self._engine_dead is None:
-            await self.engine.abort_requests(child_ids)
+            self.engine.abort_requests_nowait(child_ids)
 
     async def _error(
         self, identity: bytes, request_id: str, message: str, status: int = 400
     ) -> None:
-        await self._send(identity, ApiOutputType.ERROR, RequestError(request_id, message, status))
+        self._error_now(identity, request_id, message, status)
+
+    def _error_now(self, identity: bytes, request_id: str, message: str, status: int = 400) -> None:
+        self._send_now(identity, ApiOutputType.ERROR, RequestError(request_id, message, status))
 
     async def _send(self, identity: bytes, kind: ApiOutputType, msg: Any) -> None:
+        self._send_now(identity, kind, msg)
+
+    def _send_now(self, identity: bytes, kind: ApiOutputType, msg: Any) -> None:
         link = self._links.get(identity)
         if link is not None:
             link.sent = True
-        await self._router.send_multipart([identity, bytes([kind]), self._encoder.encode(msg)])
+        self._channel.send([identity, bytes([kind]), self._encoder.encode(msg)])
 
 
 def _first_str(payload: bytes) -> str:
@@ -492,18 +508,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     start_child_process(process_name(args.index), args.parent_pid)
-    return asyncio.run(
-        run_tokenizer_proc(
-            args.index,
-            args.listen,
-            args.engine_address,
-            decode_config(args.config),
-            args.engine_pid,
-            args.shutdown_timeout,
-            args.chat_template,
-            args.stop_file,
+    import uvloop  # a lighter loop than asyncio's own: the per-token path runs through it
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(
+            run_tokenizer_proc(
+                args.index,
+                args.listen,
+                args.engine_address,
+                decode_config(args.config),
+                args.engine_pid,
+                args.shutdown_timeout,
+                args.chat_template,
+                args.stop_file,
+            )
         )
-    )
 
 
 if __name__ == "__main__":

@@ -20,13 +20,21 @@ from engine_core.sampling_params import SamplingParams
 
 
 class _Engine:
-    """Stands in for an AsyncEngineCoreClient: records what it is sent, replays outputs."""
+    """Stands in for an AsyncEngineCoreClient: records what it is sent, and hands what a test
+    puts in `outputs` (outputs, or the failure) to the DP client's sink at once."""
 
     def __init__(self) -> None:
         self.ready = None
         self.added: list[str] = []
         self.aborted: list[str] = []
-        self.outputs: asyncio.Queue = asyncio.Queue()
+        self._sink = None
+        self.outputs = self  # tests push with outputs.put_nowait(item)
+
+    def set_output_sink(self, sink) -> None:
+        self._sink = sink
+
+    def put_nowait(self, item: EngineCoreOutputs | BaseException) -> None:
+        self._sink(item)
 
     async def add_request(self, request: EngineCoreRequest) -> None:
         self.added.append(request.request_id)
@@ -34,11 +42,8 @@ class _Engine:
     async def abort_requests(self, ids: list[str]) -> None:
         self.aborted += ids
 
-    async def get_output(self) -> EngineCoreOutputs:
-        item = await self.outputs.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
+    def abort_requests_nowait(self, ids: list[str]) -> None:
+        self.aborted += ids
 
     def shutdown(self) -> None:
         pass

@@ -47,6 +47,19 @@ def test_spawn_module_runs_this_copy_with_the_extra_environment(tmp_path, monkey
     ]
 
 
+def test_spawn_module_ignores_packages_in_the_working_directory(tmp_path, monkeypatch):
+    """A user's folder named like one of our packages, where they start the engine, is not what
+    the child imports (`python -m` puts the working directory first on sys.path)."""
+    shadow = tmp_path / "tests"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('the user folder was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "env.json"
+    proc = spawn_module("tests.ipc._print_env", [str(out)])
+    assert proc.wait(30) == 0
+    assert out.exists()
+
+
 def _child(script: str, tmp_path, *args: str) -> subprocess.Popen:
     """A parent (`sh`) that starts a Python child running script and prints the child's pid."""
     path = tmp_path / "child.py"
