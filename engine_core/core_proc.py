@@ -430,7 +430,10 @@ def run_engine_core(
     recorder.record_cache_config(config.cache, engine.num_blocks)
     proc = EngineCoreProc(engine, address, on_stats=recorder.record, auth_key=key_from_env())
     logger.info("engine core: ready in %.2f s since the process began", process_age())
-    return proc.run()
+    try:
+        return proc.run()
+    finally:
+        recorder.flush()  # what the last busy second held
 
 
 def process_age() -> float:

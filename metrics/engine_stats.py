@@ -9,13 +9,23 @@ from collections.abc import Callable
 
 from config.engine import CacheConfig
 from engine_core.protocol import SchedulerStats
-from metrics.registry import PROMPT_TOKEN_SOURCES, cache_config_info, engine_metrics
+from metrics.registry import HOLD_S, PROMPT_TOKEN_SOURCES, cache_config_info, engine_metrics
 
 logger = logging.getLogger("metrics.engine_stats")
 
 
 class EngineStatsRecorder:
-    """Records one engine core's SchedulerStats every step; logs throughput every interval."""
+    """Records one engine core's SchedulerStats every step; logs throughput every interval.
+
+    record() runs on the engine core's critical path between two steps, and with several
+    processes (PROMETHEUS_MULTIPROC_DIR) every metric update writes a memory-mapped file: about
+    19 us a step in a warm loop, 31 us with the caches flushed, the state after each forward.
+    So the gauges are written when they change, and the two series that change every step
+    (generation tokens, iteration tokens) are summed here and written at most every HOLD_S
+    while requests run, and at once when the step leaves none running or waiting (before that
+    step's outputs go out: a client that saw its request end reads the final counts). The
+    prompt and prefix-cache counters, written only on steps that prefill, go straight through.
+    """
 
     def __init__(
         self,
@@ -45,12 +55,23 @@ class EngineStatsRecorder:
         self._clock = clock
         self._window_start = self._last_record = float("-inf")
         self._window = [0, 0, 0, 0]  # prompt tokens, generation tokens, queries, hits
+        self._gauges: tuple[int, int, float] | None = None  # last written
+        self._held_generation = 0
+        self._held_iteration: list[int] = []
+        self._flushed_at = float("-inf")
 
     def record(self, stats: SchedulerStats) -> None:
         """Record one step's stats; call once per engine step."""
-        self._running.set(stats.num_running_reqs)
-        self._waiting.set(stats.num_waiting_reqs)
-        self._kv_usage.set(stats.kv_cache_usage)
+        gauges = (stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage)
+        if gauges != self._gauges:
+            old = self._gauges or (None, None, None)
+            if gauges[0] != old[0]:
+                self._running.set(gauges[0])
+            if gauges[1] != old[1]:
+                self._waiting.set(gauges[1])
+            if gauges[2] != old[2]:
+                self._kv_usage.set(gauges[2])
+            self._gauges = gauges
         if stats.prefix_cache_queries:
             self._queries.inc(stats.prefix_cache_queries)
         if stats.prefix_cache_hits:
@@ -63,12 +84,25 @@ class EngineStatsRecorder:
             self._cached.inc(cached)
             self._by_source["local_compute"].inc(stats.num_prompt_tokens - cached)
             self._by_source["local_cache_hit"].inc(cached)
-        if stats.num_generation_tokens:
-            self._generation.inc(stats.num_generation_tokens)
+        self._held_generation += stats.num_generation_tokens
         step_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
         if step_tokens:
-            self._iteration.observe(step_tokens)
-        self._log_if_due(stats)
+            self._held_iteration.append(step_tokens)
+        now = self._clock()
+        if now - self._flushed_at >= HOLD_S or not (gauges[0] or gauges[1]):
+            self.flush(now)
+        self._log_if_due(stats, now)
+
+    def flush(self, now: float | None = None) -> None:
+        """Write what record() holds to Prometheus."""
+        self._flushed_at = self._clock() if now is None else now
+        if self._held_generation:
+            self._generation.inc(self._held_generation)
+            self._held_generation = 0
+        if self._held_iteration:
+            for tokens in self._held_iteration:
+                self._iteration.observe(tokens)
+            self._held_iteration.clear()
 
     def record_cache_config(self, cache: CacheConfig, num_gpu_blocks: int) -> None:
         """vllm:cache_config_info = 1, labelled with the cache configuration (a dataclass)
@@ -77,8 +111,7 @@ class EngineStatsRecorder:
         info.update(num_gpu_blocks=str(num_gpu_blocks), engine=self._engine)
         cache_config_info(list(info)).labels(**info).set(1)
 
-    def _log_if_due(self, stats: SchedulerStats) -> None:
-        now = self._clock()
+    def _log_if_due(self, stats: SchedulerStats, now: float) -> None:
         # Steps stop while the engine is idle; a window spanning the idle gap would report a
         # throughput nobody saw, so a step after a gap starts a fresh window.
         if now - self._last_record > self._interval:

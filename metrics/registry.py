@@ -7,6 +7,11 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge, Histogram
 
+# How long a series updated on every step or token may hold its values before they reach
+# Prometheus while requests run (metrics/engine_stats.py, metrics/request_stats.py): each update
+# writes a memory-mapped file under PROMETHEUS_MULTIPROC_DIR, on the per-token path.
+HOLD_S = 1.0
+
 TTFT_BUCKETS = [
     0.001,
     0.005,

@@ -10,11 +10,11 @@ queue time overestimated by the same amount (their sum, the TTFT, stays exact).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import Histogram
 
-from metrics.registry import request_metrics
+from metrics.registry import HOLD_S, request_metrics
 
 
 @dataclass
@@ -33,6 +33,7 @@ class _Series:
     time_per_output_token: Histogram
     params_n: Histogram
     params_max_tokens: Histogram
+    held_itl: list[float] = field(default_factory=list)  # observed, not yet written (HOLD_S)
 
 
 @dataclass
@@ -49,7 +50,11 @@ class _Timeline:
 
 class RequestStatsRecorder:
     """Observes TTFT, inter-token, e2e, queue/prefill/decode times and token counts per request,
-    labelled with the engine (data-parallel rank) that served it."""
+    labelled with the engine (data-parallel rank) that served it.
+
+    The inter-token latency, observed on every token, is held and written at most every HOLD_S
+    (with several processes each observation writes a memory-mapped file, on the per-token
+    path) and whenever a request finishes, before its end is reported."""
 
     def __init__(self, model_name: str, max_model_len: int = 65536) -> None:
         self._m = request_metrics(max_model_len)
@@ -58,6 +63,7 @@ class RequestStatsRecorder:
         self._requests: dict[str, _Timeline] = {}
         # Per engine: (end of the step before the last, end of the last step).
         self._steps: dict[int, tuple[float, float]] = {}
+        self._flushed_at = float("-inf")
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -109,15 +115,28 @@ class RequestStatsRecorder:
             tl.series.ttft.observe(t - tl.arrival)
         else:
             # vLLM observes one latency per output batch: the gap since the previous batch.
-            tl.series.itl.observe(t - tl.last_token)
+            tl.series.held_itl.append(t - tl.last_token)
+            if t - self._flushed_at >= HOLD_S:
+                self.flush(t)
         tl.last_token = t
         tl.num_tokens += n_new
+
+    def flush(self, t: float) -> None:
+        """Write the held inter-token latencies (t: now, on the callers' clock)."""
+        self._flushed_at = t
+        for series in self._series.values():
+            held = series.held_itl
+            if held:
+                for gap in held:
+                    series.itl.observe(gap)
+                held.clear()
 
     def on_finish(self, request_id: str, finish_reason: str, prompt_tokens: int, t: float) -> None:
         """A request ended (stop, length, abort) at time t; observes its whole-life metrics."""
         tl = self._requests.pop(request_id, None)
         if tl is None:
             return
+        self.flush(t)
         series = tl.series
         self._m.request_success.labels(self._model_name, str(tl.engine), finish_reason).inc()
         series.e2e.observe(t - tl.arrival)

@@ -21,6 +21,7 @@ rec = EngineStatsRecorder("tiny")
 rec.record(SchedulerStats(4, 2, 0.75, prefix_cache_queries=10, prefix_cache_hits=4,
                           num_prompt_tokens=30, num_generation_tokens=4))
 rec.record(SchedulerStats(3, 1, 0.5, num_generation_tokens=3))
+rec.flush()  # as the engine core does on its way out
 req = RequestStatsRecorder("tiny", max_model_len=1024)
 req.on_arrival("x", 1.0); req.on_tokens("x", 1, 1.5); req.on_finish("x", "stop", 12, 1.5)
 """

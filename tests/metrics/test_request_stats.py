@@ -68,3 +68,23 @@ def test_unknown_requests_are_ignored() -> None:
     rec.on_tokens("nope", 1, 1.0)
     rec.on_finish("nope", "stop", 1, 2.0)
     assert _value("vllm:request_success_total", "req-unknown", finished_reason="stop") is None
+
+
+def test_inter_token_latency_is_held_until_hold_s_or_the_request_ends() -> None:
+    from metrics.registry import HOLD_S
+
+    m = "req-itl-hold"
+    rec = RequestStatsRecorder(m, max_model_len=2048)
+    rec.on_arrival("a", 100.0)
+    rec.on_tokens("a", 1, 100.0)
+    rec.on_tokens("a", 1, 100.1)  # the first gap is written: nothing written before
+    assert _value("vllm:inter_token_latency_seconds_count", m) == 1
+    for i in range(2, 6):
+        rec.on_tokens("a", 1, 100.0 + i / 10)
+    assert _value("vllm:inter_token_latency_seconds_count", m) == 1
+    rec.on_tokens("a", 1, 100.1 + HOLD_S)  # HOLD_S after the last write
+    assert _value("vllm:inter_token_latency_seconds_count", m) == 6
+    rec.on_tokens("a", 1, 100.2 + HOLD_S)
+    rec.on_finish("a", "length", 3, 100.2 + HOLD_S)
+    assert _value("vllm:inter_token_latency_seconds_count", m) == 7
+    assert _value("vllm:inter_token_latency_seconds_sum", m) == pytest.approx(1.2 + HOLD_S - 1.0)
