@@ -207,6 +207,7 @@ def _measure(
     step_bytes = weight_bytes + kv_bytes
     return {
         "batch_size": batch,
+        "cuda_graphs": bool(core.config.cuda_graph_capture_sizes()),
         "async_scheduling": async_scheduling,
         "ms_per_step": round(step_s * 1e3, 3),
         "output_tok_s": round(batch / step_s, 1),
@@ -218,8 +219,8 @@ def _measure(
 
 
 def bench_device(args: argparse.Namespace) -> dict[str, Any]:
-    """Decode at each batch size, with and without async scheduling; ms per step and the
-    fraction of the memory-bandwidth limit."""
+    """Decode at each batch size, with and without CUDA graphs (on CUDA) and async scheduling;
+    ms per step and the fraction of the memory-bandwidth limit."""
     import numpy as np
     import torch
 
@@ -268,9 +269,16 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
         if "kv_cache_memory" not in kwargs and "num_gpu_blocks_override" not in kwargs:
             # Only what the largest batch needs: two engines never hold a device's worth each.
             engine_args["num_gpu_blocks_override"] = blocks_needed
-        for async_scheduling in (False, True):
-            config = engine_config_from_kwargs(**engine_args, async_scheduling=async_scheduling)
-            runs += _runs_of_one_engine(config, args, rng, bandwidth, blocks_needed)
+        # Graphs exist on CUDA only; --enforce-eager keeps to the eager runs.
+        graph_modes = (True, False) if device_type == "cuda" else (True,)
+        if engine_args.pop("enforce_eager", False):
+            graph_modes = (True,)
+        for eager in graph_modes:
+            for async_scheduling in (False, True):
+                config = engine_config_from_kwargs(
+                    **engine_args, async_scheduling=async_scheduling, enforce_eager=eager
+                )
+                runs += _runs_of_one_engine(config, args, rng, bandwidth, blocks_needed)
     assert config.arch is not None
     dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
     return {

@@ -99,7 +99,22 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         (
             "--enforce-eager",
             "enforce_eager",
-            dict(action="store_true", help="accepted: the engine never captures CUDA graphs"),
+            dict(
+                action="store_true",
+                help="no CUDA graphs: every step runs eagerly (always so on the CPU)",
+            ),
+        ),
+        (
+            "--cuda-graph-sizes",
+            "cuda_graph_sizes",
+            dict(
+                type=int,
+                nargs="+",
+                metavar="N",
+                help="decode batch sizes captured as CUDA graphs: one value N means 1, 2, 4 "
+                "and multiples of 8 up to N; several values, exactly those (default: N = "
+                "--max-num-seqs; CUDA only)",
+            ),
         ),
         (
             "--trust-remote-code",

@@ -164,8 +164,12 @@ class ModelConfig:
     # float32 activations. None: resolve() picks 'gguf' for a GGUF model (a .gguf file or the
     # default model) on the CPU when dtype is 'auto'; an explicit dtype dequantizes at load.
     quantization: str | None = None
-    # vLLM's --enforce-eager: no CUDA graphs. Accepted; the engine captures none either way.
+    # vLLM's --enforce-eager: no CUDA graphs (on the CPU every step is eager anyway).
     enforce_eager: bool = False
+    # vLLM's --cuda-graph-sizes: one value N captures decode batches of 1, 2, 4 and multiples
+    # of 8 up to N; several values capture exactly those. None: N = max_num_seqs. Capped at
+    # max_num_seqs either way (cuda_graph_capture_sizes()).
+    cuda_graph_sizes: list[int] | None = None
     # vLLM's --trust-remote-code: accepted; the loader never runs a model's own code (it says
     # so once when a model's config.json asks for it through auto_map).
     trust_remote_code: bool = False
@@ -197,6 +201,12 @@ class ModelConfig:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.max_logprobs < -1:
             raise ConfigError(f"max_logprobs must be -1 or non-negative, got {self.max_logprobs}")
+        if self.cuda_graph_sizes is not None and (
+            not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1
+        ):
+            raise ConfigError(
+                f"cuda_graph_sizes must be positive batch sizes, got {self.cuda_graph_sizes}"
+            )
 
     def _check_served_names(self) -> None:
         names = self.served_model_name
@@ -484,6 +494,16 @@ class EngineConfig:
             self.model.served_model_name = self.model.model or "SmolLM2-135M-Instruct"
             self.model.served_model_names = [self.model.served_model_name]
         self._check_generation_config()
+        if self.model.cuda_graph_sizes is not None and self.device_type != "cuda":
+            raise ConfigError(
+                f"cuda_graph_sizes asks for CUDA graphs, which exist only on CUDA; the "
+                f"{self.device_type} device runs every step eagerly"
+            )
+        if self.model.cuda_graph_sizes is not None and self.parallel.tensor_parallel_size > 1:
+            raise ConfigError(
+                "cuda_graph_sizes: CUDA graphs are not captured with tensor parallelism "
+                "(its all-reduce runs eagerly); drop the flag or run one device per model"
+            )
         heads, kv_heads = self.arch.num_attention_heads, self.arch.num_key_value_heads
         tp = self.parallel.tensor_parallel_size
         if heads % tp or kv_heads % tp:
@@ -492,6 +512,17 @@ class EngineConfig:
                 f"and of KV heads ({kv_heads})"
             )
         return self
+
+    def cuda_graph_capture_sizes(self) -> list[int]:
+        """The decode batch sizes to capture as CUDA graphs, ascending; none on the CPU, with
+        enforce_eager, or with tensor parallelism."""
+        if (
+            self.device_type != "cuda"
+            or self.model.enforce_eager
+            or self.parallel.tensor_parallel_size > 1
+        ):
+            return []
+        return capture_sizes(self.model.cuda_graph_sizes, self.scheduler.max_num_seqs)
 
     def _resolve_quantization(self, cpu_kernels_available: Callable[[], bool]) -> str | None:
         """'gguf' when the linear weights stay GGUF-quantized, else None (ModelConfig.quantization);
@@ -590,6 +621,19 @@ def _resolve_dtype(requested: str, checkpoint: str, device: str) -> str:
 
 # vLLM's names for fields this engine calls otherwise.
 KWARG_ALIASES = {"kv_cache_memory_bytes": "kv_cache_memory"}
+
+
+def capture_sizes(requested: list[int] | None, max_num_seqs: int) -> list[int]:
+    """vLLM's reading of --cuda-graph-sizes: one value N means 1, 2, 4, then multiples of 8 up
+    to N; several values mean those. None means N = max_num_seqs. Sizes above max_num_seqs are
+    dropped (no step has more decodes), and max_num_seqs itself is added when one was dropped
+    so the largest batch still has a graph."""
+    if requested is None or len(requested) == 1:
+        top = min(requested[0] if requested else max_num_seqs, max_num_seqs)
+        sizes = {s for s in (1, 2, 4) if s <= top} | set(range(8, top + 1, 8)) | {top}
+    else:
+        sizes = {min(s, max_num_seqs) for s in requested}
+    return sorted(sizes)
 
 
 def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:

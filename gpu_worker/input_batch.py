@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
+from gpu_worker.cuda_graphs import DecodeInputs
 from gpu_worker.request_state import RequestStates
 from gpu_worker.staging import HostToDevice
 from kernels.prepare_inputs import prepare_inputs_for
@@ -41,6 +42,8 @@ class InputBatch:
     slot_block_table_np: np.ndarray
     max_blocks: int
     block_size: int
+    # The step's inputs sit in the CUDA graphs' buffers (a decode step that one can replay).
+    in_graph_buffers: bool = False
 
     @property
     def block_table_np(self) -> np.ndarray:
@@ -88,6 +91,9 @@ class InputPreparer:
         # caching allocator makes new ones cheap and they stay per step.
         self._reuse_out = device.type == "cpu"
         self._out: tuple[tuple[int, int, int, int], PreparedInputs] | None = None
+        # Set once CUDA graphs are captured: decode steps they cover write their inputs into
+        # the graphs' buffers (gpu_worker/cuda_graphs.py).
+        self.graph_inputs: DecodeInputs | None = None
 
     def _slots(self, req_ids: list[str]) -> np.ndarray:
         version, last_ids, last_slots = self._last_slots
@@ -134,7 +140,16 @@ class InputPreparer:
 
         slots, qsl, sample_rows = self.h2d.copy(slots_np, qsl_np, sample_rows_np)
         out = None
-        if self._reuse_out:
+        graph = self.graph_inputs
+        in_graph_buffers = (
+            graph is not None and max_query_len == 1 and graph.padded_size(num_reqs) > 0
+        )
+        if in_graph_buffers:
+            assert graph is not None
+            # Whole block-table rows: a graph reads the buffer at its full width.
+            max_blocks = graph.max_blocks
+            out = graph.outputs(num_reqs, len(sample_rows_np))
+        elif self._reuse_out:
             shape = (num_reqs, num_tokens, max_blocks, len(sample_rows_np))
             last = self._out
             if last is not None and last[0] == shape:
@@ -182,4 +197,5 @@ class InputPreparer:
             slot_block_table_np=st.block_table_np,
             max_blocks=max_blocks,
             block_size=st.block_size,
+            in_graph_buffers=in_graph_buffers,
         )

@@ -18,6 +18,7 @@ import torch
 from config.engine import EngineConfig
 from gpu_worker.async_output import AsyncOutput, DeviceToHost, ReadyOutput
 from gpu_worker.attention.select import attention_backend
+from gpu_worker.cuda_graphs import DecodeGraphs, DecodeInputs
 from gpu_worker.forward_context import forward_context
 from gpu_worker.grammar_mask import apply_grammar_bitmask
 from gpu_worker.input_batch import InputBatch, InputPreparer
@@ -64,6 +65,7 @@ class ModelRunner:
         self.fused_greedy = True
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
+        self.graphs: DecodeGraphs | None = None
 
     def load_model(self) -> None:
         """Build the model and load its weights onto the device."""
@@ -110,7 +112,11 @@ class ModelRunner:
         tokens = sched.max_num_batched_tokens
         assert tokens is not None
         num_reqs = min(sched.max_num_seqs, tokens)
-        lens = [tokens // num_reqs + (i < tokens % num_reqs) for i in range(num_reqs)]
+        # No request holds more than max_model_len tokens, so neither does a step's share.
+        lens = [
+            min(tokens // num_reqs + (i < tokens % num_reqs), self.config.max_model_len)
+            for i in range(num_reqs)
+        ]
         num_blocks = sum(-(-n // self.block_size) for n in lens)
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_allocated(self.device)
@@ -120,15 +126,30 @@ class ModelRunner:
         run_dummy(self, lens, 0, num_blocks, PROFILE_SAMPLING)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before - kv_bytes
+        graph_reserve = self._graph_reserve(before + kv_bytes, num_blocks)
         self._release_kv_cache()
         torch.cuda.empty_cache()
         logger.info(
-            "profile run: %d tokens over %d requests peak at %.2f GiB of activations",
+            "profile run: %d tokens over %d requests peak at %.2f GiB of activations; "
+            "%.2f GiB kept for CUDA graphs",
             tokens,
             num_reqs,
             peak / 2**30,
+            graph_reserve / 2**30,
         )
-        return peak
+        return peak + graph_reserve
+
+    def _graph_reserve(self, baseline: int, num_blocks: int) -> int:
+        """What the CUDA graphs' pool will hold, beside the eager steps' peak: the activation
+        peak of the largest captured decode batch (the graphs share one pool, largest first),
+        measured by a dummy step of that many one-token requests on the profile's cache."""
+        sizes = self.config.cuda_graph_capture_sizes()
+        if not sizes:
+            return 0
+        torch.cuda.reset_peak_memory_stats(self.device)
+        run_dummy(self, [1] * sizes[-1], 0, num_blocks)
+        torch.cuda.synchronize(self.device)
+        return max(0, torch.cuda.max_memory_allocated(self.device) - baseline)
 
     def warm_up(self) -> None:
         """Run every step shape the engine will meet once, so that no request waits for a
@@ -150,6 +171,19 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("warm-up: %d dummy steps in %.1f s", steps, time.perf_counter() - start)
+
+    def capture_model(self) -> None:
+        """Capture the decode steps' CUDA graphs (config.cuda_graph_capture_sizes(): none on
+        the CPU, under --enforce-eager, or with tensor parallelism, whose all-reduce is not
+        captured); from then on decode steps of those sizes replay them."""
+        sizes = self.config.cuda_graph_capture_sizes()
+        if not sizes or self.backend.name != "triton":
+            return
+        inputs = DecodeInputs(sizes, self.states.block_table.shape[1], self.device)
+        graphs = DecodeGraphs(self, inputs)
+        graphs.capture()
+        self.graphs = graphs
+        self.inputs.graph_inputs = inputs
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and wait for its output."""
@@ -238,6 +272,10 @@ class ModelRunner:
 
     def _forward(self, batch: InputBatch) -> torch.Tensor:
         assert self.model is not None
+        if batch.in_graph_buffers and self.graphs is not None:
+            hidden = self.graphs.replay(len(batch.req_ids), batch.device_batch.max_seq_len)
+            if hidden is not None:
+                return hidden
         host_batch = batch.host_batch() if getattr(self.backend, "plans_on_host", False) else None
         metadata = self.backend.build(host_batch, batch.device_batch, self.device)
         with forward_context(StepAttention(self.backend, metadata)):

@@ -41,9 +41,11 @@ class Worker:
         return self.runner.determine_num_blocks()
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate num_blocks KV blocks (the same number on every rank), then warm up."""
+        """Allocate num_blocks KV blocks (the same number on every rank), warm up, then capture
+        the CUDA graphs."""
         self.runner.initialize_kv_cache(num_blocks)
         self.runner.warm_up()
+        self.runner.capture_model()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and wait for its output."""

@@ -14,6 +14,7 @@ from frontend.cli import main
 RUN_FIELDS = {
     "batch_size",
     "async_scheduling",
+    "cuda_graphs",
     "ms_per_step",
     "output_tok_s",
     "steps_timed",
@@ -142,7 +143,9 @@ def test_step_overhead_reports_phases(tmp_path):
 
     model = make_tiny_model(tmp_path / "tiny")
     res = step_overhead(
-        {"model": str(model), "max_num_seqs": 8, "max_model_len": 64},
+        # Without async scheduling (CUDA's default), whose last step tells the workers who
+        # finished after one more launch.
+        {"model": str(model), "max_num_seqs": 8, "max_model_len": 64, "async_scheduling": False},
         num_requests=8,
         prompt_len=4,
         output_len=5,

@@ -86,6 +86,72 @@ def test_a_step_makes_no_implicit_sync(tiny):
         runner.execute_model = real
 
 
+def _default_model_installed() -> bool:
+    try:
+        from config.default_model import find_default_gguf
+
+        find_default_gguf()
+    except RuntimeError:
+        return False
+    return True
+
+
+# SmolLM2-135M's shapes (config.json of the default model), for a random-weight twin: the device
+# machines lack the default model's package, and its 98 MB GGUF is over what travels there.
+SMOLLM2_SHAPES = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
+
+
+@pytest.mark.parametrize("enforce_eager", [True, False])
+def test_default_model_shapes_fp32_on_cuda_equal_transformers(tmp_path, enforce_eager):
+    """The default model's shapes with random weights: greedy tokens on CUDA in fp32, with CUDA
+    graphs and without, equal transformers' on the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    path = make_tiny_model(tmp_path / "smollm2", **SMOLLM2_SHAPES)
+    runner, driver = make_runner(
+        path,
+        device="cuda",
+        dtype="float32",
+        max_model_len=256,
+        kv_cache_memory="256MiB",
+        enforce_eager=enforce_eager,
+    )
+    runner.warm_up()
+    runner.capture_model()
+    assert (runner.graphs is None) == enforce_eager
+    gen = torch.Generator().manual_seed(1)
+    prompts = {
+        f"p{i}": torch.randint(3, 49152, (n,), generator=gen).tolist()
+        for i, n in enumerate((5, 17, 40))
+    }
+    outputs = driver.run(prompts, GREEDY, 12)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    model.generation_config.eos_token_id = None  # like ignore_eos
+    for req, ids in prompts.items():
+        with torch.inference_mode():
+            ref = model.generate(
+                torch.tensor([ids], device="cuda"),
+                max_new_tokens=12,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        assert outputs[req] == ref[0, len(ids) :].tolist(), req
+
+
+@pytest.mark.skipif(
+    not _default_model_installed(), reason="the default model's package is not installed"
+)
 def test_default_model_fp32_on_cuda_equals_transformers():
     _, driver = make_runner(
         None, device="cuda", dtype="float32", max_model_len=2048, kv_cache_memory="512MiB"

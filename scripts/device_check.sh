@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU checks of docs/device.md in one command, for a lent GPU machine whose image has torch,
+# triton and transformers but not msgspec, pyzmq, gguf or xgrammar: those travel as wheels in
+# .whl/ (docs/device.md says how to fetch them).
+#
+#   bash scripts/device_check.sh [tests|tier] [bench] [bench-long] [profile]
+#   (default: tests bench profile)
+#
+# Figures and logs go to $OUT (or ./device-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+stages=${*:-tests bench profile}
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
+torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count, 'SMs')"
+git log -1 --format='commit %H' 2>/dev/null || true
+rc=0
+for stage in $stages; do
+    echo "=== $stage"
+    start=$(date +%s)
+    case $stage in
+    tests)
+        # The CUDA tier, the Triton kernels compiled for the device, and the graph tests.
+        python3 -m pytest -q -p no:cacheprovider tests/worker/test_cuda_tier.py \
+            tests/worker/test_cuda_graphs.py tests/kernels tests/bench/test_device.py \
+            2>&1 | tee "$OUT/tests.log" | tail -25 || rc=1
+        ;;
+    bench)
+        # Batch 1 and 64 at a short context, graphs on and off, async scheduling on and off.
+        python3 -m frontend.cli bench device --batch-sizes 1,64 --output-json "$OUT/bench.json" \
+            2>"$OUT/bench.err" | tail -60 || rc=1
+        tail -5 "$OUT/bench.err"
+        ;;
+    bench-long)
+        # Batch 1 at a 32k context: the split-context decode.
+        python3 -m frontend.cli bench device --batch-sizes 1 --context-len 32k --output-len 32 \
+            --output-json "$OUT/bench_32k.json" 2>"$OUT/bench_32k.err" | tail -40 || rc=1
+        tail -5 "$OUT/bench_32k.err"
+        ;;
+    profile)
+        for eager in "" --enforce-eager; do
+            python3 scripts/profile_decode_step.py --batch 1 $eager \
+                2>>"$OUT/profile.err" | tee -a "$OUT/profile.json" || rc=1
+        done
+        tail -5 "$OUT/profile.err"
+        ;;
+    tier)
+        # The CUDA tier and the graph tests alone (no kernel tests): a quicker check.
+        python3 -m pytest -q -p no:cacheprovider tests/worker/test_cuda_tier.py \
+            tests/worker/test_cuda_graphs.py tests/bench/test_device.py \
+            2>&1 | tee "$OUT/tier.log" | tail -25 || rc=1
+        ;;
+    *)
+        echo "unknown stage $stage" >&2
+        rc=2
+        ;;
+    esac
+    echo "=== $stage took $(($(date +%s) - start)) s"
+done
+exit $rc
