@@ -68,6 +68,8 @@ NOMINAL_BANDWIDTH = (
     ("H200", 4.8e12),
 )
 
+# offline-mixed (shared/BENCHMARKS.md): requests, and the (low, high) prompt and output lengths.
+_MIXED_REQUESTS, _MIXED_PROMPT, _MIXED_OUTPUT = 64, (32, 256), (16, 128)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _WARMUP_PROMPT, _WARMUP_OUTPUT = 16, 4
 
@@ -255,17 +257,19 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     bandwidth = max(measured, nominal or 0.0)
     rng = np.random.default_rng(0)
     runs: list[dict[str, Any]] = []
+    mixed: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="engine-bench-device-") as tmp:
-        max_len = args.context_len + args.output_len
+        # Room for offline-mixed's longest request too (prompt 256 + output 128).
+        max_len = max(args.context_len + args.output_len, _MIXED_PROMPT[1] + _MIXED_OUTPUT[1])
         engine_args = {
             **kwargs,
             "model": str(write_model_dir(Path(tmp), shape)),
             "load_format": "dummy",
             "max_model_len": max_len,
-            "max_num_seqs": max(args.batch_sizes),
+            "max_num_seqs": max(*args.batch_sizes, _MIXED_REQUESTS),
         }
         block_size = engine_config_from_kwargs(**engine_args).cache.block_size
-        blocks_needed = max(args.batch_sizes) * -(-max_len // block_size)
+        blocks_needed = max(*args.batch_sizes, _MIXED_REQUESTS) * -(-max_len // block_size)
         if "kv_cache_memory" not in kwargs and "num_gpu_blocks_override" not in kwargs:
             # Only what the largest batch needs: two engines never hold a device's worth each.
             engine_args["num_gpu_blocks_override"] = blocks_needed
@@ -278,7 +282,11 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
                 config = engine_config_from_kwargs(
                     **engine_args, async_scheduling=async_scheduling, enforce_eager=eager
                 )
-                runs += _runs_of_one_engine(config, args, rng, bandwidth, blocks_needed)
+                engine_runs, engine_mixed = _runs_of_one_engine(
+                    config, args, rng, bandwidth, blocks_needed
+                )
+                runs += engine_runs
+                mixed.append(engine_mixed)
     assert config.arch is not None
     dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
     return {
@@ -300,13 +308,43 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
             "limit": round(bandwidth / 1e9, 1),
         },
         "runs": runs,
+        "offline_mixed": mixed,
+    }
+
+
+def _offline_mixed(core, rng) -> dict[str, Any]:
+    """BENCHMARKS.md's offline-mixed shape on this model: 64 requests at once, prompts of
+    32..256 random token ids, 16..128 greedy output tokens each; output and total tokens/s."""
+    from engine_core.protocol import EngineCoreRequest
+    from engine_core.sampling_params import SamplingParams
+
+    vocab = core.config.arch.vocab_size
+    prompt_lens = rng.integers(_MIXED_PROMPT[0], _MIXED_PROMPT[1] + 1, _MIXED_REQUESTS)
+    output_lens = rng.integers(_MIXED_OUTPUT[0], _MIXED_OUTPUT[1] + 1, _MIXED_REQUESTS)
+    start = time.perf_counter()
+    for n, (p, o) in enumerate(zip(prompt_lens, output_lens)):
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(o))
+        core.add_request(
+            EngineCoreRequest(f"mixed-{n}", rng.integers(0, vocab, int(p)).tolist(), params)
+        )
+    while core.has_unfinished_requests():
+        core.step()
+    elapsed = time.perf_counter() - start
+    n_out, n_in = int(output_lens.sum()), int(prompt_lens.sum())
+    return {
+        "cuda_graphs": bool(core.config.cuda_graph_capture_sizes()),
+        "async_scheduling": core.config.scheduler.async_scheduling,
+        "seconds": round(elapsed, 3),
+        "output_tok_s": round(n_out / elapsed, 1),
+        "total_tok_s": round((n_in + n_out) / elapsed, 1),
     }
 
 
 def _runs_of_one_engine(
     config, args: argparse.Namespace, rng, bandwidth: float, blocks_needed: int
-) -> list[dict[str, Any]]:
-    """Every batch size on one EngineCore, which is shut down and freed afterwards."""
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every batch size, then offline-mixed, on one EngineCore, which is shut down and freed
+    afterwards."""
     import gc
 
     import torch
@@ -324,7 +362,7 @@ def _runs_of_one_engine(
         dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
         weights = weight_bytes_per_step(config.arch, dtype_bytes)
         kv_per_token = config.arch.kv_elements_per_token * dtype_bytes
-        return [
+        runs = [
             _measure(
                 core,
                 config.scheduler.async_scheduling,
@@ -337,6 +375,7 @@ def _runs_of_one_engine(
             )
             for batch in args.batch_sizes
         ]
+        return runs, _offline_mixed(core, rng)
     finally:
         core.shutdown()
         del core

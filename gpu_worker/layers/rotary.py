@@ -61,8 +61,14 @@ class RotaryEmbedding(nn.Module):
         return x * cos + torch.cat((x2, x1), dim=-1) * sin
 
     def apply_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate x [T, heads, head_dim] in place (one fused pass on the CPU in fp32); returns x."""
+        """Rotate x [T, heads, head_dim] in place (one fused pass in fp32: the C kernel on the CPU,
+        kernels/rotary.py on CUDA); returns x."""
         if cpu_ops.applies(x) and x.stride(1) == x.shape[2] and x.stride(2) == 1:
             return cpu_ops.rotary_(x, cos, sin)
+        if x.device.type == "cuda":
+            from kernels import rotary
+
+            if rotary.fits(x):
+                return rotary.rotary_(x, cos, sin)
         x.copy_(self.apply(x, cos, sin))
         return x

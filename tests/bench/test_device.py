@@ -67,6 +67,12 @@ def test_bench_device_on_cpu_prints_its_figures(tmp_path, capsys):
         (1, True),
         (4, True),
     ]
+    mixed = result["offline_mixed"]
+    assert [(m["cuda_graphs"], m["async_scheduling"]) for m in mixed] == [
+        (False, False),
+        (False, True),
+    ]
+    assert all(0 < m["output_tok_s"] < m["total_tok_s"] for m in mixed)
     for r in runs:
         assert set(r) == RUN_FIELDS
         # Five tokens: the first from the prefill, then four decode steps, three intervals.
@@ -145,7 +151,14 @@ def test_step_overhead_reports_phases(tmp_path):
     res = step_overhead(
         # Without async scheduling (CUDA's default), whose last step tells the workers who
         # finished after one more launch.
-        {"model": str(model), "max_num_seqs": 8, "max_model_len": 64, "async_scheduling": False},
+        {
+            "model": str(model),
+            "max_num_seqs": 8,
+            "max_model_len": 64,
+            "async_scheduling": False,
+            # The phases are host timings: on a GPU they time launches, not the work.
+            "device": "cpu",
+        },
         num_requests=8,
         prompt_len=4,
         output_len=5,
