@@ -269,7 +269,11 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
             "max_num_seqs": max(*args.batch_sizes, _MIXED_REQUESTS),
         }
         block_size = engine_config_from_kwargs(**engine_args).cache.block_size
-        blocks_needed = max(*args.batch_sizes, _MIXED_REQUESTS) * -(-max_len // block_size)
+        # The largest batch at full length, or offline-mixed's requests at theirs.
+        blocks_needed = max(
+            max(args.batch_sizes) * -(-(args.context_len + args.output_len) // block_size),
+            _MIXED_REQUESTS * -(-(_MIXED_PROMPT[1] + _MIXED_OUTPUT[1]) // block_size),
+        )
         if "kv_cache_memory" not in kwargs and "num_gpu_blocks_override" not in kwargs:
             # Only what the largest batch needs: two engines never hold a device's worth each.
             engine_args["num_gpu_blocks_override"] = blocks_needed
