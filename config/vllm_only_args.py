@@ -19,7 +19,11 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
         (ANY,),
         "preempted requests are recomputed, never swapped (vLLM V1 ignores it too)",
     ),
-    "max_seq_len_to_capture": (True, (ANY,), "no CUDA graphs are captured"),
+    "max_seq_len_to_capture": (
+        True,
+        (ANY,),
+        "decode graphs are captured by batch size (--cuda-graph-sizes) and serve every context",
+    ),
     "disable_custom_all_reduce": (
         False,
         (ANY,),
@@ -68,7 +72,11 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "max_lora_rank": (True, (), "there are no LoRA adapters"),
     "speculative_config": (True, (), "there is no speculative decoding"),
     "enable_expert_parallel": (False, (), "the engine runs dense models (no MoE)"),
-    "compilation_config": (True, (), "the model runs without torch.compile or CUDA graphs"),
+    "compilation_config": (
+        True,
+        (),
+        "the model runs without torch.compile; CUDA graphs are set by --cuda-graph-sizes and --enforce-eager",
+    ),
     "kv_transfer_config": (True, (), "there is no KV transfer between instances"),
     "logits_processors": (True, (), "there are no custom logits processors"),
     "scheduler_cls": (True, (), "the scheduler is not replaceable"),
@@ -125,7 +133,7 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "decode_context_parallel_size": (True, ("1",), "there is no context parallelism"),
     "enable_mfu_metrics": (False, (), "there are no MFU metrics"),
     "kv_cache_metrics": (False, (), "there are no KV block residency metrics"),
-    "cudagraph_metrics": (False, (), "no CUDA graphs are captured"),
+    "cudagraph_metrics": (False, (), "there are no CUDA graph metrics"),
     "profiler_config": (True, (), "there is no built-in profiler route"),
     "additional_config": (True, (), "there are no platform plugins"),
 }
