@@ -4,7 +4,8 @@ Alternates rounds of: `engine bench single-stream --runs 3` (the offline API: th
 its own process, the text built in the caller), then for each --stream-interval value an
 `engine serve` (the default model, or the engine flags after `--`) streaming --requests
 /v1/completions requests of 32 random prompt tokens and --new-tokens greedy tokens (EOS ignored),
-one at a time, through the engine's own HTTP benchmark client. Per server: decode tokens/s of
+one at a time, through the engine's own HTTP benchmark client (--client lean: raw socket reads,
+scripts/lean_sse.py). Per server: decode tokens/s of
 each request (tokens after the first over the time from the first to the last text chunk, as
 scripts/llama_server_bench.py counts) and the CPU time per token of each of its processes
 (/proc utime + stime over the timed requests: engine core, tokenizer process, API server) and of
@@ -31,6 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.machine_limits import machine_info
+from scripts.lean_sse import stream_raw
 from scripts.llama_server_bench import free_port, start, stop, stream_once, wait_healthy
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -84,7 +86,19 @@ async def serve_round(
             runs = []
             for _ in range(args.requests):
                 prompt = rng.integers(100, args.max_token_id, 32).tolist()
-                runs.append(await stream_once(session, base, model, prompt, args.new_tokens))
+                if args.client == "lean":
+                    body = {
+                        "model": model,
+                        "prompt": prompt,
+                        "max_tokens": args.new_tokens,
+                        "temperature": 0.0,
+                        "stream": True,
+                        "stream_options": {"include_usage": True},
+                        "ignore_eos": True,
+                    }
+                    runs.append(await stream_raw("127.0.0.1", port, body))
+                else:
+                    runs.append(await stream_once(session, base, model, prompt, args.new_tokens))
             after, client_after = process_cpu(proc.pid), time.process_time()
         tokens = sum(r["tokens"] for r in runs)
         cpu = {k: round((after[k] - before.get(k, 0.0)) / tokens * 1e3, 3) for k in after}
@@ -108,6 +122,14 @@ def main() -> None:
     parser.add_argument("--stream-interval", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the server")
     parser.add_argument("--max-token-id", type=int, default=49152)
+    parser.add_argument(
+        "--client",
+        choices=("aiohttp", "lean"),
+        default="aiohttp",
+        help="aiohttp: the engine's benchmark client, which decodes every event's JSON; lean: "
+        "raw socket reads like curl -N (scripts/lean_sse.py), so the client takes less of the "
+        "machine's CPU from the server",
+    )
     parser.add_argument("engine_args", nargs="*", help="engine flags for both (after --)")
     args = parser.parse_args()
     engine = shutil.which("engine")
@@ -125,6 +147,7 @@ def main() -> None:
     result = {
         "offline_tok_s": offline_runs,
         "offline_median": offline_median,
+        "client": args.client,
         "served": {},
         "machine": machine_info(),
     }

@@ -1,0 +1,55 @@
+"""A streamed /v1/completions request read the way `curl -N` reads it: raw bytes off one socket,
+events timed as they arrive, only the last (usage) event parsed.
+
+The benchmark clients in bench/serve.py and the OpenAI SDK decode every event's JSON (about
+0.2 ms of CPU per token on a 2-core machine): on the machine under test that is CPU the server's
+own processes then lack. scripts/serving_overhead.py measures the server with this client too,
+so that what the server costs a stream is told apart from what the measuring client costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+
+async def stream_raw(host: str, port: int, body: dict[str, Any]) -> dict[str, float | int]:
+    """POST body (stream: true, stream_options.include_usage: true) to /v1/completions; returns
+    TTFT, decode tok/s (tokens after the first over the first to the last text event, as
+    scripts/llama_server_bench.py counts), tokens and text events."""
+    payload = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection(host, port)
+    start = time.perf_counter()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+        % (host.encode(), port, len(payload), payload)
+    )
+    await writer.drain()
+    times: list[float] = []  # one per data event, [DONE] included
+    tail = b""
+    try:
+        while chunk := await reader.read(65536):
+            now = time.perf_counter()
+            # With the last 5 bytes before it: an event marker split between two reads.
+            times += [now] * (tail[-5:] + chunk).count(b"data: ")
+            tail = (tail + chunk)[-4096:]
+    finally:
+        writer.close()
+    status = tail if not times else b""
+    if not times:
+        raise RuntimeError(f"no events streamed: {status[:200]!r}")
+    # The last two events are the usage event and [DONE]: the rest carried text.
+    events = tail.split(b"data: ")
+    usage = json.loads(events[-2].split(b"\n\n", 1)[0])["usage"]
+    text_times = times[:-2]
+    tokens = usage["completion_tokens"]
+    decode_s = text_times[-1] - text_times[0] if len(text_times) > 1 else 0.0
+    return {
+        "ttft_ms": round((text_times[0] - start) * 1e3, 2),
+        "decode_tok_s": round((tokens - 1) / decode_s, 2) if decode_s else 0.0,
+        "tokens": tokens,
+        "text_chunks": len(text_times),
+    }
