@@ -3,7 +3,7 @@
 # triton and transformers but not msgspec, pyzmq, gguf or xgrammar: those travel as wheels in
 # .whl/ (docs/device.md says how to fetch them).
 #
-#   bash scripts/device_check.sh [tests|tier] [bench] [bench-long] [profile]
+#   bash scripts/device_check.sh [tests|tier] [bench] [bench-long] [profile] [serve]
 #   (default: tests bench profile)
 #
 # Figures and logs go to $OUT (or ./device-out).
@@ -44,6 +44,13 @@ for stage in $stages; do
         python3 -m frontend.cli bench device --batch-sizes 1 --context-len 32k --output-len 32 \
             --output-json "$OUT/bench_32k.json" 2>"$OUT/bench_32k.err" | tail -40 || rc=1
         tail -5 "$OUT/bench_32k.err"
+        ;;
+    serve)
+        # engine serve end to end: the 8B shape with dummy weights and the default model's
+        # tokenizer files from .devmodel/ (docs/device.md).
+        python3 scripts/device_serve_check.py --tokenizer-dir .devmodel \
+            2>"$OUT/serve.err" | tee "$OUT/serve.json" || rc=1
+        tail -5 "$OUT/serve.err"
         ;;
     profile)
         for eager in "" --enforce-eager; do
