@@ -126,6 +126,9 @@ class DecodeGraphs:
         start = time.perf_counter()
         gc.collect()
         torch.cuda.synchronize(device)
+        # Capturing empties the allocator's cache (torch.cuda.graph does): empty it first, or
+        # the blocks it frees would count against the graphs' own.
+        torch.cuda.empty_cache()
         free_before = torch.cuda.mem_get_info(device)[0]
         pool = torch.cuda.graph_pool_handle()
         ids, positions = self.inputs.input_ids, self.inputs.positions
