@@ -21,7 +21,7 @@ stages=${*:-tests bench profile}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
 torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count, 'SMs')"
-git log -1 --format='commit %H' 2>/dev/null || true
+# No `git log` here: a copied tree may carry a stale .git; name the commit you sent yourself.
 rc=0
 for stage in $stages; do
     echo "=== $stage"
