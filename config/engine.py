@@ -207,6 +207,10 @@ class ModelConfig:
             raise ConfigError(
                 f"cuda_graph_sizes must be positive batch sizes, got {self.cuda_graph_sizes}"
             )
+        if self.cuda_graph_sizes is not None and self.enforce_eager:
+            raise ConfigError(
+                "cuda_graph_sizes asks for CUDA graphs, which enforce_eager turns off: pass one"
+            )
 
     def _check_served_names(self) -> None:
         names = self.served_model_name

@@ -75,7 +75,8 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "compilation_config": (
         True,
         (),
-        "the model runs without torch.compile; CUDA graphs are set by --cuda-graph-sizes and --enforce-eager",
+        "the model runs without torch.compile; CUDA graphs are set by --cuda-graph-sizes "
+        "and --enforce-eager",
     ),
     "kv_transfer_config": (True, (), "there is no KV transfer between instances"),
     "logits_processors": (True, (), "there are no custom logits processors"),

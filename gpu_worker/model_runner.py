@@ -177,7 +177,12 @@ class ModelRunner:
         the CPU, under --enforce-eager, or with tensor parallelism, whose all-reduce is not
         captured); from then on decode steps of those sizes replay them."""
         sizes = self.config.cuda_graph_capture_sizes()
-        if not sizes or self.backend.name != "triton":
+        if not sizes:
+            return
+        if self.backend.name != "triton":
+            logger.info(
+                "CUDA graphs are off: the %s attention backend is not captured", self.backend.name
+            )
             return
         inputs = DecodeInputs(sizes, self.states.block_table.shape[1], self.device)
         graphs = DecodeGraphs(self, inputs)

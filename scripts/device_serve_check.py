@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.device import write_model_dir
-from scripts.lean_sse import stream_raw
+from scripts.lean_sse import completion_body, stream_raw
 from scripts.llama_server_bench import free_port, start, stop, wait_healthy
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -65,15 +65,7 @@ async def check(port: int, new_tokens: int, concurrent: int) -> dict:
             }
 
         def completion(prompt: list[int]) -> dict:
-            return {
-                "model": model,
-                "prompt": prompt,
-                "max_tokens": new_tokens,
-                "temperature": 0.0,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-                "ignore_eos": True,
-            }
+            return completion_body(model, prompt, new_tokens)
 
         await stream_raw("127.0.0.1", port, completion(list(range(100, 132))))  # warm
         result["single_stream"] = await stream_raw(

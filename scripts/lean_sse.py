@@ -15,6 +15,19 @@ import time
 from typing import Any
 
 
+def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """The benchmarks' streamed request: greedy, EOS ignored, usage in a last event."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+
+
 async def stream_raw(host: str, port: int, body: dict[str, Any]) -> dict[str, float | int]:
     """POST body (stream: true, stream_options.include_usage: true) to /v1/completions; returns
     TTFT, decode tok/s (tokens after the first over the first to the last text event, as

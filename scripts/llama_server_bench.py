@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.machine_limits import machine_info
 from bench.serve import _one  # the engine's streamed-request client
 from config.default_model import cache_root, find_default_gguf
+from scripts.lean_sse import completion_body
 from scripts.llama_cpp_bench import build_llama_cpp
 
 SERVERS = ("llama-server", "engine serve")
@@ -98,15 +99,7 @@ async def stream_once(
     session, base: str, model: str, prompt: list[int], new_tokens: int
 ) -> dict[str, float | int]:
     """One streamed /v1/completions request: TTFT, decode tok/s, tokens and text chunks."""
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": new_tokens,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-    }
+    body = completion_body(model, prompt, new_tokens)
     r = await _one(session, f"{base}/v1/completions", {}, body)
     if r.error is not None or r.ttft is None:
         raise RuntimeError(f"{base}: {r.error or 'no text streamed'}")

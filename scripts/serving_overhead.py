@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.machine_limits import machine_info
-from scripts.lean_sse import stream_raw
+from scripts.lean_sse import completion_body, stream_raw
 from scripts.llama_server_bench import free_port, start, stop, stream_once, wait_healthy
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -87,15 +87,7 @@ async def serve_round(
             for _ in range(args.requests):
                 prompt = rng.integers(100, args.max_token_id, 32).tolist()
                 if args.client == "lean":
-                    body = {
-                        "model": model,
-                        "prompt": prompt,
-                        "max_tokens": args.new_tokens,
-                        "temperature": 0.0,
-                        "stream": True,
-                        "stream_options": {"include_usage": True},
-                        "ignore_eos": True,
-                    }
+                    body = completion_body(model, prompt, args.new_tokens)
                     runs.append(await stream_raw("127.0.0.1", port, body))
                 else:
                     runs.append(await stream_once(session, base, model, prompt, args.new_tokens))

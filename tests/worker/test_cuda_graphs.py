@@ -49,6 +49,8 @@ def test_graph_sizes_refused_where_no_graph_runs(tiny):
         resolved_config(model=str(tiny), device="cpu", cuda_graph_sizes=[8])
     with pytest.raises(ConfigError, match="positive"):
         engine_config_from_kwargs(model=str(tiny), cuda_graph_sizes=[0])
+    with pytest.raises(ConfigError, match="enforce_eager turns off"):
+        engine_config_from_kwargs(model=str(tiny), cuda_graph_sizes=[8], enforce_eager=True)
     config = resolved_config(model=str(tiny), device="cpu")
     assert config.cuda_graph_capture_sizes() == []
 
