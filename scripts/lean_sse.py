@@ -28,6 +28,18 @@ def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str,
     }
 
 
+def _dechunk(buf: bytes) -> tuple[bytes, bytes]:
+    """The payload of the complete HTTP/1.1 chunks at the start of buf, and what is left."""
+    payload = []
+    while (eol := buf.find(b"\r\n")) >= 0:
+        size = int(buf[:eol].split(b";", 1)[0], 16)
+        if len(buf) < eol + 2 + size + 2:
+            break
+        payload.append(buf[eol + 2 : eol + 2 + size])
+        buf = buf[eol + 2 + size + 2 :]
+    return b"".join(payload), buf
+
+
 async def stream_raw(host: str, port: int, body: dict[str, Any]) -> dict[str, float | int]:
     """POST body (stream: true, stream_options.include_usage: true) to /v1/completions; returns
     TTFT, decode tok/s (tokens after the first over the first to the last text event, as
@@ -42,18 +54,29 @@ async def stream_raw(host: str, port: int, body: dict[str, Any]) -> dict[str, fl
     )
     await writer.drain()
     times: list[float] = []  # one per data event, [DONE] included
-    tail = b""
+    tail = b""  # the last bytes of the event stream (HTTP framing removed)
+    buf, head, chunked = b"", None, False
     try:
         while chunk := await reader.read(65536):
             now = time.perf_counter()
+            buf += chunk
+            if head is None:
+                if b"\r\n\r\n" not in buf:
+                    continue
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                status = head.split(b"\r\n", 1)[0]
+                if b" 200 " not in status + b" ":
+                    rest = buf + await reader.read(4096)
+                    raise RuntimeError(f"{status.decode()}: {rest[:200]!r}")
+                chunked = b"transfer-encoding: chunked" in head.lower()
+            data, buf = _dechunk(buf) if chunked else (buf, b"")
             # With the last 5 bytes before it: an event marker split between two reads.
-            times += [now] * (tail[-5:] + chunk).count(b"data: ")
-            tail = (tail + chunk)[-4096:]
+            times += [now] * (tail[-5:] + data).count(b"data: ")
+            tail = (tail + data)[-4096:]
     finally:
         writer.close()
-    status = tail if not times else b""
     if not times:
-        raise RuntimeError(f"no events streamed: {status[:200]!r}")
+        raise RuntimeError(f"no events streamed: {tail[:200]!r}")
     # The last two events are the usage event and [DONE]: the rest carried text.
     events = tail.split(b"data: ")
     usage = json.loads(events[-2].split(b"\n\n", 1)[0])["usage"]
