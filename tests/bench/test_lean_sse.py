@@ -19,6 +19,18 @@ def _events(tokens: int) -> list[bytes]:
     return [*chunks, b"data: " + json.dumps(usage).encode() + b"\n\n", b"data: [DONE]\n\n"]
 
 
+def _against(serve, body: dict) -> dict:
+    """stream_raw(body) against a one-connection server running serve(reader, writer)."""
+
+    async def main():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await stream_raw("127.0.0.1", port, body)
+
+    return asyncio.run(main())
+
+
 @pytest.mark.parametrize("split", [1, 4, 1000])
 def test_every_event_is_counted_however_the_bytes_split(split):
     """The server writes the stream in pieces of `split` bytes (chunked encoding), pausing
@@ -40,13 +52,7 @@ def test_every_event_is_counted_however_the_bytes_split(split):
         await writer.drain()
         writer.close()
 
-    async def main():
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        async with server:
-            return await stream_raw("127.0.0.1", port, completion_body("m", [1, 2, 3], 5))
-
-    result = asyncio.run(main())
+    result = _against(serve, completion_body("m", [1, 2, 3], 5))
     assert received == [completion_body("m", [1, 2, 3], 5)]
     assert result["tokens"] == 5 and result["text_chunks"] == 5
     assert result["ttft_ms"] >= 0 and result["decode_tok_s"] >= 0
@@ -59,11 +65,5 @@ def test_a_refused_request_raises():
         await writer.drain()
         writer.close()
 
-    async def main():
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        async with server:
-            return await stream_raw("127.0.0.1", port, completion_body("m", [1], 1))
-
     with pytest.raises(RuntimeError, match="400 Bad Request"):
-        asyncio.run(main())
+        _against(serve, completion_body("m", [1], 1))
