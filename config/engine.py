@@ -530,7 +530,9 @@ class EngineConfig:
 
     def _resolve_quantization(self, cpu_kernels_available: Callable[[], bool]) -> str | None:
         """'gguf' when the linear weights stay GGUF-quantized, else None (ModelConfig.quantization);
-        --load-format gguf asks for the same. Refuses what the quantized path cannot run."""
+        --load-format gguf asks for the same. Refuses what the quantized path cannot run. On
+        the CPU activations are float32 (the C kernels); on CUDA they take the model's dtype
+        (the Triton kernels dequantize into it)."""
         from config.default_model import gguf_source
 
         requested = "gguf" if self.load.load_format == "gguf" else self.model.quantization
@@ -551,17 +553,16 @@ class EngineConfig:
                 f"quantization 'gguf' needs a GGUF model (a .gguf file or the "
                 f"default model), not {self.model.model!r}"
             )
-        if self.device_type != "cpu":
+        if self.device_type not in ("cpu", "cuda"):
             raise ConfigError(
-                f"GGUF quantized weights run on the CPU only (there is no "
-                f"{self.device_type} kernel for them): use --device cpu, or drop "
-                f"--quantization gguf and pass --dtype bfloat16 or --dtype float32 "
-                f"to dequantize them at load"
+                f"GGUF quantized weights run on the CPU and on CUDA (there is no "
+                f"{self.device_type} kernel for them): drop --quantization gguf and pass "
+                f"--dtype bfloat16 or --dtype float32 to dequantize them at load"
             )
-        if self.model.dtype not in ("auto", "float32", "float"):
+        if self.device_type == "cpu" and self.model.dtype not in ("auto", "float32", "float"):
             raise ConfigError(
-                f"quantization 'gguf' computes in float32, not {self.model.dtype}; "
-                f"drop --quantization to run dequantized weights in "
+                f"quantization 'gguf' computes in float32 on the CPU, not "
+                f"{self.model.dtype}; drop --quantization to run dequantized weights in "
                 f"{self.model.dtype}"
             )
         if tp > 1:
@@ -575,7 +576,7 @@ class EngineConfig:
                 f"quantization 'gguf' loads the GGUF file, not load_format "
                 f"{self.load.load_format!r}"
             )
-        if not cpu_kernels_available():
+        if self.device_type == "cpu" and not cpu_kernels_available():
             raise ConfigError(
                 "GGUF quantized weights need the C CPU kernels, which are not "
                 "available here (no C compiler, or ENGINE_CPU_KERNELS=0)"

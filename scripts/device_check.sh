@@ -3,7 +3,7 @@
 # triton and transformers but not msgspec, pyzmq, gguf or xgrammar: those travel as wheels in
 # .whl/ (docs/device.md says how to fetch them).
 #
-#   bash scripts/device_check.sh [tests|tier] [bench] [bench-long] [profile] [serve]
+#   bash scripts/device_check.sh [tests|tier] [bench] [bench-long] [profile] [gguf] [serve]
 #   (default: tests bench profile)
 #
 # Figures and logs go to $OUT (or ./device-out).
@@ -30,7 +30,8 @@ for stage in $stages; do
     tests)
         # The CUDA tier, the Triton kernels compiled for the device, and the graph tests.
         python3 -m pytest -q -p no:cacheprovider tests/worker/test_cuda_tier.py \
-            tests/worker/test_cuda_graphs.py tests/kernels tests/bench/test_device.py \
+            tests/worker/test_cuda_graphs.py tests/worker/test_gguf_model.py tests/kernels \
+            tests/bench/test_device.py \
             2>&1 | tee "$OUT/tests.log" | tail -25 || rc=1
         ;;
     bench)
@@ -44,6 +45,11 @@ for stage in $stages; do
         python3 -m frontend.cli bench device --batch-sizes 1 --context-len 32k --output-len 32 \
             --output-json "$OUT/bench_32k.json" 2>"$OUT/bench_32k.err" | tail -40 || rc=1
         tail -5 "$OUT/bench_32k.err"
+        ;;
+    gguf)
+        # The Triton GGUF matmul on the 8B shape's projections against bf16 cuBLAS.
+        python3 scripts/bench_gguf_matmul.py 2>"$OUT/gguf.err" | tee "$OUT/gguf.json" || rc=1
+        tail -5 "$OUT/gguf.err"
         ;;
     serve)
         # engine serve end to end: the 8B shape with dummy weights and the default model's

@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_worker.layers.quant_linear import QuantizedProjection
+from gpu_worker.layers.quant_linear import DeviceQuantizedProjection, QuantizedProjection
 from kernels import cpu_ops
+from kernels.gguf_device import DeviceQuantWeight
 from kernels.gguf_quant import QuantizedWeight
 
 # Row count from which F.linear beats the split layout plus its output copy, measured on the
@@ -35,12 +36,16 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.split_weight: torch.Tensor | None = None
         self.blocked_weight: torch.Tensor | None = None
-        self.quantized: QuantizedProjection | None = None
+        self.quantized: QuantizedProjection | DeviceQuantizedProjection | None = None
 
-    def use_quantized(self, parts: list[QuantizedWeight]) -> None:
-        """Run on W given as quantized row runs (in order) and drop the fp32 W (a tied
-        embedding keeps its own reference)."""
-        projection = QuantizedProjection(parts)
+    def use_quantized(self, parts: list[QuantizedWeight] | list[DeviceQuantWeight]) -> None:
+        """Run on W given as quantized row runs (in order; CPU or CUDA layout) and drop the
+        dense W (a tied embedding keeps its own reference)."""
+        projection: QuantizedProjection | DeviceQuantizedProjection
+        if all(isinstance(p, DeviceQuantWeight) for p in parts):
+            projection = DeviceQuantizedProjection(parts)  # type: ignore[arg-type]
+        else:
+            projection = QuantizedProjection(parts)  # type: ignore[arg-type]
         if (
             projection.out_features != self.weight.shape[0]
             or projection.in_features != self.weight.shape[1]
@@ -102,24 +107,30 @@ class Linear(nn.Module):
 
 class Embedding(nn.Module):
     """Token embedding table [vocab, hidden]; a table the loader kept GGUF-quantized
-    (use_quantized()) is looked up row by row in its packed form."""
+    (use_quantized()) is looked up row by row in its packed form (dequantized to the model's
+    dtype on CUDA)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
-        self.quantized: QuantizedWeight | None = None
+        self.quantized: QuantizedWeight | DeviceQuantWeight | None = None
 
-    def use_quantized(self, table: QuantizedWeight) -> None:
-        """Look rows up in the packed table and drop the fp32 one."""
+    def use_quantized(self, table: QuantizedWeight | DeviceQuantWeight) -> None:
+        """Look rows up in the packed table and drop the dense one."""
         if (table.out_features, table.in_features) != tuple(self.weight.shape):
             raise ValueError(
                 f"quantized table [{table.out_features}, {table.in_features}] does "
                 f"not fit {tuple(self.weight.shape)}"
             )
+        self.dtype = self.weight.dtype
         self.quantized = table
         self.weight = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.quantized, DeviceQuantWeight):
+            from kernels import gguf_matmul  # Triton: imported where the table is on CUDA
+
+            return gguf_matmul.dequantize(self.quantized, ids, self.dtype)
         if self.quantized is not None:
             return cpu_ops.quant_rows(self.quantized, ids)
         return F.embedding(ids, self.weight)

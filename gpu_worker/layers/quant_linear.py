@@ -1,4 +1,5 @@
-"""The projection of a Linear whose weight stayed GGUF-quantized (CPU, fp32 activations).
+"""The projection of a Linear whose weight stayed GGUF-quantized: the C kernels on the CPU
+(fp32 activations), the Triton ones on CUDA (activations in the model's dtype).
 
 A fused projection (qkv, gate_up) is made of its checkpoint tensors' rows, which a GGUF file may
 quantize in different types (Q4_K_M files keep attn_v in Q6_K beside Q4_K q and k): each run of
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 
 from kernels import cpu_ops
+from kernels.gguf_device import DeviceQuantWeight, concat
 from kernels.gguf_quant import COLUMNS, QuantizedWeight
 
 
@@ -38,13 +40,16 @@ def _merge(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
     ]
 
 
-class QuantizedProjection:
-    """x @ W^T (+ bias) where W's rows are the given quantized parts, in order."""
+class _PartsProjection:
+    """x @ W^T (+ bias) where W's rows are quantized parts, in order: one kernel call per part,
+    each writing its columns of the output."""
 
-    def __init__(self, parts: list[QuantizedWeight]) -> None:
+    def __init__(self, parts: list, merged: list) -> None:
+        """parts: the weights of W's rows in order; merged: the same rows as the weights the
+        kernels run (runs of parts joined)."""
         if not parts or any(p.in_features != parts[0].in_features for p in parts):
             raise ValueError("a quantized projection needs parts with one input size")
-        self.parts = _merge(parts)
+        self.parts = merged
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
 
@@ -52,25 +57,73 @@ class QuantizedProjection:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
 
+    def _project(
+        self, rows: torch.Tensor, part, bias: torch.Tensor | None, out: torch.Tensor
+    ) -> None:
+        raise NotImplementedError
+
     def __call__(
         self, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        out = out.view(rows.shape[0], self.out_features) if out is not None else None
-        if len(self.parts) == 1:
-            y = cpu_ops.quant_linear(rows, self.parts[0], bias, out=out)
-            return y.view(*x.shape[:-1], self.out_features)
         if out is None:
-            out = torch.empty(rows.shape[0], self.out_features)
+            out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype, device=x.device)
+        else:
+            out = out.view(rows.shape[0], self.out_features)
         start = 0
         for part in self.parts:
             end = start + part.out_features
-            cpu_ops.quant_linear(
-                rows, part, None if bias is None else bias[start:end], out=out[:, start:end]
-            )
+            self._project(rows, part, None if bias is None else bias[start:end], out[:, start:end])
             start = end
         return out.view(*x.shape[:-1], self.out_features)
+
+
+class QuantizedProjection(_PartsProjection):
+    """On the CPU: the C kernels, fp32 activations."""
+
+    def __init__(self, parts: list[QuantizedWeight]) -> None:
+        super().__init__(parts, _merge(parts) if parts else [])
+
+    def _project(
+        self,
+        rows: torch.Tensor,
+        part: QuantizedWeight,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        cpu_ops.quant_linear(rows, part, bias, out=out)
 
     def dequantize(self) -> torch.Tensor:
         """W as fp32 [out_features, in_features]."""
         return torch.cat([cpu_ops.quant_dequantize(p) for p in self.parts])
+
+
+class DeviceQuantizedProjection(_PartsProjection):
+    """On CUDA: the Triton kernels on kernels/gguf_device.py's planes, activations in the
+    model's dtype; consecutive parts of one type are one weight."""
+
+    def __init__(self, parts: list[DeviceQuantWeight]) -> None:
+        runs: list[list[DeviceQuantWeight]] = []
+        for part in parts:
+            if runs and part.qtype == runs[-1][-1].qtype:
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+        super().__init__(parts, [run[0] if len(run) == 1 else concat(run) for run in runs])
+
+    def _project(
+        self,
+        rows: torch.Tensor,
+        part: DeviceQuantWeight,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        from kernels import gguf_matmul  # Triton: imported where the weights are on CUDA
+
+        gguf_matmul.matmul(rows, part, bias, out=out)
+
+    def dequantize(self) -> torch.Tensor:
+        """W as fp32 [out_features, in_features]."""
+        from kernels import gguf_matmul
+
+        return torch.cat([gguf_matmul.dequantize(p) for p in self.parts])

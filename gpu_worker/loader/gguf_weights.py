@@ -1,7 +1,9 @@
-"""Loading a model from its GGUF file with the linear weights kept quantized (CPU kernels).
+"""Loading a model from its GGUF file with the linear weights kept quantized.
 
-Every Linear whose checkpoint tensors are all of a type the CPU kernels run (kernels.gguf_quant)
-takes their blocks, packed in row order (the fused qkv and gate_up projections take several);
+Every Linear whose checkpoint tensors are all of a type the kernels run takes their blocks,
+packed in row order (the fused qkv and gate_up projections take several): for the C kernels on
+the CPU (kernels.gguf_quant, packings cached beside the file), for the Triton ones on CUDA
+(kernels.gguf_device, packed at load straight onto the device);
 the token embedding looks its rows up in its packed table, which a tied output projection
 shares. The rest (norms, tensors of other types) is dequantized to fp32 and loaded as from
 safetensors.
@@ -21,6 +23,7 @@ from gpu_worker.layers.linear import Embedding, Linear
 from gpu_worker.loader.packed_cache import PackedCache
 from gpu_worker.models.weights import WeightLoadError
 from gpu_worker.parallel.group import tp_world_size
+from kernels.gguf_device import DEVICE_QUANT_TYPES, DeviceQuantWeight, pack_device
 from kernels.gguf_quant import QUANT_TYPES, QuantizedWeight, pack
 
 logger = logging.getLogger(__name__)
@@ -41,12 +44,18 @@ def _checkpoint_rows(model: nn.Module, name: str) -> list[str]:
     return [f"{parent}.{s.original}.weight" for s in shards]
 
 
-def _packed(tensor: GGUFTensor, name: str, model: nn.Module, cache: PackedCache) -> QuantizedWeight:
+def _packed(
+    tensor: GGUFTensor, name: str, model: nn.Module, cache: PackedCache | None
+) -> QuantizedWeight | DeviceQuantWeight:
+    """The tensor packed for the CPU kernels (cache given) or for the device's (cache None)."""
     in_features, out_features = (int(d) for d in tensor.shape)
-    if (data := cache.get(name)) is not None:
+    if cache is not None and (data := cache.get(name)) is not None:
         return QuantizedWeight(tensor.tensor_type, data, out_features, in_features)
     cfg = model.cfg
     rows = hf_row_order(tensor.data, name, cfg.num_attention_heads, cfg.num_key_value_heads)
+    if cache is None:
+        device = next(model.parameters()).device
+        return pack_device(tensor.tensor_type, rows, out_features, in_features, device)
     weight = pack(tensor.tensor_type, rows, out_features, in_features)
     cache.put(name, weight.data)
     return weight
@@ -67,10 +76,13 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
             f"default model)"
         )
     tensors = {hf_tensor_name(t.name): t for t in read_gguf_tensors(gguf_path)}
-    packed: dict[str, QuantizedWeight] = {}  # one copy of a table the output projection shares
-    cache = PackedCache(gguf_path)
+    # One copy of a table the output projection shares.
+    packed: dict[str, QuantizedWeight | DeviceQuantWeight] = {}
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    cache = PackedCache(gguf_path) if on_cpu else None
+    kernel_types = QUANT_TYPES if on_cpu else DEVICE_QUANT_TYPES
 
-    def packed_tensor(name: str) -> QuantizedWeight:
+    def packed_tensor(name: str) -> QuantizedWeight | DeviceQuantWeight:
         if name not in packed:
             packed[name] = _packed(tensors[name], name, model, cache)
         return packed[name]
@@ -82,16 +94,17 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
             sources = [f"{name}.weight"]
         else:
             continue
-        if not all(s in tensors and tensors[s].tensor_type in QUANT_TYPES for s in sources):
+        if not all(s in tensors and tensors[s].tensor_type in kernel_types for s in sources):
             continue
         try:
             if isinstance(module, Linear):
-                module.use_quantized([packed_tensor(s) for s in sources])
+                module.use_quantized([packed_tensor(s) for s in sources])  # type: ignore[misc]
             else:
                 module.use_quantized(packed_tensor(sources[0]))
         except ValueError as e:
             raise WeightLoadError(f"{gguf_path}: {', '.join(sources)}: {e}") from None
-    cache.save()
+    if cache is not None:
+        cache.save()
     types = Counter(tensors[name].tensor_type.name for name in packed)
     dense = [name for name in tensors if name not in packed]
     logger.info(

@@ -82,13 +82,16 @@ def load_model(
     seed: int = 0,
 ) -> nn.Module:
     """The model with weights from model_dir, or random weights when load_format is 'dummy';
-    with 'gguf' the linear weights stay quantized as in the GGUF file model_dir links (CPU)."""
+    with 'gguf' the linear weights stay quantized as in the GGUF file model_dir links (the C
+    kernels on the CPU, the Triton ones on CUDA)."""
     began = time.perf_counter()
     cls = model_class(arch.architecture, source=str(Path(model_dir) / "config.json"))
-    if load_format == "gguf" and (device.type != "cpu" or dtype != torch.float32):
+    if load_format == "gguf" and device.type not in ("cpu", "cuda"):
+        raise ValueError(f"GGUF quantized weights have no kernels on {device.type}")
+    if load_format == "gguf" and device.type == "cpu" and dtype != torch.float32:
         raise ValueError(
-            f"GGUF quantized weights run on the CPU with float32 activations, not on "
-            f"{device.type} in {dtype}; dequantize them with --dtype"
+            f"GGUF quantized weights run on the CPU with float32 activations, not "
+            f"{dtype}; dequantize them with --dtype"
         )
     with _default_dtype(dtype), torch.device(device):
         model = cls(arch)

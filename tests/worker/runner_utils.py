@@ -26,3 +26,21 @@ def make_runner(
     num_blocks = runner.determine_num_blocks()
     runner.initialize_kv_cache(num_blocks)
     return runner, StepDriver(runner, num_blocks, config.cache.block_size)
+
+
+def assert_first_logprobs_close(
+    got: StepDriver, ref: StepDriver, prompts: dict[str, list[int]], **tolerance: float
+) -> None:
+    """Each prompt's first-token logprobs from got within bf16's tolerance of ref's (one step of
+    both drivers, greedy, top 3)."""
+    from engine_core.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, ignore_eos=True, logprobs=3)
+    ref.run(prompts, params, 1)
+    got.run(prompts, params, 1)
+    tolerance = {"atol": 0.05, "rtol": 0.02, **tolerance}
+    for req in prompts:
+        expected, actual = ref.logprobs[req][0], got.logprobs[req][0]
+        torch.testing.assert_close(
+            torch.tensor(actual.logprobs), torch.tensor(expected.logprobs), **tolerance
+        )

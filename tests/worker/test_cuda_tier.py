@@ -14,7 +14,7 @@ import torch
 from engine_core.sampling_params import SamplingParams
 from tests.hf_reference import NEW_TOKENS, greedy, prompt_ids
 from tests.tiny_models import make_tiny_model
-from tests.worker.runner_utils import make_runner
+from tests.worker.runner_utils import assert_first_logprobs_close, make_runner
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA test tier: no GPU on this machine"
@@ -43,16 +43,9 @@ def test_fp32_on_cuda_equals_the_cpu_runner(tiny):
 
 
 def test_bf16_logprobs_within_tolerance_of_fp32(tiny):
-    params = SamplingParams(temperature=0.0, ignore_eos=True, logprobs=3)
     _, fp32 = make_runner(tiny, device="cuda", dtype="float32", max_model_len=128)
     _, bf16 = make_runner(tiny, device="cuda", dtype="bfloat16", max_model_len=128)
-    fp32.run(PROMPTS, params, 1)
-    bf16.run(PROMPTS, params, 1)
-    for req in PROMPTS:
-        ref, got = fp32.logprobs[req][0], bf16.logprobs[req][0]
-        torch.testing.assert_close(
-            torch.tensor(got.logprobs), torch.tensor(ref.logprobs), atol=0.05, rtol=0.02
-        )
+    assert_first_logprobs_close(bf16, fp32, PROMPTS)
 
 
 def test_a_step_makes_no_implicit_sync(tiny):

@@ -68,8 +68,7 @@ def test_what_dequantizes_at_load_as_before(kwargs):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"device": "cuda"}, "CPU only .* --dtype bfloat16 or --dtype float32"),
-        ({"dtype": "bfloat16"}, "computes in float32, not bfloat16"),
+        ({"dtype": "bfloat16"}, "computes in float32 on the CPU, not bfloat16"),
         ({"tensor_parallel_size": 3}, "not split across tensor-parallel ranks"),
         ({"load_format": "dummy"}, "not load_format 'dummy'"),
     ],
@@ -77,6 +76,13 @@ def test_what_dequantizes_at_load_as_before(kwargs):
 def test_what_quantized_weights_cannot_run_is_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         _resolved(quantization="gguf", **kwargs)
+
+
+@pytest.mark.parametrize("dtype, expected", [("auto", "bfloat16"), ("float32", "float32")])
+def test_quantized_weights_on_cuda_compute_in_the_models_dtype(dtype, expected):
+    config = _resolved(device="cuda", quantization="gguf", dtype=dtype)
+    assert (config.model.quantization, config.load.load_format) == ("gguf", "gguf")
+    assert config.torch_dtype_name == expected
 
 
 def test_quantization_needs_a_gguf_model_and_the_kernels(tmp_path):
@@ -100,10 +106,12 @@ def test_quantization_flag():
     assert engine_kwargs(parser.parse_args(["--quantization", "gguf"])) == {"quantization": "gguf"}
 
 
-def test_loader_refuses_quantized_weights_off_the_cpu(tmp_path):
+def test_loader_refuses_quantized_weights_where_no_kernel_runs_them(tmp_path):
     config = _resolved()
-    with pytest.raises(ValueError, match="CPU with float32 activations, not on cuda"):
-        load_model(config.model_path, config.arch, torch.float32, torch.device("cuda"), "gguf")
+    with pytest.raises(ValueError, match="CPU with float32 activations, not torch.bfloat16"):
+        load_model(config.model_path, config.arch, torch.bfloat16, CPU, "gguf")
+    with pytest.raises(ValueError, match="no kernels on meta"):
+        load_model(config.model_path, config.arch, torch.float32, torch.device("meta"), "gguf")
     with pytest.raises(WeightLoadError, match="no model.gguf"):
         tiny = make_tiny_model(tmp_path / "tiny")
         load_model(tiny, ModelArchConfig.from_model_dir(tiny), torch.float32, CPU, "gguf")

@@ -1,0 +1,103 @@
+"""A GGUF model's quantized weights against the same file dequantized at load, through the model
+runner: on the CPU (the C kernels) and on CUDA (the Triton ones; skipped without a GPU, and
+tests/kernels/test_gguf_triton.py checks those kernels under the interpreter).
+
+The model is tests/worker/test_gguf_quant.py's tiny llama of mixed types (Q4_K q and k beside
+Q6_K v, Q5_K, Q8_0, Q5_1, an F16 gate that keeps gate_up dense, a Q5_0 embedding, an untied Q6_K
+output projection), resolved as a .gguf model: its cache directory is written beforehand with
+the file's weights dequantized, which is what conversion would write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from config.default_model import _gguf_cache_dir
+from config.gguf_convert import GGUF_LINK, dense_tensor, hf_tensor_name
+from config.gguf_tensors import read_gguf_tensors
+from engine_core.sampling_params import SamplingParams
+from gpu_worker.layers.linear import Linear
+from kernels.gguf_device import DeviceQuantWeight
+from tests.tiny_models import make_tiny_model
+from tests.worker.runner_utils import assert_first_logprobs_close, make_runner
+from tests.worker.test_gguf_quant import write_gguf
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA test tier: no GPU here")
+
+PROMPTS = {"a": list(range(3, 40)), "b": [7], "c": list(range(100, 121))}
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tmp_path_factory):
+    """The mixed-type .gguf path, with ENGINE_CACHE_DIR pointing at its prepared cache."""
+    root = tmp_path_factory.mktemp("gguf_cuda")
+    previous = os.environ.get("ENGINE_CACHE_DIR")
+    os.environ["ENGINE_CACHE_DIR"] = str(root / "cache")
+    try:
+        gguf_file = write_gguf(root / "tiny.gguf", layers=2)
+        model_dir = make_tiny_model(
+            _gguf_cache_dir(gguf_file),
+            hidden_size=256,
+            intermediate_size=512,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+        config = json.loads((model_dir / "config.json").read_text())
+        assert config["num_hidden_layers"] == 2 and not config["tie_word_embeddings"]
+        dense = {
+            hf_tensor_name(t.name): dense_tensor(t, hf_tensor_name(t.name), 4, 2).contiguous()
+            for t in read_gguf_tensors(gguf_file)
+        }
+        save_file(dense, str(model_dir / "model.safetensors"))
+        (model_dir / GGUF_LINK).symlink_to(gguf_file)
+        yield str(gguf_file)
+    finally:
+        if previous is None:
+            os.environ.pop("ENGINE_CACHE_DIR", None)
+        else:
+            os.environ["ENGINE_CACHE_DIR"] = previous
+
+
+def _runner(model: str, device: str = "cuda", **kwargs):
+    return make_runner(model, device=device, max_model_len=128, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "device, enforce_eager",
+    [
+        ("cpu", True),
+        pytest.param("cuda", True, marks=cuda),
+        pytest.param("cuda", False, marks=cuda),
+    ],
+)
+def test_fp32_quantized_equals_the_dequantized_model(gguf_model, device, enforce_eager):
+    runner, quantized = _runner(
+        gguf_model, device, dtype="float32", quantization="gguf", enforce_eager=enforce_eager
+    )
+    linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
+    kept = [m for m in linears if m.quantized is not None]
+    assert len(kept) == len(linears) - 2  # the two gate_up projections hold an F16 part
+    if device == "cuda":
+        assert all(isinstance(p, DeviceQuantWeight) for m in kept for p in m.quantized.parts)
+        assert all(p.qs.device.type == "cuda" for m in kept for p in m.quantized.parts)
+    dense_runner, dense = _runner(gguf_model, device, dtype="float32")
+    assert not any(
+        isinstance(m, Linear) and m.quantized is not None for m in dense_runner.model.modules()
+    )
+    # Decode batches of 3, 2 and 1 (graphs padded), and prefill chunks of 9 tokens.
+    assert quantized.run(PROMPTS, GREEDY, 8, chunk=9) == dense.run(PROMPTS, GREEDY, 8, chunk=9)
+
+
+@cuda
+def test_bf16_quantized_logprobs_within_tolerance_of_fp32(gguf_model):
+    _, fp32 = _runner(gguf_model, dtype="float32")
+    runner, bf16 = _runner(gguf_model, quantization="gguf")
+    assert runner.model.lm_head.quantized is not None
+    assert next(runner.model.parameters()).dtype == torch.bfloat16
+    assert_first_logprobs_close(bf16, fp32, PROMPTS)
