@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from config.args import context_length, engine_kwargs
+
+logger = logging.getLogger(__name__)
 
 # Llama 3.1 8B (its rope scaling reaches the 32k contexts a later run asks for) and a 2-layer,
 # hidden-256 Llama with the C kernels' head size, small enough for CI on a CPU.
@@ -102,6 +108,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=tuple(SHAPES),
         help="model shape (default: llama3-8b on CUDA, small on the CPU)",
     )
+    parser.add_argument(
+        "--gguf-type",
+        choices=("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"),
+        help="run the shape with GGUF weights of this type kept quantized (random codes in a "
+        "GGUF file written for the run) instead of dummy dense weights",
+    )
     parser.add_argument("--output-json", help="also write the figures to this file")
 
 
@@ -115,16 +127,46 @@ def _int_list(value: str) -> list[int]:
     return sizes
 
 
-def write_model_dir(directory: Path, shape: str) -> Path:
-    """A config.json alone: with load_format 'dummy' the engine needs no weights or tokenizer."""
-    config = {
+def model_config(shape: str) -> dict[str, Any]:
+    """The Hugging Face config.json of a shape."""
+    return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "tie_word_embeddings": False,
         **SHAPES[shape],
     }
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def write_model_dir(directory: Path, shape: str) -> Path:
+    """A config.json alone: with load_format 'dummy' the engine needs no weights or tokenizer."""
+    (directory / "config.json").write_text(json.dumps(model_config(shape), indent=2))
     return directory
+
+
+@contextmanager
+def _quantized_model(directory: Path, shape: str, gguf_type: str) -> Iterator[tuple[str, int]]:
+    """A random GGUF file of the shape (its path, and the bytes a decode step reads), with
+    ENGINE_CACHE_DIR pointing at a cache that resolves it, while the context lasts."""
+    from gguf import GGMLQuantizationType
+
+    from bench.random_gguf import prepare_cache_dir, quantized_bytes_per_step, write_random_gguf
+
+    qtype = GGMLQuantizationType[gguf_type]
+    config = model_config(shape)
+    previous = os.environ.get("ENGINE_CACHE_DIR")
+    os.environ["ENGINE_CACHE_DIR"] = str(directory / "cache")
+    try:
+        began = time.perf_counter()
+        path = write_random_gguf(directory / f"{shape}-{gguf_type}.gguf", config, qtype)
+        prepare_cache_dir(path, config)
+        logger.info("wrote %s in %.1f s", path.name, time.perf_counter() - began)
+        dtype_bytes = _DTYPE_BYTES.get(config["torch_dtype"], 2)
+        yield str(path), quantized_bytes_per_step(config, qtype, dtype_bytes)
+    finally:
+        if previous is None:
+            os.environ.pop("ENGINE_CACHE_DIR", None)
+        else:
+            os.environ["ENGINE_CACHE_DIR"] = previous
 
 
 def weight_bytes_per_step(arch, dtype_bytes: int) -> int:
@@ -244,6 +286,12 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
                 f"--shape, --context-len, --output-len and --batch-sizes; async "
                 f"scheduling both off and on)"
             )
+    gguf_type = getattr(args, "gguf_type", None)
+    if "quantization" in kwargs and gguf_type is None:
+        raise ValueError(
+            "engine bench device runs quantized weights from a GGUF file it writes: pass "
+            "--gguf-type (for example Q4_K) instead of --quantization"
+        )
     if args.output_len < 3:
         raise ValueError(
             f"--output-len must be at least 3 to time decode steps, got {args.output_len}"
@@ -258,16 +306,23 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     runs: list[dict[str, Any]] = []
     mixed: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="engine-bench-device-") as tmp:
+    with ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="engine-bench-device-"))
         # Room for offline-mixed's longest request too (prompt 256 + output 128).
         max_len = max(args.context_len + args.output_len, _MIXED_PROMPT[1] + _MIXED_OUTPUT[1])
         engine_args = {
             **kwargs,
-            "model": str(write_model_dir(Path(tmp), shape)),
-            "load_format": "dummy",
             "max_model_len": max_len,
             "max_num_seqs": max(*args.batch_sizes, _MIXED_REQUESTS),
         }
+        quantized_bytes = None
+        if gguf_type is None:
+            engine_args |= {"model": str(write_model_dir(Path(tmp), shape)), "load_format": "dummy"}
+        else:
+            model, quantized_bytes = stack.enter_context(
+                _quantized_model(Path(tmp), shape, gguf_type)
+            )
+            engine_args |= {"model": model, "quantization": "gguf"}
         block_size = engine_config_from_kwargs(**engine_args).cache.block_size
         # The largest batch at full length, or offline-mixed's requests at theirs.
         blocks_needed = max(
@@ -287,7 +342,7 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
                     **engine_args, async_scheduling=async_scheduling, enforce_eager=eager
                 )
                 engine_runs, engine_mixed = _runs_of_one_engine(
-                    config, args, rng, bandwidth, blocks_needed
+                    config, args, rng, bandwidth, blocks_needed, quantized_bytes
                 )
                 runs += engine_runs
                 mixed.append(engine_mixed)
@@ -299,12 +354,13 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
         "device_type": device_type,
         "shape": shape,
         "dtype": config.torch_dtype_name,
+        "gguf_type": gguf_type,
         "layers": config.arch.num_hidden_layers,
         "hidden_size": config.arch.hidden_size,
         "block_size": block_size,
         "context_len": args.context_len,
         "output_len": args.output_len,
-        "weight_bytes_per_step": weight_bytes_per_step(config.arch, dtype_bytes),
+        "weight_bytes_per_step": quantized_bytes or weight_bytes_per_step(config.arch, dtype_bytes),
         "kv_bytes_per_token": config.arch.kv_elements_per_token * dtype_bytes,
         "bandwidth_gb_s": {
             "measured_copy": round(measured / 1e9, 1),
@@ -345,10 +401,15 @@ def _offline_mixed(core, rng) -> dict[str, Any]:
 
 
 def _runs_of_one_engine(
-    config, args: argparse.Namespace, rng, bandwidth: float, blocks_needed: int
+    config,
+    args: argparse.Namespace,
+    rng,
+    bandwidth: float,
+    blocks_needed: int,
+    quantized_bytes: int | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every batch size, then offline-mixed, on one EngineCore, which is shut down and freed
-    afterwards."""
+    afterwards. quantized_bytes: the weight bytes a step reads when they are GGUF blocks."""
     import gc
 
     import torch
@@ -364,7 +425,7 @@ def _runs_of_one_engine(
                 f"of {args.context_len + args.output_len} tokens needs"
             )
         dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
-        weights = weight_bytes_per_step(config.arch, dtype_bytes)
+        weights = quantized_bytes or weight_bytes_per_step(config.arch, dtype_bytes)
         kv_per_token = config.arch.kv_elements_per_token * dtype_bytes
         runs = [
             _measure(

@@ -40,7 +40,7 @@ def find_default_gguf() -> Path:
     )
 
 
-def _gguf_cache_dir(gguf_path: Path) -> Path:
+def gguf_cache_dir(gguf_path: Path) -> Path:
     stat = gguf_path.stat()
     key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -65,7 +65,7 @@ def resolve_model_path(model: str | None) -> Path:
     gguf_path = gguf_source(model)
     if gguf_path is not None:
         default = model is None or model in DEFAULT_MODEL_ALIASES
-        out = cache_root() / "models" / gguf_path.stem if default else _gguf_cache_dir(gguf_path)
+        out = cache_root() / "models" / gguf_path.stem if default else gguf_cache_dir(gguf_path)
         return convert_gguf(gguf_path, out)
     assert model is not None  # None names the default model, a GGUF file
     path = Path(model).expanduser()

@@ -27,7 +27,9 @@ from kernels.gguf_device import GROUP, DeviceQuantWeight
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _Q4_K, _Q5_K, _Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
 # Rows up to which the fused kernel runs; above, dequantize once and use cuBLAS.
 FUSED_MAX_ROWS = 16
-_GROUPS_PER_TILE = 8  # 256 columns: one K-type super-block
+# 128 columns per step of a program: two [BLOCK_N, 4, 16] halves in registers (a K type's
+# super-block scale is looked up per group, so any count works).
+_GROUPS_PER_TILE = 4
 
 
 @triton.jit
@@ -95,10 +97,12 @@ def _dequant_halves(
                 m = tl.load(m_ptr + gidx, mask=gmask, other=0.0).to(tl.float32)
                 lo = d * ql.to(tl.float32) + m
                 hi = d * qh.to(tl.float32) + m
+            elif QTYPE == 2:
+                lo = d * (ql - 8).to(tl.float32)
+                hi = d * (qh - 8).to(tl.float32)
             else:
-                offset = 8 if QTYPE == 2 else 16
-                lo = d * (ql - offset).to(tl.float32)
-                hi = d * (qh - offset).to(tl.float32)
+                lo = d * (ql - 16).to(tl.float32)
+                hi = d * (qh - 16).to(tl.float32)
     return lo, hi
 
 

@@ -17,8 +17,8 @@ import json
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as GGMLType
-from gguf.constants import GGML_QUANT_SIZES
 
+from bench.random_gguf import random_blocks
 from kernels import gguf_matmul
 from kernels.gguf_device import pack_device
 
@@ -38,18 +38,8 @@ SHAPES = {
 
 
 def random_weight(qtype: GGMLType, n: int, k: int, device: torch.device):
-    block, size = GGML_QUANT_SIZES[qtype]
-    rng = np.random.default_rng(0)
-    raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
-    # Every fp16 scale field small and finite (the first two bytes, Q4_K/Q5_K's dmin, Q6_K's d).
-    at = {GGMLType.Q6_K: (208,), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2)}.get(qtype, (0,))
-    if qtype in (GGMLType.Q4_1, GGMLType.Q5_1):
-        at = (0, 2)
-    for offset in at:
-        raw[..., offset : offset + 2] = (
-            np.full((n, k // block), 1e-3, np.float16).view(np.uint8).reshape(n, k // block, 2)
-        )
-    return pack_device(qtype, raw.reshape(n, -1), n, k, device)
+    raw = random_blocks(qtype, n, k, np.random.default_rng(0))
+    return pack_device(qtype, raw, n, k, device)
 
 
 def time_us(fn, iters: int = 50) -> float:

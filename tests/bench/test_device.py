@@ -88,6 +88,32 @@ def test_bench_device_on_cpu_prints_its_figures(tmp_path, capsys):
     assert elapsed < 30
 
 
+def test_bench_device_runs_gguf_blocks_kept_quantized(tmp_path, capsys):
+    """--gguf-type: a random GGUF file of the shape, loaded quantized; a step reads its blocks."""
+    argv = ["--device", "cpu", "--shape", "small", "--batch-sizes", "2", "--context-len", "8"]
+    assert main(["bench", "device", *argv, "--output-len", "4", "--gguf-type", "Q8_0"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["gguf_type"], result["dtype"]) == ("Q8_0", "float32")
+    # Q8_0: 34 bytes per 32 weights; the 5 norms of hidden 256 in fp32.
+    weights = 2 * (256 * 512 + 256 * 256 + 3 * 256 * 1024) + 32000 * 256
+    assert result["weight_bytes_per_step"] == weights // 32 * 34 + 5 * 256 * 4
+    assert all(r["bytes_per_step"] > result["weight_bytes_per_step"] for r in result["runs"])
+
+
+def test_random_gguf_resolves_to_the_quantized_model(tmp_path, monkeypatch):
+    from gguf import GGMLQuantizationType as GGMLType
+
+    from bench.device import model_config
+    from bench.random_gguf import prepare_cache_dir, write_random_gguf
+    from engine_core.resolve import resolved_config
+
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_random_gguf(tmp_path / "m.gguf", model_config("small"), GGMLType.Q4_K)
+    prepare_cache_dir(path, model_config("small"))
+    config = resolved_config(model=str(path), device="cpu")
+    assert config.model.quantization == "gguf" and config.arch.hidden_size == 256
+
+
 def test_llama3_8b_weights_read_per_step():
     arch = ModelArchConfig.from_dict({"architectures": ["LlamaForCausalLM"], **SHAPES["llama3-8b"]})
     # Llama-3-8B has 8,030,261,248 parameters; a step reads all but the 128256 x 4096 embedding.
@@ -117,6 +143,7 @@ def test_nominal_bandwidth_by_gpu_name(name, expected):
         (["--max-model-len", "4k"], "sets --max-model-len itself"),
         (["--async-scheduling"], "sets --async-scheduling itself"),
         (["--output-len", "2"], "--output-len must be at least 3"),
+        (["--quantization", "gguf"], "pass --gguf-type"),
     ],
 )
 def test_bench_device_refuses_what_it_cannot_honour(argv, message, capsys):

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from config.default_model import _gguf_cache_dir
+from config.default_model import gguf_cache_dir
 from config.gguf_convert import GGUF_LINK, dense_tensor, hf_tensor_name
 from config.gguf_tensors import read_gguf_tensors
 from engine_core.sampling_params import SamplingParams
@@ -42,7 +42,7 @@ def gguf_model(tmp_path_factory):
     try:
         gguf_file = write_gguf(root / "tiny.gguf", layers=2)
         model_dir = make_tiny_model(
-            _gguf_cache_dir(gguf_file),
+            gguf_cache_dir(gguf_file),
             hidden_size=256,
             intermediate_size=512,
             num_attention_heads=4,
