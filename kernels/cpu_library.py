@@ -56,6 +56,8 @@ _SIGNATURES = {
     "quant_dequantize_f32": (_I32, [_I32, _P, _P, _I64, _I32, _I32, _I32]),
     "quant_rows_f32": (_I32, [_I32, _P, _I32, _I32, _P, _I64, _P, _I32]),
     "quant_block_bytes": (_I64, [_I32, _I32]),
+    "quant_few_rows": (_I32, []),
+    "quant_linear_argmax_f32": (_I32, [_I32, _P, _I64, _P, _I64, _I32, _I32, _I32, _P, _I32]),
     "decode_stack_work_floats": (_I64, [_P, _I64, _I32]),
     "decode_stack_profile": (_I32, [_P]),
     "decode_stack_f32": (_I32, [_P, _P, _P, _I64, _P, _P, _P, _P, _I64, _P, _P, _I32]),

@@ -427,6 +427,43 @@ def quant_linear(
     return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
 
+def quant_few_rows() -> int:
+    """The rows quant_linear_argmax() takes at most (the few-rows path's, 2 with 256-bit
+    vectors, 4 with 512-bit ones)."""
+    return int(_lib().quant_few_rows())
+
+
+def quant_linear_argmax(x: torch.Tensor, weight: QuantizedWeight, vocab: int) -> torch.Tensor:
+    """argmax over the first `vocab` columns of x [M, K] @ W^T per row, [M] int64, for M up to
+    quant_few_rows(), without writing the logits; the index quant_linear() and argmax_rows()
+    give."""
+    _check(x, "x")
+    _check_quantized(weight)
+    k = weight.in_features
+    if x.dim() != 2 or x.shape[1] != k or not 0 < vocab <= weight.out_features:
+        raise ValueError(
+            f"x {tuple(x.shape)} / vocab {vocab} do not match the quantized weight "
+            f"[{weight.out_features}, {k}]"
+        )
+    if not 0 < x.shape[0] <= quant_few_rows():
+        raise ValueError(f"{x.shape[0]} rows: the fused argmax takes 1 to {quant_few_rows()}")
+    rows = _matrix(x, k)
+    out = torch.empty(rows.shape[0], dtype=torch.int64)
+    _lib().quant_linear_argmax_f32(
+        int(weight.qtype),
+        rows.data_ptr(),
+        rows.stride(0),
+        weight.data.data_ptr(),
+        rows.shape[0],
+        k,
+        weight.out_features,
+        vocab,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out
+
+
 def quant_dequantize(weight: QuantizedWeight) -> torch.Tensor:
     """The packed weight as fp32 [N, K]."""
     _check_quantized(weight)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.layers.linear import Embedding, Linear
+from gpu_worker.layers.quant_linear import QuantizedProjection
 from gpu_worker.parallel.group import tp_all_gather, tp_all_reduce, tp_rank, tp_world_size
 from kernels import cpu_ops
 
@@ -85,15 +86,17 @@ class ParallelLMHead(Linear):
         _shard(self.weight, 0, vocab_size)
 
     def greedy_tokens(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Each row's argmax over the vocabulary [N] without the logits, where the C kernel can
-        (one rank, an fp32 weight in the blocked CPU layout); None elsewhere."""
-        if (
-            tp_world_size() != 1
-            or self.quantized is not None
-            or self.blocked_weight is None
-            or x.dtype != torch.float32
-            or x.dim() != 2
-        ):
+        """Each row's argmax over the vocabulary [N] without the logits, where a C kernel can
+        (one rank, fp32 rows on the CPU: a weight in the blocked layout, or a GGUF-quantized
+        one of a single type for up to quant_few_rows() rows); None elsewhere."""
+        if tp_world_size() != 1 or x.dtype != torch.float32 or x.dim() != 2:
+            return None
+        if isinstance(self.quantized, QuantizedProjection):
+            parts = self.quantized.parts
+            if len(parts) != 1 or not 0 < x.shape[0] <= cpu_ops.quant_few_rows():
+                return None
+            return cpu_ops.quant_linear_argmax(x, parts[0], self.vocab_size)
+        if self.quantized is not None or self.blocked_weight is None:
             return None
         return cpu_ops.linear_argmax(x, self.blocked_weight, self.vocab_size)
 

@@ -25,6 +25,8 @@
  * fp32 GEMM's register tiles (gemm_tile.h) run every row of x over it in one pass, so each
  * weight is dequantized once per call and the multiply runs at the fp32 GEMM's speed.
  */
+#include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -503,4 +505,70 @@ int32_t quant_rows_f32(int32_t type, const uint8_t *w, int32_t K, int32_t N, con
         block_columns(t, w + (n / 32) * block_bytes, K, (int32_t)(n % 32), 1, out + i * K, K);
     }
     return bad ? -3 : 0;
+}
+
+/* The rows the few-rows path takes at once (and quant_linear_argmax_f32's limit). */
+int32_t quant_few_rows(void) { return FEW_ROWS; }
+
+/* Greedy decode's output projection: out[m] = the argmax over the first `vocab` columns of
+ * x @ W^T for M <= FEW_ROWS rows, without writing the logits; the index quant_linear_f32 and an
+ * argmax give (the first of equal maxima; 0 when no column is a number). Each thread runs the
+ * few-rows path over its run of 32-column blocks into a block-sized buffer and keeps its rows'
+ * best; the threads' bests merge in column order. Returns -1 for an unknown type or K, -4 for
+ * M outside [1, FEW_ROWS] or vocab outside [1, N]. */
+int32_t quant_linear_argmax_f32(int32_t type, const float *x, int64_t ldx, const uint8_t *w,
+                                int64_t M, int32_t K, int32_t N, int32_t vocab, int64_t *out,
+                                int32_t num_threads)
+{
+    const qtype_t *t = qtype(type);
+    if (!t || !quant_block_bytes(type, K)) return -1;
+    if (M < 1 || M > FEW_ROWS || vocab < 1 || vocab > N) return -4;
+    const int32_t blocks = (vocab + 31) / 32;
+    if (num_threads < 1) num_threads = 1;
+    if (num_threads > blocks) num_threads = blocks;
+    float xsum[FEW_ROWS * (K / t->g)];
+    quant_row_sums(type, x, ldx, M, K, xsum);
+    float best[num_threads * FEW_ROWS];
+    int64_t where[num_threads * FEW_ROWS];
+    for (int i = 0; i < num_threads * FEW_ROWS; i++) {
+        best[i] = -INFINITY;
+        where[i] = 0;
+    }
+    #pragma omp parallel num_threads(num_threads)
+    {
+        const int th = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int32_t lo = (int32_t)((int64_t)blocks * th / nt);
+        const int32_t hi = (int32_t)((int64_t)blocks * (th + 1) / nt);
+        float y[FEW_ROWS * 32];
+        float *bv = best + th * FEW_ROWS;
+        int64_t *bi = where + th * FEW_ROWS;
+        for (int32_t nb = lo; nb < hi; nb++) {
+            quant_few_block(type, x, ldx, xsum, w, 0, y, 32, M, K, N, nb);
+            const int32_t cols = vocab - nb * 32 < 32 ? vocab - nb * 32 : 32;
+            for (int64_t m = 0; m < M; m++) {
+                const float *row = y + m * 32;
+                float mx = -INFINITY;
+                for (int32_t c = 0; c < cols; c++)
+                    mx = row[c] > mx ? row[c] : mx;
+                if (mx > bv[m]) {
+                    int32_t c = 0;
+                    while (row[c] != mx)
+                        c++;
+                    bv[m] = mx;
+                    bi[m] = (int64_t)nb * 32 + c;
+                }
+            }
+        }
+    }
+    for (int64_t m = 0; m < M; m++) {
+        float b = best[m];
+        int64_t i = where[m];
+        for (int th = 1; th < num_threads; th++)
+            if (best[th * FEW_ROWS + m] > b) {
+                b = best[th * FEW_ROWS + m];
+                i = where[th * FEW_ROWS + m];
+            }
+        out[m] = i;
+    }
+    return 0;
 }

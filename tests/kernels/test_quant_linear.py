@@ -146,3 +146,40 @@ def test_builds_for_other_vector_widths(march: str, tmp_path: Path) -> None:
         text=True,
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_fused_argmax_is_the_argmax_of_the_logits(qtype: GGMLType) -> None:
+    """Greedy decode's output projection: the index quant_linear() + argmax give, over the first
+    `vocab` columns (a vocabulary short of the packed rows), for every row count it takes."""
+    n, k = 200, GGML_QUANT_SIZES[qtype][0] * (2 if GGML_QUANT_SIZES[qtype][0] == 256 else 12)
+    raw, _ = quantized(qtype, n, k, seed=5)
+    packed = pack(qtype, raw, n, k)
+    gen = torch.Generator().manual_seed(1)
+    for rows in range(1, cpu_ops.quant_few_rows() + 1):
+        x = torch.randn(rows, k, generator=gen)
+        logits = cpu_ops.quant_linear(x, packed)
+        for vocab in (n, 150, 7):
+            expected = logits[:, :vocab].argmax(dim=1)
+            assert torch.equal(cpu_ops.quant_linear_argmax(x, packed, vocab), expected)
+
+
+def test_fused_argmax_ties_and_refusals() -> None:
+    """Equal maxima give the first index, across blocks and threads; what it cannot take is
+    refused."""
+    n, k = 192, 64
+    raw, _ = quantized(GGMLType.Q8_0, n, k, seed=2)
+    raw = raw.reshape(n, -1).copy()
+    # Rows equal to row 5, so are their logits: in its block, the next block (one thread's
+    # run of blocks) and the last (another thread's, with 2 or more).
+    for row in (20, 40, 150):
+        raw[row] = raw[5]
+    packed = pack(GGMLType.Q8_0, raw, n, k)
+    logits = cpu_ops.quant_dequantize(packed)[5]
+    x = logits.unsqueeze(0).clone()  # x = row 5's weights: its logit is the largest
+    assert int(cpu_ops.quant_linear_argmax(x, packed, n)) == 5
+    assert int(cpu_ops.quant_linear(x, packed).argmax()) == 5
+    with pytest.raises(ValueError, match="the fused argmax takes 1 to"):
+        cpu_ops.quant_linear_argmax(torch.randn(cpu_ops.quant_few_rows() + 1, k), packed, n)
+    with pytest.raises(ValueError, match="do not match"):
+        cpu_ops.quant_linear_argmax(torch.randn(1, k), packed, n + 1)

@@ -101,3 +101,30 @@ def test_bf16_quantized_logprobs_within_tolerance_of_fp32(gguf_model):
     assert runner.model.lm_head.quantized is not None
     assert next(runner.model.parameters()).dtype == torch.bfloat16
     assert_first_logprobs_close(bf16, fp32, PROMPTS)
+
+
+def test_quantized_greedy_takes_the_argmax_in_the_output_projection(gguf_model, monkeypatch):
+    """On the CPU a quantized output projection of one type fuses greedy's argmax for up to
+    quant_few_rows() rows: the tokens of the path through the logits, and no logits built."""
+    from kernels import cpu_ops
+
+    outputs, calls = {}, {}
+    for fused in (True, False):
+        runner, driver = _runner(gguf_model, "cpu", quantization="gguf")
+        runner.fused_greedy = fused
+        real = runner.model.compute_logits
+        calls[fused] = 0
+
+        def counting(*a, _real=real, _fused=fused):
+            calls[_fused] += 1
+            return _real(*a)
+
+        monkeypatch.setattr(runner.model, "compute_logits", counting)
+        one = driver.run({"a": PROMPTS["a"]}, GREEDY, 8, chunk=64)
+        logits_calls_for_one = calls[fused]
+        many = {f"r{i}": PROMPTS["c"][i:] for i in range(cpu_ops.quant_few_rows() + 1)}
+        outputs[fused] = (one, driver.run(many, GREEDY, 8, chunk=64))
+        if fused:
+            assert logits_calls_for_one == 0  # one row per step: every step fused
+            assert calls[True] > 0  # more rows than the kernel takes: through the logits
+    assert outputs[True] == outputs[False]
