@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "block_argmax.h"
 #include "gemm_tile.h"
 
 /* x: [M, K] rows ldx apart; w_blocked: [N/32, K, 32]; bias: [N] or NULL; y: [M, N] rows ldy
@@ -56,31 +57,10 @@ void linear_argmax_f32(const float *x, int64_t ldx, const float *w_blocked, int6
         for (int32_t nb = lo; nb < hi; nb++) {
             block_tiles(x, ldx, w_blocked + (int64_t)nb * K * 32, 0, 0, y, 32, M, K);
             const int32_t cols = vocab - nb * 32 < 32 ? vocab - nb * 32 : 32;
-            for (int64_t m = 0; m < M; m++) {
-                const float *row = y + m * 32;
-                float mx = -INFINITY;
-                for (int32_t c = 0; c < cols; c++)  /* vectorized: most blocks stop here */
-                    mx = row[c] > mx ? row[c] : mx;
-                if (mx > bv[m]) {
-                    int32_t c = 0;
-                    while (row[c] != mx)
-                        c++;
-                    bv[m] = mx;
-                    bi[m] = (int64_t)nb * 32 + c;
-                }
-            }
+            block_argmax_update(y, M, cols, (int64_t)nb * 32, bv, bi);
         }
     }
-    for (int64_t m = 0; m < M; m++) {
-        float b = best[m];
-        int64_t i = where[m];
-        for (int t = 1; t < num_threads; t++)
-            if (best[(int64_t)t * M + m] > b) {
-                b = best[(int64_t)t * M + m];
-                i = where[(int64_t)t * M + m];
-            }
-        out[m] = b == -INFINITY ? 0 : i;
-    }
+    block_argmax_merge(best, where, M, num_threads, M, out);
     free(best);
     free(where);
     free(scratch);

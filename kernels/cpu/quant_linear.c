@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "block_argmax.h"
 #include "gemm_tile.h"
 
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 }; /* GGML's */
@@ -545,30 +546,9 @@ int32_t quant_linear_argmax_f32(int32_t type, const float *x, int64_t ldx, const
         for (int32_t nb = lo; nb < hi; nb++) {
             quant_few_block(type, x, ldx, xsum, w, 0, y, 32, M, K, N, nb);
             const int32_t cols = vocab - nb * 32 < 32 ? vocab - nb * 32 : 32;
-            for (int64_t m = 0; m < M; m++) {
-                const float *row = y + m * 32;
-                float mx = -INFINITY;
-                for (int32_t c = 0; c < cols; c++)
-                    mx = row[c] > mx ? row[c] : mx;
-                if (mx > bv[m]) {
-                    int32_t c = 0;
-                    while (row[c] != mx)
-                        c++;
-                    bv[m] = mx;
-                    bi[m] = (int64_t)nb * 32 + c;
-                }
-            }
+            block_argmax_update(y, M, cols, (int64_t)nb * 32, bv, bi);
         }
     }
-    for (int64_t m = 0; m < M; m++) {
-        float b = best[m];
-        int64_t i = where[m];
-        for (int th = 1; th < num_threads; th++)
-            if (best[th * FEW_ROWS + m] > b) {
-                b = best[th * FEW_ROWS + m];
-                i = where[th * FEW_ROWS + m];
-            }
-        out[m] = i;
-    }
+    block_argmax_merge(best, where, FEW_ROWS, num_threads, M, out);
     return 0;
 }
