@@ -214,7 +214,10 @@ def _dequant_kernel(
 
 
 def _planes(w: DeviceQuantWeight) -> tuple[torch.Tensor, ...]:
-    return w.qs, w.qh, w.d, w.m, w.sc, w.mn
+    """The kernels' plane arguments; a type's unused (empty) planes are passed as qs, which the
+    kernel never reads through them, so that no launch gets the null pointer of an empty
+    tensor."""
+    return tuple(p if p.numel() else w.qs for p in (w.qs, w.qh, w.d, w.m, w.sc, w.mn))
 
 
 def dequantize(
