@@ -7,9 +7,11 @@ A tile is 32-column groups split into halves, columns j and j + 16 of a group, w
 them. Values are gguf.quants' dequantization in fp32, then rounded to x's dtype: the weights of
 the model dequantized at load in that dtype. Products accumulate in fp32.
 
-Decode (few rows) reads the weight once, at its quantized size; from FUSED_MAX_ROWS rows up a
-step dequantizes the weight into x's dtype once and lets cuBLAS multiply, since re-reading the
-codes per block of rows and the tensor cores' work per tile would cost more than the copy.
+Up to FUSED_MAX_ROWS rows (decode batches) the fused kernel runs: one row takes a dot product
+per column; more take tensor-core dots in blocks of up to 64 rows, each block reading the codes
+once, so 256 rows read 4 x 4.5 bits a weight in Q4_K, about the bf16 model's 16 bits, where a
+dequantized copy would cost 4.5 + 16 + 16. Above that (prefill chunks, compute-bound) a step
+dequantizes each weight into x's dtype once and lets cuBLAS multiply.
 No host syncs: the launches can be captured in CUDA graphs.
 """
 
@@ -26,7 +28,7 @@ from kernels.gguf_device import GROUP, DeviceQuantWeight
 # GGML type numbers (gguf.GGMLQuantizationType) as the kernels' constexpr switch.
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _Q4_K, _Q5_K, _Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
 # Rows up to which the fused kernel runs; above, dequantize once and use cuBLAS.
-FUSED_MAX_ROWS = 16
+FUSED_MAX_ROWS = 256
 # 128 columns per step of a program: two [BLOCK_N, 4, 16] halves in registers (a K type's
 # super-block scale is looked up per group, so any count works).
 _GROUPS_PER_TILE = 4
@@ -255,11 +257,11 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _block_n(n: int, device: torch.device) -> int:
+def _block_n(n: int, row_blocks: int, device: torch.device) -> int:
     """Output columns per program: enough programs to fill the SMs twice over."""
     sms = _multiprocessors(device)
     for block in (64, 32):
-        if triton.cdiv(n, block) >= 2 * sms:
+        if triton.cdiv(n, block) * row_blocks >= 2 * sms:
             return block
     return 16
 
@@ -285,10 +287,10 @@ def matmul(
     if rows == 0:
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
-    block_m = 1 if rows == 1 else 16
+    block_m = 1 if rows == 1 else min(64, max(16, triton.next_power_of_2(rows)))
     # fp32 dots exact ("ieee", not tf32); 16-bit ones in fp32 under the interpreter too.
     upcast = x.dtype == torch.float32 or x.device.type != "cuda"
-    block_n = _block_n(w.out_features, x.device)
+    block_n = _block_n(w.out_features, triton.cdiv(rows, block_m), x.device)
     grid = (triton.cdiv(w.out_features, block_n), triton.cdiv(rows, block_m))
     _matmul_kernel[grid](
         x,

@@ -62,7 +62,7 @@ def time_us(fn, iters: int = 50) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--types", default="Q4_0,Q4_1,Q8_0,Q4_K,Q6_K")
-    parser.add_argument("--rows", default="1,2,4,8,16,64")
+    parser.add_argument("--rows", default="1,4,16,64,256")
     parser.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
     args = parser.parse_args()
     device = torch.device("cuda")

@@ -60,7 +60,8 @@ def test_matches_dequantize_then_matmul(qtype: GGMLType, rows: int, device: torc
     _assert_close(gguf_matmul.matmul(x, w), _reference(x, weight, None))
 
 
-@pytest.mark.parametrize("rows", [1, 5, gguf_matmul.FUSED_MAX_ROWS + 3])
+# One row; blocks of 16, 32 and 64 rows (two of them); the dequantize-then-cuBLAS path.
+@pytest.mark.parametrize("rows", [1, 5, 20, 100, gguf_matmul.FUSED_MAX_ROWS + 3])
 def test_16_bit_activations_use_the_16_bit_dequantized_weights(
     rows: int, device: torch.device
 ) -> None:
