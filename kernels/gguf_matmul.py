@@ -227,7 +227,7 @@ def dequantize(
 ) -> torch.Tensor:
     """W's rows `ids` (any shape; all rows when None) as [*ids.shape, in_features] of dtype.
     Ids outside the table give zero rows."""
-    flat = None if ids is None else ids.reshape(-1)
+    flat = None if ids is None else ids.reshape(-1).contiguous()
     count = w.out_features if flat is None else flat.numel()
     out = torch.empty(count, w.in_features, dtype=dtype, device=w.qs.device)
     if count:
@@ -279,6 +279,8 @@ def matmul(
         raise ValueError(f"x has {x.shape[-1]} columns, the weight {w.in_features}")
     if out is None:
         out = torch.empty(rows, w.out_features, dtype=x.dtype, device=x.device)
+    if out.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise ValueError(f"out and bias must be x's {x.dtype}")
     if rows > FUSED_MAX_ROWS:
         weight = dequantize(w, dtype=x.dtype).t()
         if bias is None:
@@ -291,6 +293,8 @@ def matmul(
     # fp32 dots exact ("ieee", not tf32); 16-bit ones in fp32 under the interpreter too.
     upcast = x.dtype == torch.float32 or x.device.type != "cuda"
     block_n = _block_n(w.out_features, triton.cdiv(rows, block_m), x.device)
+    if upcast and block_m > 1:
+        block_n = 16  # fp32 dots' operands in registers: wider tiles spill (sm_90, Q4_K/Q5_K)
     grid = (triton.cdiv(w.out_features, block_n), triton.cdiv(rows, block_m))
     _matmul_kernel[grid](
         x,

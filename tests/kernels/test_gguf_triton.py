@@ -37,6 +37,8 @@ def test_dequantize_and_row_lookup_are_ggufs(qtype: GGMLType, device: torch.devi
     assert torch.equal(gguf_matmul.dequantize(w).cpu(), expected)
     ids = torch.tensor([[n - 1, 0], [7, 5]], device=device)
     assert torch.equal(gguf_matmul.dequantize(w, ids).cpu(), expected[ids.cpu()])
+    strided = torch.tensor([3, 99, 8, 99, 1], device=device)[::2]  # ids 2 apart in memory
+    assert torch.equal(gguf_matmul.dequantize(w, strided).cpu(), expected[[3, 8, 1]])
     # Outside the table: a zero row, not a read past the planes.
     outside = gguf_matmul.dequantize(w, torch.tensor([n, -1, 2], device=device)).cpu()
     assert not outside[:2].any() and torch.equal(outside[2], expected[2])
@@ -113,6 +115,8 @@ def test_refuses_what_it_would_misread(device: torch.device) -> None:
     w = pack_device(GGMLType.Q4_1, raw, 64, 64, device)
     with pytest.raises(ValueError, match="columns"):
         gguf_matmul.matmul(torch.randn(2, 65, device=device), w)
+    with pytest.raises(ValueError, match="must be x's"):
+        gguf_matmul.matmul(torch.randn(2, 64, device=device), w, torch.randn(64).double())
     assert isinstance(w, DeviceQuantWeight) and w.nbytes == 64 * 64 // 32 * 20
 
 
