@@ -44,3 +44,17 @@ def assert_first_logprobs_close(
         torch.testing.assert_close(
             torch.tensor(actual.logprobs), torch.tensor(expected.logprobs), **tolerance
         )
+
+
+def count_logits_calls(runner: ModelRunner, monkeypatch) -> list[int]:
+    """A one-element counter of the runner's model.compute_logits calls from now on."""
+    assert runner.model is not None
+    real = runner.model.compute_logits
+    calls = [0]
+
+    def counting(*args):
+        calls[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(runner.model, "compute_logits", counting)
+    return calls

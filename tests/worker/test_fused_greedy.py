@@ -9,7 +9,7 @@ import pytest
 from engine_core.sampling_params import SamplingParams
 from kernels import cpu_ops
 from tests.tiny_models import make_tiny_model
-from tests.worker.runner_utils import make_runner
+from tests.worker.runner_utils import count_logits_calls, make_runner
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
 
@@ -23,17 +23,11 @@ def test_fused_greedy_equals_greedy_through_the_logits(tmp_path, monkeypatch) ->
     for fused in (True, False):
         runner, driver = make_runner(path, max_model_len=128, max_num_seqs=8)
         runner.fused_greedy = fused
-        real = runner.model.compute_logits
-        calls[fused] = 0
-
-        def counting(*a, _real=real, _fused=fused):
-            calls[_fused] += 1
-            return _real(*a)
-
-        monkeypatch.setattr(runner.model, "compute_logits", counting)
+        counter = count_logits_calls(runner, monkeypatch)
         outputs[fused] = driver.run(
             prompts, SamplingParams(temperature=0.0, ignore_eos=True), 12, chunk=16
         )
+        calls[fused] = counter[0]
     assert outputs[True] == outputs[False]
     assert all(len(t) == 12 for t in outputs[True].values())
     assert calls[True] == 0 and calls[False] > 0  # the fused steps never built logits

@@ -24,7 +24,11 @@ from engine_core.sampling_params import SamplingParams
 from gpu_worker.layers.linear import Linear
 from kernels.gguf_device import DeviceQuantWeight
 from tests.tiny_models import make_tiny_model
-from tests.worker.runner_utils import assert_first_logprobs_close, make_runner
+from tests.worker.runner_utils import (
+    assert_first_logprobs_close,
+    count_logits_calls,
+    make_runner,
+)
 from tests.worker.test_gguf_quant import write_gguf
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA test tier: no GPU here")
@@ -108,23 +112,16 @@ def test_quantized_greedy_takes_the_argmax_in_the_output_projection(gguf_model, 
     quant_few_rows() rows: the tokens of the path through the logits, and no logits built."""
     from kernels import cpu_ops
 
-    outputs, calls = {}, {}
+    outputs = {}
     for fused in (True, False):
         runner, driver = _runner(gguf_model, "cpu", quantization="gguf")
         runner.fused_greedy = fused
-        real = runner.model.compute_logits
-        calls[fused] = 0
-
-        def counting(*a, _real=real, _fused=fused):
-            calls[_fused] += 1
-            return _real(*a)
-
-        monkeypatch.setattr(runner.model, "compute_logits", counting)
+        calls = count_logits_calls(runner, monkeypatch)
         one = driver.run({"a": PROMPTS["a"]}, GREEDY, 8, chunk=64)
-        logits_calls_for_one = calls[fused]
+        logits_calls_for_one = calls[0]
         many = {f"r{i}": PROMPTS["c"][i:] for i in range(cpu_ops.quant_few_rows() + 1)}
         outputs[fused] = (one, driver.run(many, GREEDY, 8, chunk=64))
         if fused:
             assert logits_calls_for_one == 0  # one row per step: every step fused
-            assert calls[True] > 0  # more rows than the kernel takes: through the logits
+            assert calls[0] > 0  # more rows than the kernel takes: through the logits
     assert outputs[True] == outputs[False]
