@@ -52,10 +52,6 @@ class DeviceQuantWeight(NamedTuple):
         planes = (self.qs, self.qh, self.d, self.m, self.sc, self.mn)
         return sum(p.numel() * p.element_size() for p in planes)
 
-    def to(self, device: torch.device) -> DeviceQuantWeight:
-        planes = (self.qs, self.qh, self.d, self.m, self.sc, self.mn)
-        return self._replace(**dict(zip(_PLANES, (p.to(device) for p in planes), strict=True)))
-
 
 _PLANES = ("qs", "qh", "d", "m", "sc", "mn")
 

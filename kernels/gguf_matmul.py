@@ -25,8 +25,8 @@ import triton.language as tl
 
 from kernels.gguf_device import GROUP, DeviceQuantWeight
 
-# GGML type numbers (gguf.GGMLQuantizationType) as the kernels' constexpr switch.
-_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _Q4_K, _Q5_K, _Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
+# The kernels switch on QTYPE, GGML's type number (gguf.GGMLQuantizationType): Q4_0 2, Q4_1 3,
+# Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14.
 # Rows up to which the fused kernel runs; above, dequantize once and use cuBLAS.
 FUSED_MAX_ROWS = 256
 # 128 columns per step of a program: two [BLOCK_N, 4, 16] halves in registers (a K type's
@@ -279,6 +279,10 @@ def matmul(
         raise ValueError(f"x has {x.shape[-1]} columns, the weight {w.in_features}")
     if out is None:
         out = torch.empty(rows, w.out_features, dtype=x.dtype, device=x.device)
+    elif out.shape != (rows, w.out_features) or (w.out_features > 1 and out.stride(1) != 1):
+        raise ValueError(
+            f"out {tuple(out.shape)} is not [{rows}, {w.out_features}] with packed columns"
+        )
     if out.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         raise ValueError(f"out and bias must be x's {x.dtype}")
     if rows > FUSED_MAX_ROWS:

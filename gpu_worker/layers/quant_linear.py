@@ -110,6 +110,9 @@ class DeviceQuantizedProjection(_PartsProjection):
             else:
                 runs.append([part])
         super().__init__(parts, [run[0] if len(run) == 1 else concat(run) for run in runs])
+        from kernels import gguf_matmul  # Triton: imported where the weights are on CUDA
+
+        self._kernels = gguf_matmul
 
     def _project(
         self,
@@ -118,12 +121,8 @@ class DeviceQuantizedProjection(_PartsProjection):
         bias: torch.Tensor | None,
         out: torch.Tensor,
     ) -> None:
-        from kernels import gguf_matmul  # Triton: imported where the weights are on CUDA
-
-        gguf_matmul.matmul(rows, part, bias, out=out)
+        self._kernels.matmul(rows, part, bias, out=out)
 
     def dequantize(self) -> torch.Tensor:
         """W as fp32 [out_features, in_features]."""
-        from kernels import gguf_matmul
-
-        return torch.cat([gguf_matmul.dequantize(p) for p in self.parts])
+        return torch.cat([self._kernels.dequantize(p) for p in self.parts])

@@ -115,6 +115,8 @@ def test_refuses_what_it_would_misread(device: torch.device) -> None:
     w = pack_device(GGMLType.Q4_1, raw, 64, 64, device)
     with pytest.raises(ValueError, match="columns"):
         gguf_matmul.matmul(torch.randn(2, 65, device=device), w)
+    with pytest.raises(ValueError, match="packed columns"):
+        gguf_matmul.matmul(torch.randn(2, 64, device=device), w, out=torch.empty(64, 2).t())
     with pytest.raises(ValueError, match="must be x's"):
         gguf_matmul.matmul(torch.randn(2, 64, device=device), w, torch.randn(64).double())
     assert isinstance(w, DeviceQuantWeight) and w.nbytes == 64 * 64 // 32 * 20
