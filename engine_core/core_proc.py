@@ -50,7 +50,7 @@ from engine_core.stream_gate import StreamGate
 from engine_core.utilities import engine_utilities
 from ipc.curve import key_from_env
 from ipc.handshake import READY, HandshakeServer
-from ipc.process import set_process_name, start_child_process
+from ipc.process import set_process_name, set_thread_name, start_child_process
 from ipc.sockets import RouterServer
 
 logger = logging.getLogger("engine_core.proc")
@@ -103,10 +103,12 @@ class EngineCoreProc:
         )
         self._router = self._server.socket
         self.address = self._server.address
+        # The busy loop queues outputs and pokes the I/O thread with a byte on this inproc pair;
+        # the I/O thread encodes and sends them (one thread hop a step, not two).
         wake = f"inproc://engine-core-out-{id(self)}"
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.bind(wake)
-        self._push = self._ctx.socket(zmq.PUSH)
+        self._push = self._ctx.socket(zmq.PUSH)  # the busy loop's thread only
         self._push.setsockopt(zmq.LINGER, 1000)
         self._push.connect(wake)
         self._inputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -123,12 +125,8 @@ class EngineCoreProc:
 
     def run(self) -> int:
         """Serve until shutdown() (exit code 0) or a fatal engine error (exit code 1)."""
-        threads = [
-            threading.Thread(target=self._io_loop, name="engine-core-io", daemon=True),
-            threading.Thread(target=self._output_loop, name="engine-core-out", daemon=True),
-        ]
-        for t in threads:
-            t.start()
+        io = threading.Thread(target=self._io_loop, name="engine-core-io", daemon=True)
+        io.start()
         logger.info("engine core serving on %s", self.address)
         code = 0
         try:
@@ -137,11 +135,12 @@ class EngineCoreProc:
             logger.exception("engine core failed; telling clients and exiting")
             self._outputs.put((_BROADCAST, OutputType.DEAD, EngineDead(f"{type(e).__name__}: {e}")))
             code = 1
-        self._outputs.put(_STOP)
-        for t in threads:
-            t.join(timeout=5)
+        self._outputs.put(_STOP)  # the I/O thread sends what is queued before it, then stops
+        self._push.send(b"")
+        io.join(timeout=5)
+        self._push.close()
         self._server.stop_auth()
-        if not any(t.is_alive() for t in threads):  # term() would wait for their sockets
+        if not io.is_alive():  # term() would wait for its sockets
             self._ctx.term()
         self.engine.shutdown()
         return code
@@ -218,43 +217,29 @@ class EngineCoreProc:
             if sent is not None:
                 per_client.setdefault(owner, []).append(sent)
         for identity, outs in per_client.items():
-            self._send(
-                identity,
-                OutputType.OUTPUTS,
-                EngineCoreOutputs(outs, step.scheduler_stats, step.timestamp),
+            self._outputs.put(
+                (
+                    identity,
+                    OutputType.OUTPUTS,
+                    EngineCoreOutputs(outs, step.scheduler_stats, step.timestamp),
+                )
             )
         if self._publish_load and step.scheduler_stats is not None:
             load = EngineCoreOutputs([], step.scheduler_stats, step.timestamp)
             for identity in self._clients.difference(per_client):
-                self._send(identity, OutputType.OUTPUTS, load)
+                self._outputs.put((identity, OutputType.OUTPUTS, load))
+        if per_client or self._publish_load:
+            self._push.send(b"")  # one poke a step, however many clients
 
     def _send(self, identity: bytes, kind: OutputType, msg: Any) -> None:
+        """Queue one message for the I/O thread to encode and send (busy loop's thread only)."""
         self._outputs.put((identity, kind, msg))
-
-    # ---- output thread: encode, hand to the I/O thread ----
-
-    def _output_loop(self) -> None:
-        encoder = FrameEncoder()
-        while True:
-            item = self._outputs.get()
-            if item is _STOP:
-                self._push.send(b"")
-                self._push.close()
-                return
-            identity, kind, msg = item
-            try:
-                if kind == OutputType.OUTPUTS:
-                    _large_logprobs_as_arrays(msg)
-                frames = encoder.encode(msg)
-            except Exception:  # e.g. a utility result msgpack cannot hold; keep serving
-                logger.exception("could not encode a %s message; dropped it", kind.name)
-                continue
-            # copy=False: array frames go out of the arrays' own memory, through the I/O thread.
-            self._push.send_multipart([identity, bytes([kind]), *frames], copy=False)
+        self._push.send(b"")
 
     # ---- I/O thread: the only user of the ROUTER socket ----
 
     def _io_loop(self) -> None:
+        set_thread_name()
         encoder = FrameEncoder()
         decoders = request_decoders()
         clients: set[bytes] = set()
@@ -264,12 +249,10 @@ class EngineCoreProc:
         while True:
             ready = dict(poller.poll())
             if self._pull in ready:
-                frames = self._pull.recv_multipart(copy=False)
-                if len(frames) == 1:
+                while self._pull.poll(0):  # the pokes; what they announce is in the queue
+                    self._pull.recv()
+                if not self._send_outputs(encoder, clients):
                     break
-                targets = clients if frames[0].bytes == _BROADCAST else (frames[0].bytes,)
-                for identity in targets:
-                    self._router.send_multipart([identity, *frames[1:]], copy=False)
             if self._router in ready:
                 # copy=False: array frames are decoded as views of the received frames.
                 frames = self._router.recv_multipart(copy=False)
@@ -285,6 +268,25 @@ class EngineCoreProc:
                     )
         self._pull.close()
         self._router.close()
+
+    def _send_outputs(self, encoder: FrameEncoder, clients: set[bytes]) -> bool:
+        """Encode and send every queued output; False once the stop mark is reached."""
+        for item in _drain(self._outputs):
+            if item is _STOP:
+                return False
+            identity, kind, msg = item
+            try:
+                if kind == OutputType.OUTPUTS:
+                    _large_logprobs_as_arrays(msg)
+                frames = encoder.encode(msg)
+            except Exception:  # e.g. a utility result msgpack cannot hold; keep serving
+                logger.exception("could not encode a %s message; dropped it", kind.name)
+                continue
+            targets = clients if identity == _BROADCAST else (identity,)
+            for target in targets:
+                # copy=False: array frames go out of the arrays' own memory.
+                self._router.send_multipart([target, bytes([kind]), *frames], copy=False)
+        return True
 
     def _receive(
         self, frames: list[zmq.Frame], decoders: dict[int, FrameDecoder], clients: set[bytes]

@@ -59,6 +59,18 @@ def set_process_name(name: str) -> None:
         pass
 
 
+def set_thread_name(name: str | None = None) -> None:
+    """Give the calling thread an OS name (at most 15 bytes; default: its Python name), so that
+    `top -H`, perf and /proc/<pid>/task/*/comm tell the engine's threads apart; a no-op where
+    /proc is absent."""
+    name = threading.current_thread().name if name is None else name
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
+
+
 def pid_alive(pid: int) -> bool:
     """True while pid runs (a zombie, exited but not yet reaped, counts as gone)."""
     try:

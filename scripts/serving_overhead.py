@@ -8,9 +8,15 @@ one at a time, through the engine's own HTTP benchmark client (--client lean: ra
 scripts/lean_sse.py). Per server: decode tokens/s of
 each request (tokens after the first over the time from the first to the last text chunk, as
 scripts/llama_server_bench.py counts) and the CPU time per token of each of its processes
-(/proc utime + stime over the timed requests: engine core, tokenizer process, API server) and of
-this client. Prints JSON: every run, the medians, each server's ratio to the offline API in the
-same rounds, and the machine.
+(/proc utime + stime over the timed requests: engine core, tokenizer process, API server), of
+each of their threads, and of this client. Prints JSON: every run, the medians, each server's
+ratio to the offline API in the same rounds, and the machine.
+
+--pairs N measures the ratio the way a drifting machine allows: one `engine serve` (interval 1)
+and one offline `LLM` (its engine core in its own process) alive at once, then N pairs of the
+same request through each, back to back (which goes first alternates), and the median and
+quartiles of the per-pair ratios HTTP / offline. A box whose speed drifts by a third within
+minutes moves both halves of a pair alike.
 """
 
 from __future__ import annotations
@@ -54,6 +60,30 @@ def process_cpu(launcher_pid: int) -> dict[str, float]:
     return found
 
 
+def thread_cpu(launcher_pid: int) -> dict[str, float]:
+    """CPU seconds so far of each thread of the launcher's children, keyed 'process/thread'.
+
+    Threads of one name in a process (ZeroMQ's I/O threads, OpenMP's workers) are summed.
+    """
+    found: dict[str, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) != launcher_pid:
+                continue
+            process = Path(f"/proc/{entry}/comm").read_text().strip()
+            for tid in os.listdir(f"/proc/{entry}/task"):
+                task = Path(f"/proc/{entry}/task/{tid}")
+                stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                key = f"{process}/{(task / 'comm').read_text().strip()}"
+                found[key] = found.get(key, 0.0) + (int(stat[11]) + int(stat[12])) / _TICK
+        except OSError:
+            continue
+    return found
+
+
 def offline(engine: str, extra: list[str]) -> list[float]:
     out = subprocess.run(
         [engine, "bench", "single-stream", "--runs", "3", *extra],
@@ -83,6 +113,7 @@ async def serve_round(
                 model = (await resp.json())["data"][0]["id"]
             await stream_once(session, base, model, rng.integers(100, 49000, 32).tolist(), 16)
             before, client_before = process_cpu(proc.pid), time.process_time()
+            threads_before = thread_cpu(proc.pid)
             runs = []
             for _ in range(args.requests):
                 prompt = rng.integers(100, args.max_token_id, 32).tolist()
@@ -92,16 +123,78 @@ async def serve_round(
                 else:
                     runs.append(await stream_once(session, base, model, prompt, args.new_tokens))
             after, client_after = process_cpu(proc.pid), time.process_time()
+            threads_after = thread_cpu(proc.pid)
         tokens = sum(r["tokens"] for r in runs)
         cpu = {k: round((after[k] - before.get(k, 0.0)) / tokens * 1e3, 3) for k in after}
         cpu["client"] = round((client_after - client_before) / tokens * 1e3, 3)
+        per_thread = {
+            k: round((v - threads_before.get(k, 0.0)) / tokens * 1e3, 3)
+            for k, v in threads_after.items()
+        }
         return {
             "decode_tok_s": [r["decode_tok_s"] for r in runs],
             "text_chunks": [r["text_chunks"] for r in runs],
             "cpu_ms_per_token": cpu,
+            "thread_cpu_ms_per_token": {k: v for k, v in per_thread.items() if v > 0},
         }
     finally:
         stop(proc)
+
+
+async def pairs(engine: str, args: argparse.Namespace) -> dict:
+    """N back-to-back pairs (offline LLM.generate, lean HTTP stream) of the same request."""
+    from bench.single_stream import offline_decode
+    from config.args import add_engine_args, engine_kwargs
+    from frontend.llm import LLM
+
+    engine_parser = argparse.ArgumentParser()
+    add_engine_args(engine_parser)
+    llm = LLM(**engine_kwargs(engine_parser.parse_args(args.engine_args)))
+    port = free_port()
+    log = Path(tempfile.mkdtemp(prefix="serving_overhead-")) / "serve.log"
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    proc = start([engine, "serve", "--port", str(port), *args.engine_args], log, env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        await asyncio.to_thread(wait_healthy, "engine serve", base, proc, log, 600.0)
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/v1/models") as resp:
+                model = (await resp.json())["data"][0]["id"]
+        rng = np.random.default_rng(0)
+
+        async def served(prompt: list[int]) -> float:
+            body = completion_body(model, prompt, args.new_tokens)
+            return float((await stream_raw("127.0.0.1", port, body))["decode_tok_s"])
+
+        warm = rng.integers(100, args.max_token_id, 32).tolist()
+        await served(warm)
+        offline_decode(llm, warm, 16)
+        rows = []
+        for i in range(args.pairs):
+            prompt = rng.integers(100, args.max_token_id, 32).tolist()
+            if i % 2:
+                http = await served(prompt)
+                off = offline_decode(llm, prompt, args.new_tokens)
+            else:
+                off = offline_decode(llm, prompt, args.new_tokens)
+                http = await served(prompt)
+            rows.append((round(off, 2), http, round(http / off, 4)))
+        ratios = [r[2] for r in rows]
+        q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        return {
+            "pairs": rows,
+            "median_ratio": round(statistics.median(ratios), 4),
+            "quartiles": [round(q1, 4), round(q3, 4)],
+            "offline_median_tok_s": round(statistics.median(r[0] for r in rows), 2),
+            "served_median_tok_s": round(statistics.median(r[1] for r in rows), 2),
+            "client": "lean",
+            "machine": machine_info(),
+        }
+    finally:
+        stop(proc)
+        llm.shutdown()
 
 
 def main() -> None:
@@ -122,11 +215,20 @@ def main() -> None:
         "raw socket reads like curl -N (scripts/lean_sse.py), so the client takes less of the "
         "machine's CPU from the server",
     )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="instead of rounds: N back-to-back pairs, offline and HTTP (lean), both alive",
+    )
     parser.add_argument("engine_args", nargs="*", help="engine flags for both (after --)")
     args = parser.parse_args()
     engine = shutil.which("engine")
     if engine is None:
         raise RuntimeError("no `engine` command on PATH: pip install -e . --no-deps")
+    if args.pairs:
+        print(json.dumps(asyncio.run(pairs(engine, args)), indent=2))
+        return
     offline_runs: list[float] = []
     served: dict[int, list[dict]] = {i: [] for i in args.stream_interval}
     for round_ in range(args.rounds):
