@@ -1,12 +1,16 @@
-"""Watching another process's exit without polling."""
+"""Watching another process's exit without polling; naming threads for top -H and perf."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import threading
 import time
 
-from ipc.process import wait_for_exit
+import pytest
+
+from ipc.process import set_thread_name, wait_for_exit
 
 
 def test_wait_for_exit_returns_when_the_process_exits():
@@ -25,3 +29,23 @@ def test_wait_for_exit_of_a_process_already_gone():
     proc = subprocess.Popen(["true"])
     proc.wait()
     asyncio.run(asyncio.wait_for(wait_for_exit(proc.pid), timeout=2.0))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
+def test_set_thread_name_names_the_calling_thread_only():
+    names: dict[str, str] = {}
+
+    def run() -> None:
+        set_thread_name()  # its Python name, cut to the 15 bytes Linux keeps
+        tid = threading.get_native_id()
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            names["thread"] = f.read().strip()
+
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+        before = f.read()
+    t = threading.Thread(target=run, name="engine-core-io-and-more")
+    t.start()
+    t.join()
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+        assert f.read() == before
+    assert names["thread"] == "engine-core-io-"
