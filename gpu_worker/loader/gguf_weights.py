@@ -61,6 +61,13 @@ def _packed(
     return weight
 
 
+def uses_c_kernels(model: nn.Module) -> bool:
+    """Whether model's quantized weights are packed for the C kernels (a model on the CPU) or
+    for the Triton ones (kernels/gguf_device.py's planes; tests run those on the CPU under
+    TRITON_INTERPRET=1 by replacing this)."""
+    return next(model.parameters()).device.type == "cpu"
+
+
 def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
     """Fill model from gguf_path, linear weights and the embedding quantized where a kernel runs
     their type."""
@@ -78,9 +85,9 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
     tensors = {hf_tensor_name(t.name): t for t in read_gguf_tensors(gguf_path)}
     # One copy of a table the output projection shares.
     packed: dict[str, QuantizedWeight | DeviceQuantWeight] = {}
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    cache = PackedCache(gguf_path) if on_cpu else None
-    kernel_types = QUANT_TYPES if on_cpu else DEVICE_QUANT_TYPES
+    c_kernels = uses_c_kernels(model)
+    cache = PackedCache(gguf_path) if c_kernels else None
+    kernel_types = QUANT_TYPES if c_kernels else DEVICE_QUANT_TYPES
 
     def packed_tensor(name: str) -> QuantizedWeight | DeviceQuantWeight:
         if name not in packed:

@@ -19,6 +19,7 @@ from torch import nn
 from gpu_worker.attention.cpu_backend import CpuAttnMetadata
 from gpu_worker.forward_context import get_attn_metadata
 from gpu_worker.layers.linear import Linear
+from gpu_worker.layers.quant_linear import QuantizedProjection
 from gpu_worker.parallel.group import tp_world_size
 from kernels import cpu_ops
 from kernels.decode_stack import (
@@ -39,8 +40,8 @@ def _weight(linear: Linear) -> StackWeight | None:
     n, k = linear.out_features, linear.in_features
     if linear.quantized is not None:
         parts = linear.quantized.parts
-        if len(parts) != 1:
-            return None
+        if not isinstance(linear.quantized, QuantizedProjection) or len(parts) != 1:
+            return None  # several types, or the Triton kernels' planes
         return StackWeight(int(parts[0].qtype), n, k, parts[0].data, linear.bias)
     if linear.blocked_weight is not None:
         return StackWeight(F32_BLOCKED, n, k, linear.blocked_weight, linear.bias)

@@ -1,6 +1,7 @@
 """A GGUF model's quantized weights against the same file dequantized at load, through the model
-runner: on the CPU (the C kernels) and on CUDA (the Triton ones; skipped without a GPU, and
-tests/kernels/test_gguf_triton.py checks those kernels under the interpreter).
+runner: on the CPU (the C kernels), on the CPU through the Triton kernels' path (weights packed
+for the device, the kernels under TRITON_INTERPRET=1: the loader, the layers and the kernels
+together, as CUDA runs them), and on CUDA (skipped without a GPU).
 
 The model is tests/worker/test_gguf_quant.py's tiny llama of mixed types (Q4_K q and k beside
 Q6_K v, Q5_K, Q8_0, Q5_1, an F16 gate that keeps gate_up dense, a Q5_0 embedding, an untied Q6_K
@@ -22,6 +23,7 @@ from config.gguf_convert import GGUF_LINK, dense_tensor, hf_tensor_name
 from config.gguf_tensors import read_gguf_tensors
 from engine_core.sampling_params import SamplingParams
 from gpu_worker.layers.linear import Linear
+from gpu_worker.loader import gguf_weights
 from kernels.gguf_device import DeviceQuantWeight
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import (
@@ -73,29 +75,42 @@ def _runner(model: str, device: str = "cuda", **kwargs):
 
 
 @pytest.mark.parametrize(
-    "device, enforce_eager",
+    "device, enforce_eager, triton",
     [
-        ("cpu", True),
-        pytest.param("cuda", True, marks=cuda),
-        pytest.param("cuda", False, marks=cuda),
+        ("cpu", True, False),
+        pytest.param("cpu", True, True, id="cpu-triton-interpreter"),
+        pytest.param("cuda", True, True, marks=cuda),
+        pytest.param("cuda", False, True, marks=cuda),
     ],
 )
-def test_fp32_quantized_equals_the_dequantized_model(gguf_model, device, enforce_eager):
+def test_fp32_quantized_equals_the_dequantized_model(
+    gguf_model, device, enforce_eager, triton, monkeypatch
+):
+    if device == "cpu" and triton:
+        assert os.environ.get("TRITON_INTERPRET") == "1"  # tests/conftest.py sets it
+        monkeypatch.setattr(gguf_weights, "uses_c_kernels", lambda model: False)
     runner, quantized = _runner(
         gguf_model, device, dtype="float32", quantization="gguf", enforce_eager=enforce_eager
     )
+    monkeypatch.undo()  # the dense model below loads as usual
     linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
     kept = [m for m in linears if m.quantized is not None]
     assert len(kept) == len(linears) - 2  # the two gate_up projections hold an F16 part
-    if device == "cuda":
-        assert all(isinstance(p, DeviceQuantWeight) for m in kept for p in m.quantized.parts)
-        assert all(p.qs.device.type == "cuda" for m in kept for p in m.quantized.parts)
+    parts = [p for m in kept for p in m.quantized.parts]
+    assert all(isinstance(p, DeviceQuantWeight) == triton for p in parts)
+    assert all(p.qs.device.type == device for p in parts if triton)
+    assert isinstance(runner.model.model.embed_tokens.quantized, DeviceQuantWeight) == triton
     dense_runner, dense = _runner(gguf_model, device, dtype="float32")
     assert not any(
         isinstance(m, Linear) and m.quantized is not None for m in dense_runner.model.modules()
     )
-    # Decode batches of 3, 2 and 1 (graphs padded), and prefill chunks of 9 tokens.
-    assert quantized.run(PROMPTS, GREEDY, 8, chunk=9) == dense.run(PROMPTS, GREEDY, 8, chunk=9)
+    # Decode batches of 3, 2 and 1 (graphs padded), and prefill chunks of 9 tokens; under the
+    # interpreter (about 1 ms a program) two prompts and 4 tokens: chunks of 9 and 3 rows, then
+    # decode rows of 2 and 1.
+    prompts, new = PROMPTS, 8
+    if device == "cpu" and triton:
+        prompts, new = {"b": PROMPTS["b"], "c": PROMPTS["c"]}, 4
+    assert quantized.run(prompts, GREEDY, new, chunk=9) == dense.run(prompts, GREEDY, new, chunk=9)
 
 
 @cuda
