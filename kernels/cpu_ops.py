@@ -427,9 +427,10 @@ def quant_linear(
     return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
 
+@functools.cache
 def quant_few_rows() -> int:
     """The rows quant_linear_argmax() takes at most (the few-rows path's, 2 with 256-bit
-    vectors, 4 with 512-bit ones)."""
+    vectors, 4 with 512-bit ones); asked of the library once (it is checked every step)."""
     return int(_lib().quant_few_rows())
 
 

@@ -125,12 +125,14 @@ class Embedding(nn.Module):
         self.dtype = self.weight.dtype
         self.quantized = table
         self.weight = None
+        if isinstance(table, DeviceQuantWeight):
+            from kernels import gguf_matmul  # Triton: imported where the table is on CUDA
+
+            self._device_rows = gguf_matmul.dequantize
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.quantized, DeviceQuantWeight):
-            from kernels import gguf_matmul  # Triton: imported where the table is on CUDA
-
-            return gguf_matmul.dequantize(self.quantized, ids, self.dtype)
+            return self._device_rows(self.quantized, ids, self.dtype)
         if self.quantized is not None:
             return cpu_ops.quant_rows(self.quantized, ids)
         return F.embedding(ids, self.weight)

@@ -17,14 +17,21 @@ from kernels.gguf_device import DeviceQuantWeight, concat
 from kernels.gguf_quant import COLUMNS, QuantizedWeight
 
 
-def _merge(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
+def _runs(parts: list, align: int = 1) -> list[list]:
+    """Consecutive parts of one type, a part joining its run only where the run's rows so far
+    are a multiple of align."""
     runs = [[parts[0]]]
     for part in parts[1:]:
         run = runs[-1]
-        if run[-1].qtype == part.qtype and sum(p.out_features for p in run) % COLUMNS == 0:
+        if run[-1].qtype == part.qtype and sum(p.out_features for p in run) % align == 0:
             run.append(part)
         else:
             runs.append([part])
+    return runs
+
+
+def _merge(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
+    runs = _runs(parts, COLUMNS)  # the C kernels' 32-column blocks must not straddle parts
     # One numpy copy per run: torch.cat copies uint8 at ~100 MB/s here (0.9-2 s of start-up
     # for the default model), numpy ten times faster.
     return [
@@ -103,12 +110,7 @@ class DeviceQuantizedProjection(_PartsProjection):
     model's dtype; consecutive parts of one type are one weight."""
 
     def __init__(self, parts: list[DeviceQuantWeight]) -> None:
-        runs: list[list[DeviceQuantWeight]] = []
-        for part in parts:
-            if runs and part.qtype == runs[-1][-1].qtype:
-                runs[-1].append(part)
-            else:
-                runs.append([part])
+        runs = _runs(parts) if parts else []  # rows of one type concatenate anywhere
         super().__init__(parts, [run[0] if len(run) == 1 else concat(run) for run in runs])
         from kernels import gguf_matmul  # Triton: imported where the weights are on CUDA
 
