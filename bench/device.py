@@ -191,8 +191,8 @@ def _decode_run(
     """Run batch requests to completion; the arrival time and KV tokens read of every step that
     decoded one token for each of the batch's requests (prefill steps and the tail, where
     requests that started first have finished, are not such steps)."""
-    from engine_core.protocol import EngineCoreRequest
-    from engine_core.sampling_params import SamplingParams
+    from protocol.engine_core import EngineCoreRequest
+    from protocol.sampling_params import SamplingParams
 
     vocab = core.config.arch.vocab_size
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
@@ -375,8 +375,8 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
 def _offline_mixed(core, rng) -> dict[str, Any]:
     """BENCHMARKS.md's offline-mixed shape on this model: 64 requests at once, prompts of
     32..256 random token ids, 16..128 greedy output tokens each; output and total tokens/s."""
-    from engine_core.protocol import EngineCoreRequest
-    from engine_core.sampling_params import SamplingParams
+    from protocol.engine_core import EngineCoreRequest
+    from protocol.sampling_params import SamplingParams
 
     vocab = core.config.arch.vocab_size
     prompt_lens = rng.integers(_MIXED_PROMPT[0], _MIXED_PROMPT[1] + 1, _MIXED_REQUESTS)

@@ -15,7 +15,7 @@ import numpy as np
 from bench.machine_limits import machine_info, matmul_rates, timed
 from bench.overhead import step_overhead
 from config.args import engine_kwargs
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # transformers takes seconds to import
     from transformers import PreTrainedTokenizerBase

@@ -29,10 +29,10 @@ def step_overhead(
 ) -> dict[str, Any]:
     """Milliseconds per step of each phase, the model's, and the overhead (the rest)."""
     from engine_core.engine_core import EngineCore
-    from engine_core.protocol import EngineCoreRequest
     from engine_core.resolve import resolved_config
-    from engine_core.sampling_params import SamplingParams
     from gpu_worker import async_output
+    from protocol.engine_core import EngineCoreRequest
+    from protocol.sampling_params import SamplingParams
 
     config = resolved_config(**{**engine_kwargs, "distributed_executor_backend": "uni"})
     core = EngineCore(config)

@@ -29,10 +29,10 @@ from bench.machine_limits import machine_info, memory_read_gbps, timed
 from bench.offline import random_prompts
 from config.args import engine_kwargs
 from engine_core.resolve import resolved_config
-from engine_core.sampling_params import SamplingParams
 from gpu_worker.layers.linear import Linear
 from gpu_worker.model_runner import ModelRunner
-from gpu_worker.protocol import CachedRequestData, NewRequestData, SchedulerOutput
+from protocol.sampling_params import SamplingParams
+from protocol.step import CachedRequestData, NewRequestData, SchedulerOutput
 
 PROMPT_TOKENS, NEW_TOKENS = 32, 256
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from config.args import engine_kwargs
-from engine_core.sampling_params import SamplingParams, StructuredOutputsParams
+from protocol.sampling_params import SamplingParams, StructuredOutputsParams
 
 SCHEMA = {
     "type": "object",

@@ -21,8 +21,12 @@ import zmq.asyncio
 
 from config.engine import EngineConfig
 from engine_core.core_launcher import CoreProcess
-from engine_core.frames import INLINE_MAX_BYTES, FrameEncoder
-from engine_core.protocol import (
+from engine_core.resolve import resolved_config
+from ipc.channel import Channel
+from ipc.curve import HandshakeWatch, key_from_env
+from ipc.handshake import ready_or_refused
+from ipc.sockets import connect_dealer
+from protocol.engine_core import (
     PROTOCOL_VERSION,
     ClientHello,
     EngineCoreOutputs,
@@ -35,11 +39,7 @@ from engine_core.protocol import (
     UtilityRequest,
     output_decoders,
 )
-from engine_core.resolve import resolved_config
-from ipc.channel import Channel
-from ipc.curve import HandshakeWatch, key_from_env
-from ipc.handshake import ready_or_refused
-from ipc.sockets import connect_dealer
+from protocol.frames import INLINE_MAX_BYTES, FrameEncoder
 
 # How often a client waiting for messages checks that its child engine core still runs.
 _LIVENESS_POLL_S = 0.2

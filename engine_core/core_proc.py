@@ -28,8 +28,13 @@ import zmq
 
 from config.engine import EngineConfig, decode_config
 from engine_core.engine_core import EngineCore
-from engine_core.frames import INLINE_MAX_BYTES, FrameDecoder, FrameEncoder, tolist
-from engine_core.protocol import (
+from engine_core.stream_gate import StreamGate
+from engine_core.utilities import engine_utilities
+from ipc.curve import key_from_env
+from ipc.handshake import READY, HandshakeServer
+from ipc.process import set_process_name, set_thread_name, start_child_process
+from ipc.sockets import RouterServer
+from protocol.engine_core import (
     PROTOCOL_VERSION,
     ClientHello,
     EngineCoreOutput,
@@ -46,12 +51,7 @@ from engine_core.protocol import (
     UtilityRequest,
     request_decoders,
 )
-from engine_core.stream_gate import StreamGate
-from engine_core.utilities import engine_utilities
-from ipc.curve import key_from_env
-from ipc.handshake import READY, HandshakeServer
-from ipc.process import set_process_name, set_thread_name, start_child_process
-from ipc.sockets import RouterServer
+from protocol.frames import INLINE_MAX_BYTES, FrameDecoder, FrameEncoder, tolist
 
 logger = logging.getLogger("engine_core.proc")
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine_core.client import AsyncEngineCoreClient, EngineDeadError, EngineRequestError
-from engine_core.protocol import (
+from protocol.engine_core import (
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from config.engine import ConfigError, EngineConfig
 from engine_core.log_options import apply_log_options
-from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from engine_core.remote_code import log_remote_code_notice
 from engine_core.request import Request, RequestStatus
 from engine_core.resolve import resolve_config
@@ -18,7 +17,8 @@ from engine_core.scheduler import Scheduler
 from engine_core.validation import InvalidRequestError, validate_request
 from executor.base import StepFuture
 from executor.factory import create_executor
-from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
+from protocol.engine_core import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 # How long an engine with only compiling grammars to wait for waits at a time (new requests and
 # aborts are seen between waits).

@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgspec
 
 from config.engine import ConfigError, EngineConfig
-from engine_core.protocol import EngineCoreRequest
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import EngineCoreRequest
+from protocol.sampling_params import SamplingParams
 
 
 def check_sampling_defaults(config: EngineConfig) -> None:

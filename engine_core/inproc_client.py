@@ -6,8 +6,8 @@ from typing import Any
 
 from config.engine import EngineConfig
 from engine_core.engine_core import EngineCore
-from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest
 from engine_core.utilities import engine_utilities
+from protocol.engine_core import EngineCoreOutputs, EngineCoreRequest
 
 
 class InprocClient:

@@ -6,8 +6,8 @@ import enum
 import sys
 from typing import TYPE_CHECKING
 
-from engine_core.protocol import EngineCoreRequest, FinishReason
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import EngineCoreRequest, FinishReason
+from protocol.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from engine_core.block_hash import BlockHasher

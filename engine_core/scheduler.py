@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 from config.engine import EngineConfig
 from engine_core.block_hash import make_block_hasher
 from engine_core.kv_cache_manager import KVCacheManager
-from engine_core.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
 from engine_core.request import Request, RequestStatus
 from engine_core.request_queue import FcfsQueue, PriorityQueue
-from gpu_worker.protocol import (
+from protocol.engine_core import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
+from protocol.step import (
     CachedRequestData,
     LogprobsLists,
     ModelRunnerOutput,

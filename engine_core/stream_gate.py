@@ -15,7 +15,7 @@ output batch.
 
 from __future__ import annotations
 
-from engine_core.protocol import EngineCoreOutput, Logprobs
+from protocol.engine_core import EngineCoreOutput, Logprobs
 
 
 class StreamGate:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from config.engine import EngineConfig
-from engine_core.protocol import EngineCoreRequest
+from protocol.engine_core import EngineCoreRequest
 
 
 class InvalidRequestError(ValueError):

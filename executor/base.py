@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from typing import Protocol
 
 from config.engine import EngineConfig
-from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
+from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 
 class WorkerError(RuntimeError):

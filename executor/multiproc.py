@@ -30,7 +30,7 @@ from executor.worker_messages import (
     WorkerArgs,
 )
 from executor.worker_proc import worker_main
-from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
+from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 SHUTDOWN_TIMEOUT_S = 5.0
 

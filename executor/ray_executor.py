@@ -29,7 +29,7 @@ from executor.ray_cluster import PLACEMENT_TIMEOUT_S, connect, death_reason, res
 from executor.ray_worker import RING_GROUP, EngineWorker
 from executor.shm_broadcast import HostDoorbell, ShmRingReader, ShmRingWriter
 from executor.worker_messages import RunStep, Shutdown
-from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
+from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 SHUTDOWN_TIMEOUT_S = 5.0
 _ANSI_COLOR = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the header of a remote traceback

@@ -6,8 +6,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from executor.base import Executor, StepFuture
 from gpu_worker.async_output import AsyncOutput, ReadyOutput
-from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 from gpu_worker.worker import Worker
+from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 
 class UniProcExecutor(Executor):

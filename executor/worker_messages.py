@@ -10,7 +10,7 @@ import msgspec
 
 from config.engine import EngineConfig
 from executor.shm_broadcast import RingHandle
-from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
+from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 
 class WorkerArgs(msgspec.Struct):

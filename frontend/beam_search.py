@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 
 
 class BeamSearchParams(msgspec.Struct, kw_only=True):

@@ -16,8 +16,8 @@ from frontend.http_options import (
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine_core.sampling_params import SamplingParams
     from frontend.llm import LLM
+    from protocol.sampling_params import SamplingParams
 
     params = SamplingParams(
         max_tokens=args.max_tokens,

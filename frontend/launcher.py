@@ -35,8 +35,6 @@ import zmq
 
 from config.engine import ConfigError, EngineConfig
 from engine_core.core_launcher import CoreProcess
-from engine_core.frames import FrameDecoder
-from engine_core.protocol import PROTOCOL_VERSION, ClientHello, output_decoders
 from engine_core.resolve import resolved_config
 from frontend import api_server
 from frontend.chat_args import ChatOptions
@@ -53,7 +51,9 @@ from ipc.handshake import hello_frames, ready_or_refused
 from ipc.process import EXIT_REQUESTS_CUT, StopOrder, spawn_module
 from ipc.sockets import connect_dealer
 from metrics.exposition import setup_multiprocess_dir
-from tokenizer_proc.protocol import TOKENIZER_PROTOCOL_VERSION, TokenizerHello, api_output_decoders
+from protocol.engine_core import PROTOCOL_VERSION, ClientHello, output_decoders
+from protocol.frames import FrameDecoder
+from protocol.tokenizer import TOKENIZER_PROTOCOL_VERSION, TokenizerHello, api_output_decoders
 from tokenizer_proc.tokenizer_proc import process_name
 
 if TYPE_CHECKING:  # Ray is optional: imported only with --data-parallel-backend ray

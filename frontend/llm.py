@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from engine_core.client import EngineCoreClient, EngineDeadError
 from engine_core.engine_core import EngineCore
-from engine_core.frames import tolist
 from engine_core.inproc_client import InprocClient
-from engine_core.protocol import EngineCoreRequest
 from engine_core.resolve import resolved_config
-from engine_core.sampling_params import SamplingParams
 from engine_core.structured_output.grammar import check_grammar
 from engine_core.validation import validate_request
 from frontend.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from metrics.offline_stats import OfflineStatsRecorder
 from metrics.reader import Metric, get_metrics_snapshot
+from protocol.engine_core import EngineCoreRequest
+from protocol.frames import tolist
+from protocol.sampling_params import SamplingParams
 from tokenizer_proc.output_processor import OutputProcessor, child_sampling_params
 from tokenizer_proc.prompt_inputs import truncate_prompt, with_bad_words_tokenized
 from tokenizer_proc.request_output import RequestOutput

@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from engine_core.sampling_params import StructuredOutputsParams
 from frontend.errors import bad_request
+from protocol.sampling_params import StructuredOutputsParams
 
 
 class _Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -15,7 +15,6 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from engine_core.sampling_params import STRUCTURED_OUTPUT_KINDS, StructuredOutputsParams
 from frontend.errors import bad_request
 from frontend.openai_protocol import (
     JsonObjectFormat,
@@ -23,6 +22,7 @@ from frontend.openai_protocol import (
     StructuralTagFormat,
     _SamplingFields,
 )
+from protocol.sampling_params import STRUCTURED_OUTPUT_KINDS, StructuredOutputsParams
 
 
 class _Source(NamedTuple):

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from aiohttp import web
 
-from engine_core.sampling_params import SamplingParams, StructuredOutputsParams
 from frontend.errors import ApiError, bad_request, error_body
 from frontend.openai_protocol import (
     PromptLogprob,
@@ -22,8 +21,9 @@ from frontend.openai_protocol import (
     UsageInfo,
     _SamplingFields,
 )
+from protocol.sampling_params import SamplingParams, StructuredOutputsParams
+from protocol.tokenizer import GenerateRequest, RequestDelta, TokenLogprob
 from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
-from tokenizer_proc.protocol import GenerateRequest, RequestDelta, TokenLogprob
 
 if TYPE_CHECKING:  # transformers takes seconds to import
     from transformers import PreTrainedTokenizerBase

@@ -10,14 +10,14 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
-from engine_core.protocol import EngineCoreRequest
-from engine_core.sampling_params import SamplingParams
 from engine_core.validation import check_completion_fits
 from frontend.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from frontend.errors import bad_request
 from frontend.openai_protocol import _SamplingFields
 from frontend.serving import ServingContext, merged_deltas
-from tokenizer_proc.protocol import GenerateRequest
+from protocol.engine_core import EngineCoreRequest
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import GenerateRequest
 
 
 def beam_search_params(

@@ -46,8 +46,8 @@ from frontend.serving_beam_search import (
 )
 from frontend.tool_parsers.openai_calls import StreamedCalls, finish_reason, message_calls
 from frontend.tool_parsers.tool_choice import resolve_tool_choice
+from protocol.tokenizer import GenerateRequest, PositionLogprobs
 from tokenizer_proc.prompt_inputs import truncate_prompt
-from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 from tokenizer_proc.tokenizer import apply_chat_template, check_chat_template_kwargs
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -37,8 +37,8 @@ from frontend.serving_beam_search import (
     run_beam_search,
     single_events,
 )
+from protocol.tokenizer import GenerateRequest, PositionLogprobs
 from tokenizer_proc.prompt_inputs import truncate_prompt
-from tokenizer_proc.protocol import GenerateRequest, PositionLogprobs
 
 if TYPE_CHECKING:  # transformers takes seconds to import
     from transformers import PreTrainedTokenizerBase

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpu_worker.protocol import LogprobsLists, ModelRunnerOutput
 from gpu_worker.sampler import LogprobsTensors
+from protocol.step import LogprobsLists, ModelRunnerOutput
 
 
 class DeviceToHost:

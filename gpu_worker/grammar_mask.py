@@ -7,9 +7,9 @@ import numpy as np
 import torch
 
 from gpu_worker.input_batch import InputBatch
-from gpu_worker.protocol import SchedulerOutput
 from gpu_worker.staging import HostToDevice
 from kernels.grammar_bitmask import apply_token_bitmask
+from protocol.step import SchedulerOutput
 
 
 def grammar_rows(sched: SchedulerOutput, batch: InputBatch) -> np.ndarray:

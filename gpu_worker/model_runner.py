@@ -26,13 +26,13 @@ from gpu_worker.kv_cache import allocate_kv_caches, kv_cache_num_blocks
 from gpu_worker.layers.attention import StepAttention
 from gpu_worker.loader.model_loader import load_model, torch_dtype
 from gpu_worker.prompt_logprobs import PromptLogprobs
-from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
 from gpu_worker.request_state import RequestStates
 from gpu_worker.sampler import LogprobsTensors, Sampler
 from gpu_worker.sampling_state import SamplingStates
 from gpu_worker.staging import HostToDevice
 from gpu_worker.warmup import PROFILE_SAMPLING, run_dummy, warm_up_shapes
 from kernels.paged_decode import SPLIT_MIN_SEQ_LEN
+from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine_core.sampling_params import SAMPLING_EPS, SamplingParams
 from gpu_worker.bad_words import TokenHistory, bad_words_batch
 from gpu_worker.sampling_metadata import SamplingMetadata
 from gpu_worker.staging import HostToDevice, StagedWrites
+from protocol.sampling_params import SAMPLING_EPS, SamplingParams
 
 # Float columns.
 _TEMPERATURE, _TOP_P, _MIN_P, _PRESENCE, _FREQUENCY, _REPETITION = range(6)

@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from engine_core.sampling_params import SamplingParams
-from gpu_worker.protocol import CachedRequestData, NewRequestData, SchedulerOutput
+from protocol.sampling_params import SamplingParams
+from protocol.step import CachedRequestData, NewRequestData, SchedulerOutput
 
 if TYPE_CHECKING:
     from gpu_worker.model_runner import ModelRunner

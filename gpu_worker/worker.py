@@ -8,7 +8,7 @@ from config.engine import EngineConfig
 from gpu_worker.async_output import AsyncOutput, ReadyOutput
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.parallel.group import destroy_tensor_parallel, init_tensor_parallel
-from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
+from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 
 class Worker:

@@ -3,7 +3,7 @@
 A client's first message is HELLO (type byte 0), whose payload starts with the client's protocol
 version and name; the server answers READY (type byte 0) when the versions are equal, else a
 refusal: the protocol's own error message, naming both versions. Each protocol keeps its
-message types (engine_core/protocol.py, tokenizer_proc/protocol.py); this module does the check,
+message types (protocol/engine_core.py, protocol/tokenizer.py); this module does the check,
 the framing of a HELLO and the reading of the answer.
 """
 

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 
 from config.engine import CacheConfig
-from engine_core.protocol import SchedulerStats
 from metrics.registry import HOLD_S, PROMPT_TOKEN_SOURCES, cache_config_info, engine_metrics
+from protocol.engine_core import SchedulerStats
 
 logger = logging.getLogger("metrics.engine_stats")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 
-from engine_core.protocol import EngineCoreOutputs
-from engine_core.sampling_params import SamplingParams
 from metrics.engine_stats import EngineStatsRecorder
 from metrics.request_stats import RequestStatsRecorder
+from protocol.engine_core import EngineCoreOutputs
+from protocol.sampling_params import SamplingParams
 
 
 class OfflineStatsRecorder:

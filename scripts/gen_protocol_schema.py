@@ -15,8 +15,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine_core.frames import ARRAY_EXT_CODE, WIRE_DTYPES, WireArray
-from engine_core.protocol import OUTPUT_PAYLOADS, PROTOCOL_VERSION, REQUEST_PAYLOADS, RequestType
+from protocol.engine_core import OUTPUT_PAYLOADS, PROTOCOL_VERSION, REQUEST_PAYLOADS, RequestType
+from protocol.frames import ARRAY_EXT_CODE, WIRE_DTYPES, WireArray
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "docs" / "protocol.schema.json"
 

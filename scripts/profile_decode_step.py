@@ -39,8 +39,8 @@ def profile(args: argparse.Namespace) -> dict:
     from bench.device import write_model_dir
     from config.engine import engine_config_from_kwargs
     from engine_core.engine_core import EngineCore
-    from engine_core.protocol import EngineCoreRequest
-    from engine_core.sampling_params import SamplingParams
+    from protocol.engine_core import EngineCoreRequest
+    from protocol.sampling_params import SamplingParams
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:

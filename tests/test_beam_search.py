@@ -105,7 +105,7 @@ def test_longer_search_matches_an_independent_reference(llm, hf_model, length_pe
 
 
 def test_width_one_is_greedy_and_beams_share_cached_blocks(llm):
-    from engine_core.sampling_params import SamplingParams
+    from protocol.sampling_params import SamplingParams
 
     greedy = (
         llm.generate(

@@ -1,6 +1,6 @@
 """The house's shape, read from the imports (docs/architecture.md, "Layout"): imports run only
-inward, the configuration and the message (protocol) modules are leaves any process may import,
-and no two files import each other, directly or around a loop.
+inward, the leaf packages (configuration, messages, IPC, metrics) import only leaves, and no two
+files import each other, directly or around a loop.
 
 Inward: frontend -> tokenizer_proc -> engine_core -> executor -> gpu_worker -> kernels; a folder
 may skip layers. bench/ drives the engine as a user does, from outside frontend/; the `engine`
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("bench", "frontend", "tokenizer_proc", "engine_core", "executor", "gpu_worker", "kernels")
 LEAF_PACKAGES = ("config", "metrics", "ipc")
 # Message types that cross a process boundary, beside each folder's protocol.py.
-PROTOCOL_MODULES = {"engine_core.sampling_params", "executor.worker_messages"}
+PROTOCOL_MODULES = {"protocol.sampling_params", "executor.worker_messages"}
 ENTRY_POINT = "frontend.cli"  # the `engine` command: dispatches to bench/ too
 
 
@@ -85,11 +85,7 @@ def _imports(name: str) -> list[tuple[str, int, bool]]:
 
 
 def _is_leaf(name: str) -> bool:
-    return (
-        name.split(".")[0] in LEAF_PACKAGES
-        or name in PROTOCOL_MODULES
-        or name.rpartition(".")[2] == "protocol"
-    )
+    return name.split(".")[0] in LEAF_PACKAGES
 
 
 def _layer(name: str) -> int:

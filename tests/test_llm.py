@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_core.sampling_params import SamplingParams
 from frontend.llm import LLM
+from protocol.sampling_params import SamplingParams
 from tests.hf_reference import NEW_TOKENS, greedy, prompt_ids
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_core.sampling_params import SamplingParams
 from frontend.llm import LLM, TokensPrompt
+from protocol.sampling_params import SamplingParams
 from tests.test_beam_search import tiny_path  # noqa: F401 - a fixture
 
 PROMPT = [1, 17, 300, 42, 7, 99]

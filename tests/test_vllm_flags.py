@@ -14,14 +14,14 @@ from config.args import engine_kwargs
 from config.engine import ConfigError, ModelConfig, engine_config_from_kwargs
 from config.generation_config import check_generation_config, default_sampling_params
 from engine_core.generation_config import cap_unset_max_tokens, check_sampling_defaults
-from engine_core.protocol import EngineCoreRequest
 from engine_core.remote_code import remote_code_notice
-from engine_core.sampling_params import SamplingParams
 from frontend.api_server import apply_generation_defaults
 from frontend.cli import build_parser, main
 from frontend.cors import CorsPolicy
 from frontend.http_options import HttpOptions
 from frontend.openai_protocol import ChatCompletionRequest, CompletionRequest
+from protocol.engine_core import EngineCoreRequest
+from protocol.sampling_params import SamplingParams
 
 
 def _serve_args(*argv: str):
@@ -360,7 +360,7 @@ def test_a_request_id_in_flight_is_not_taken_twice():
 
     from frontend.api_server import STATE, build_app
     from frontend.serving import ServingContext
-    from tokenizer_proc.protocol import RequestDelta
+    from protocol.tokenizer import RequestDelta
 
     release = asyncio.Event()
 
@@ -411,7 +411,7 @@ def test_enable_log_requests_logs_each_request_cut_at_max_log_len(caplog):
     from config.engine import ObservabilityConfig
     from frontend.api_server import build_app
     from frontend.serving import ServingContext
-    from tokenizer_proc.protocol import RequestDelta
+    from protocol.tokenizer import RequestDelta
 
     class Client:
         async def generate(self, request):

@@ -29,8 +29,7 @@ from ipc.curve import key_from_env
 from ipc.handshake import hello_frames, ready_or_refused
 from ipc.process import host_identity, wait_for_exit
 from ipc.sockets import connect_dealer
-from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, Link, keep_alive, silence_timeout
-from tokenizer_proc.protocol import (
+from protocol.tokenizer import (
     TOKENIZER_PROTOCOL_VERSION,
     AbortRequest,
     ApiOutputType,
@@ -43,6 +42,7 @@ from tokenizer_proc.protocol import (
     TokenizerReady,
     api_output_decoders,
 )
+from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, Link, keep_alive, silence_timeout
 
 logger = logging.getLogger("tokenizer_proc.client")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine_core.frames import tolist
-from engine_core.protocol import Logprobs
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import Logprobs
+from protocol.frames import tolist
+from protocol.sampling_params import SamplingParams
 from tokenizer_proc.incremental import make_incremental_decoder
 from tokenizer_proc.request_output import Logprob
 

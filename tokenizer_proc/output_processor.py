@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from engine_core.protocol import EngineCoreOutput, FinishReason, Logprobs
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import EngineCoreOutput, FinishReason, Logprobs
+from protocol.sampling_params import SamplingParams
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
 from tokenizer_proc.request_output import PromptLogprobs, SampleLogprobs
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # transformers takes seconds to import
     from transformers import PreTrainedTokenizerBase

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from engine_core.protocol import EngineCoreOutput
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import EngineCoreOutput
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import PositionLogprobs, RequestDelta, TokenLogprob
 from tokenizer_proc.output_processor import OutputProcessor
-from tokenizer_proc.protocol import PositionLogprobs, RequestDelta, TokenLogprob
 from tokenizer_proc.request_output import Logprob
 
 if TYPE_CHECKING:

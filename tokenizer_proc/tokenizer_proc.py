@@ -8,7 +8,7 @@ watched: when it exits, its requests are aborted at once. A client that asked fo
 (tokenizer_proc/heartbeat.py). With the engine's shared secret (ENGINE_CORE_KEY) the socket
 speaks CurveZMQ (ipc/curve.py). A DPEngineCoreClient talks to the engine cores
 (one, or a data-parallel group: each request to the least loaded). Protocol:
-tokenizer_proc/protocol.py and docs/protocol.md.
+protocol/tokenizer.py and docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from engine_core.client import EngineDeadError, EngineRequestError
 from engine_core.dp_client import DPEngineCoreClient, OutputItem
 from engine_core.generation_config import cap_unset_max_tokens
 from engine_core.log_options import apply_log_options
-from engine_core.protocol import EngineCoreOutputs, EngineCoreRequest
 from engine_core.validation import check_completion_fits, validate_request
 from ipc.channel import Channel
 from ipc.curve import key_from_env
@@ -45,10 +44,8 @@ from ipc.process import (
 )
 from ipc.sockets import RouterServer
 from metrics.request_stats import RequestStatsRecorder
-from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, Link, keep_alive, silence_timeout
-from tokenizer_proc.output_processor import child_sampling_params
-from tokenizer_proc.prompt_inputs import truncate_prompt, with_bad_words_tokenized
-from tokenizer_proc.protocol import (
+from protocol.engine_core import EngineCoreOutputs, EngineCoreRequest
+from protocol.tokenizer import (
     TOKENIZER_PROTOCOL_VERSION,
     ApiOutputType,
     ApiRequestType,
@@ -60,6 +57,9 @@ from tokenizer_proc.protocol import (
     TokenizerReady,
     api_request_decoders,
 )
+from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, Link, keep_alive, silence_timeout
+from tokenizer_proc.output_processor import child_sampling_params
+from tokenizer_proc.prompt_inputs import truncate_prompt, with_bad_words_tokenized
 from tokenizer_proc.streams import DeltaStreams
 from tokenizer_proc.tokenizer import apply_chat_template
 

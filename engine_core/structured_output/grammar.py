@@ -9,7 +9,7 @@ from typing import Any
 
 import xgrammar as xgr
 
-from engine_core.sampling_params import StructuredOutputsParams
+from protocol.sampling_params import StructuredOutputsParams
 
 # JSON constraints allow whitespace between tokens (as vLLM does by default), but at most this
 # many characters in a row: pretty-printed JSON nested 7 deep at an indent of 4 still fits,

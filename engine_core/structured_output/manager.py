@@ -18,9 +18,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 import torch
 import xgrammar as xgr
 
-from engine_core.sampling_params import StructuredOutputsParams
 from engine_core.structured_output.backend import GrammarBackend, bitmask_width
 from engine_core.structured_output.grammar import build_grammar, grammar_key
+from protocol.sampling_params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import msgspec
 
-from engine_core.sampling_params import StructuredOutputsParams
 from frontend.errors import bad_request
 from frontend.openai_protocol import ChatTool, FunctionDefinition, NamedToolChoice
 from frontend.tool_parsers import TOOL_PARSERS
 from frontend.tool_parsers.forced import NamedFunctionParser, RequiredParser
 from frontend.tool_parsers.streamer import ToolCallParser
+from protocol.sampling_params import StructuredOutputsParams
 
 _NO_PARAMETERS = {"type": "object", "properties": {}}
 

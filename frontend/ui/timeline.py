@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from protocol.tokenizer import GenerateRequest, RequestDelta
 from tokenizer_proc.client import TokenizerClient
-from tokenizer_proc.protocol import GenerateRequest, RequestDelta
 
 # Output batches kept per request for the timeline's ticks (evenly thinned beyond this).
 MAX_TICKS = 64

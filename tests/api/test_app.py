@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from frontend.api_server import STATE, build_app
 from frontend.serving import ServingContext
+from protocol.tokenizer import RequestDelta, RequestError
 from tokenizer_proc.client import TokenizerRequestError
-from tokenizer_proc.protocol import RequestDelta, RequestError
 
 
 class FakeClient:

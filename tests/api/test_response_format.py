@@ -9,12 +9,12 @@ import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from engine_core.sampling_params import StructuredOutputsParams
 from frontend.api_server import build_app
 from frontend.errors import ApiError
 from frontend.openai_protocol import ChatCompletionRequest, CompletionRequest
 from frontend.response_format import requested_constraint
 from frontend.serving import ServingContext
+from protocol.sampling_params import StructuredOutputsParams
 from tests.api.test_tool_calling import ScriptedClient
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}

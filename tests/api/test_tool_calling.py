@@ -10,11 +10,11 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from engine_core.sampling_params import StructuredOutputsParams
 from engine_core.structured_output.grammar import check_grammar
 from frontend.api_server import build_app
 from frontend.serving import ServingContext
-from tokenizer_proc.protocol import RequestDelta
+from protocol.sampling_params import StructuredOutputsParams
+from protocol.tokenizer import RequestDelta
 
 WEATHER_PARAMS = {
     "type": "object",

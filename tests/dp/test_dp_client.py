@@ -9,14 +9,14 @@ import pytest
 
 from engine_core.client import EngineDeadError
 from engine_core.dp_client import DPEngineCoreClient
-from engine_core.protocol import (
+from protocol.engine_core import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishReason,
     SchedulerStats,
 )
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 
 
 class _Engine:

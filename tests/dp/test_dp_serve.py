@@ -135,7 +135,7 @@ def _samples(server: Server) -> dict[tuple[str, str], float]:
 
 _ONE_ENGINE = """
 import json, sys
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 from frontend.llm import LLM
 llm = LLM(sys.argv[1], device="cpu", max_model_len=256, kv_cache_memory="16MiB")
 greedy = SamplingParams(max_tokens=int(sys.argv[2]), temperature=0.0, ignore_eos=True)

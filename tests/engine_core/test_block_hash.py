@@ -8,7 +8,7 @@ import pytest
 
 from engine_core.block_hash import get_hash_fn, hash_block_tokens, make_block_hasher, root_hash
 from engine_core.request import Request
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 
 
 def _request(tokens: list[int], hasher, salt: str | None = None) -> Request:
@@ -54,7 +54,7 @@ def test_sha256_hashes_agree_across_processes() -> None:
     code = (
         "from engine_core.block_hash import make_block_hasher;"
         "from engine_core.request import Request;"
-        "from engine_core.sampling_params import SamplingParams;"
+        "from protocol.sampling_params import SamplingParams;"
         "r = Request('r', list(range(8)), SamplingParams(), None, cache_salt='s',"
         " block_hasher=make_block_hasher(4));print(r.block_hashes[-1].hex())"
     )

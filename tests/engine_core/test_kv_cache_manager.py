@@ -3,7 +3,7 @@ from __future__ import annotations
 from engine_core.block_hash import make_block_hasher
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.request import Request
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 
 BS = 4
 

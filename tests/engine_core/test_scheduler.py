@@ -4,10 +4,10 @@ import random
 
 import pytest
 
-from engine_core.protocol import FinishReason
 from engine_core.request import Request, RequestStatus
 from engine_core.request_queue import PriorityQueue
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import FinishReason
+from protocol.sampling_params import SamplingParams
 from tests.engine_core.utils import (
     EOS,
     SAMPLED,

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from engine_core.protocol import FinishReason
 from engine_core.request import RequestStatus
+from protocol.engine_core import FinishReason
 from tests.engine_core.utils import (
     FakeRunner,
     make_request,

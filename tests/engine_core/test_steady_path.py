@@ -18,7 +18,7 @@ import pytest
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.request import RequestStatus
 from engine_core.scheduler import _UNKNOWN, Scheduler
-from gpu_worker.protocol import SchedulerOutput
+from protocol.step import SchedulerOutput
 from tests.engine_core.test_scheduler_random import check_invariants
 from tests.engine_core.utils import (
     EOS,
@@ -386,7 +386,7 @@ def test_skipped_steps_leave_nothing_to_allocate_or_cache(
 def test_one_block_hash_matches_the_general_hasher(algo: str, salt: str | None) -> None:
     from engine_core.block_hash import make_block_hasher
     from engine_core.request import Request
-    from engine_core.sampling_params import SamplingParams
+    from protocol.sampling_params import SamplingParams
 
     hasher = make_block_hasher(4, algo)
     fast = Request("a", list(range(10, 17)), SamplingParams(max_tokens=20), None, 0.0, 0, salt)

@@ -6,10 +6,10 @@ import random
 from collections.abc import Callable
 
 from config.engine import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from engine_core.protocol import EngineCoreRequest
-from engine_core.sampling_params import SamplingParams
 from engine_core.scheduler import Scheduler
-from gpu_worker.protocol import ModelRunnerOutput, SchedulerOutput
+from protocol.engine_core import EngineCoreRequest
+from protocol.sampling_params import SamplingParams
+from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 EOS = 2
 SAMPLED = 5

@@ -8,9 +8,9 @@ import pytest
 
 from engine_core.client import EngineCoreClient
 from engine_core.inproc_client import InprocClient
-from engine_core.protocol import EngineCoreRequest
 from engine_core.resolve import resolved_config
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import EngineCoreRequest
+from protocol.sampling_params import SamplingParams
 from tests.engine_core_proc.utils import PROMPTS, collect
 
 # Greedy requests that end every way: length caps, stop ids (taken from the synchronous run's

@@ -1,4 +1,4 @@
-"""The array codec (engine_core/frames.py): round trips inline and as frames, zero copies."""
+"""The array codec (protocol/frames.py): round trips inline and as frames, zero copies."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from engine_core.frames import (
+from protocol.engine_core import EngineCoreRequest, OutputType, output_decoders
+from protocol.frames import (
     INLINE_MAX_BYTES,
     FloatMatrix,
     FrameDecoder,
@@ -14,8 +15,7 @@ from engine_core.frames import (
     IntMatrix,
     IntVector,
 )
-from engine_core.protocol import EngineCoreRequest, OutputType, output_decoders
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 
 
 class Arrays(msgspec.Struct, array_like=True):

@@ -14,11 +14,11 @@ from engine_core.client import (
     EngineRequestError,
     UtilityCallError,
 )
-from engine_core.frames import tolist
 from engine_core.inproc_client import InprocClient
-from engine_core.protocol import PROTOCOL_VERSION, EngineCoreRequest, FinishReason
 from engine_core.resolve import resolved_config
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import PROTOCOL_VERSION, EngineCoreRequest, FinishReason
+from protocol.frames import tolist
+from protocol.sampling_params import SamplingParams
 from tests.engine_core_proc.utils import PROMPTS, collect, greedy_request
 
 

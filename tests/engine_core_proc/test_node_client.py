@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from engine_core.client import EngineCoreClient
-from engine_core.protocol import EngineCoreRequest
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import EngineCoreRequest
+from protocol.sampling_params import SamplingParams
 from tests.engine_core_proc.utils import PROMPTS, collect, greedy_request
 
 NODE_CLIENT = Path(__file__).resolve().parents[2] / "clients" / "node"

@@ -21,8 +21,8 @@ import zmq
 from engine_core.client import EngineCoreClient, EngineDeadError
 from engine_core.core_proc import EngineCoreProc
 from engine_core.engine_core import EngineCore
-from engine_core.frames import ARRAY_EXT_CODE
-from engine_core.protocol import (
+from engine_core.resolve import resolved_config
+from protocol.engine_core import (
     PROTOCOL_VERSION,
     ClientHello,
     OutputType,
@@ -31,7 +31,7 @@ from engine_core.protocol import (
     UtilityRequest,
     output_decoders,
 )
-from engine_core.resolve import resolved_config
+from protocol.frames import ARRAY_EXT_CODE
 from tests.engine_core_proc.utils import PROMPTS, collect, greedy_request
 
 _encode = msgspec.msgpack.encode

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from engine_core.client import EngineCoreClient
-from engine_core.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, Logprobs
-from engine_core.sampling_params import SamplingParams
 from engine_core.stream_gate import StreamGate
+from protocol.engine_core import EngineCoreOutput, EngineCoreRequest, FinishReason, Logprobs
+from protocol.sampling_params import SamplingParams
 from tests.engine_core_proc.utils import PROMPTS
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_core.protocol import EngineCoreRequest, FinishReason
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import EngineCoreRequest, FinishReason
+from protocol.sampling_params import SamplingParams
 
 PROMPTS = [
     [1, 17, 250, 3, 99],

@@ -20,11 +20,11 @@ from safetensors.torch import load_file, save_file
 
 from config.engine import EngineConfig
 from engine_core.resolve import resolved_config
-from engine_core.sampling_params import SamplingParams
 from executor.base import Executor
 from executor.factory import create_executor
 from executor.multiproc import MultiprocExecutor, WorkerError
 from executor.uniproc import UniProcExecutor
+from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.driver import StepDriver
 from tests.worker.runner_utils import make_runner

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from engine_core.resolve import resolved_config
-from engine_core.sampling_params import SamplingParams
 from executor.base import WorkerError
 from frontend.llm import LLM
+from protocol.sampling_params import SamplingParams
 from tests.serve.conftest import Server, kill_mid_generation, pid_gone, wait_until
 from tests.tiny_models import make_tiny_model_with_tokenizer
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from executor.shm_broadcast import RingHandle, ShmRingReader, ShmRingWriter
-from gpu_worker.protocol import SchedulerOutput
+from protocol.step import SchedulerOutput
 
 
 def _message(i: int, size: int = 0) -> bytes:

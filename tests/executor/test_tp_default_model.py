@@ -4,8 +4,8 @@ so TP=3 is the split it allows (TP=2 is tested on tiny models in test_multiproc.
 
 from __future__ import annotations
 
-from engine_core.sampling_params import SamplingParams
 from frontend.llm import LLM
+from protocol.sampling_params import SamplingParams
 from tests.hf_reference import NEW_TOKENS, greedy, prompt_ids
 
 

@@ -7,8 +7,8 @@ import logging
 import pytest
 from prometheus_client import REGISTRY
 
-from engine_core.protocol import SchedulerStats
 from metrics.engine_stats import EngineStatsRecorder
+from protocol.engine_core import SchedulerStats
 
 
 class FakeClock:

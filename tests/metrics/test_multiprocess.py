@@ -14,7 +14,7 @@ from metrics.exposition import mark_process_dead, render_metrics, setup_multipro
 ROOT = Path(__file__).resolve().parents[2]
 
 ENGINE_PROC = """
-from engine_core.protocol import SchedulerStats
+from protocol.engine_core import SchedulerStats
 from metrics.engine_stats import EngineStatsRecorder
 from metrics.request_stats import RequestStatsRecorder
 rec = EngineStatsRecorder("tiny")

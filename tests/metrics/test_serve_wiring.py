@@ -7,10 +7,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import GenerateRequest
 from tests.serve.conftest import Server, tiny_args, tiny_model  # noqa: F401 (fixtures)
 from tokenizer_proc.client import BlockingTokenizerClient
-from tokenizer_proc.protocol import GenerateRequest
 
 
 def test_processes_record_into_the_metrics_dir(tiny_args) -> None:

@@ -7,9 +7,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from config.engine import CacheConfig
-from engine_core.protocol import SchedulerStats
 from metrics.engine_stats import EngineStatsRecorder
 from metrics.request_stats import RequestStatsRecorder
+from protocol.engine_core import SchedulerStats
 from tests.metrics.test_request_stats import _value
 
 

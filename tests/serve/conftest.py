@@ -124,9 +124,9 @@ def pid_gone(pid: int) -> bool:
 def kill_mid_generation(server: Server, pid: int) -> Exception:
     """Start a long request, SIGKILL pid once it streams, and return the error the request
     ends with (AssertionError if it ends without one)."""
-    from engine_core.sampling_params import SamplingParams
+    from protocol.sampling_params import SamplingParams
+    from protocol.tokenizer import GenerateRequest
     from tokenizer_proc.client import BlockingTokenizerClient, TokenizerRequestError
-    from tokenizer_proc.protocol import GenerateRequest
 
     client = BlockingTokenizerClient(server.tokenizer_addresses)
     try:

@@ -8,10 +8,10 @@ import signal
 
 import pytest
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import GenerateRequest
 from tests.serve.conftest import Server, pid_gone, wait_until
 from tokenizer_proc.client import BlockingTokenizerClient, TokenizerRequestError
-from tokenizer_proc.protocol import GenerateRequest
 
 LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
 

@@ -16,10 +16,10 @@ import time
 import pytest
 
 from engine_core.client import EngineCoreClient
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import GenerateRequest
 from tests.serve.conftest import LONG_COMPLETION, Server, SseStream, http_request, wait_until
 from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
-from tokenizer_proc.protocol import GenerateRequest
 
 # The product's target is a second; a loaded 2-core box gets a margin.
 WITHIN_S = 5.0
@@ -93,9 +93,9 @@ def test_a_dead_api_server_stops_the_tree_with_an_error_event_on_the_other(tiny_
 # A client of the tokenizer process that streams one long request, then waits to be killed.
 _CLIENT = """
 import sys, time
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 from tokenizer_proc.client import BlockingTokenizerClient
-from tokenizer_proc.protocol import GenerateRequest
+from protocol.tokenizer import GenerateRequest
 client = BlockingTokenizerClient(sys.argv[1:])
 client.send(GenerateRequest("orphan", SamplingParams(temperature=0.0, max_tokens=200,
                                                      ignore_eos=True), prompt="Hello"))
@@ -150,7 +150,7 @@ def test_a_dead_clients_requests_are_aborted_at_once(tiny_args):
 # A tokenizer process that answers HELLO and then nothing: requests stay in flight.
 _SILENT_TOKENIZER = """
 import msgspec, zmq
-from tokenizer_proc.protocol import TOKENIZER_PROTOCOL_VERSION, TokenizerReady
+from protocol.tokenizer import TOKENIZER_PROTOCOL_VERSION, TokenizerReady
 sock = zmq.Context().socket(zmq.ROUTER)
 print(sock.bind_to_random_port("tcp://127.0.0.1"), flush=True)
 while True:

@@ -20,14 +20,8 @@ import zmq
 import zmq.asyncio
 
 from engine_core.client import EngineCoreClient
-from engine_core.sampling_params import SamplingParams
-from tests.serve.conftest import Server, wait_until
-from tests.serve.test_liveness import _aborted
-from tests.serve.test_tokenizer_auth import SECRET, _free_port
-from tokenizer_proc import heartbeat
-from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
-from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, silence_timeout
-from tokenizer_proc.protocol import (
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import (
     TOKENIZER_PROTOCOL_VERSION,
     ApiOutputType,
     ApiRequestType,
@@ -37,6 +31,12 @@ from tokenizer_proc.protocol import (
     TokenizerHello,
     TokenizerReady,
 )
+from tests.serve.conftest import Server, wait_until
+from tests.serve.test_liveness import _aborted
+from tests.serve.test_tokenizer_auth import SECRET, _free_port
+from tokenizer_proc import heartbeat
+from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
+from tokenizer_proc.heartbeat import HEARTBEAT_INTERVAL_S, silence_timeout
 
 # Silence is noticed at a heartbeat tick, up to an interval late, after the peer's last
 # message (up to an interval before it died); the rest is a loaded 2-core box's margin.
@@ -64,8 +64,8 @@ _REMOTE_CLIENT = """
 import asyncio, sys
 import tokenizer_proc.client as client_module
 client_module.host_identity = lambda: "another-host"
-from engine_core.sampling_params import SamplingParams
-from tokenizer_proc.protocol import GenerateRequest
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import GenerateRequest
 
 async def main():
     client = await client_module.TokenizerClient.create(sys.argv[1:], client_name="remote-api")

@@ -12,22 +12,22 @@ import pytest
 import zmq
 
 from engine_core.client import EngineCoreClient
-from engine_core.sampling_params import SamplingParams
 from frontend.llm import LLM
-from tests.serve.conftest import Server, wait_until
-from tokenizer_proc.client import (
-    BlockingTokenizerClient,
-    TokenizerClient,
-    TokenizerRequestError,
-    pin_worker,
-)
-from tokenizer_proc.protocol import (
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import (
     TOKENIZER_PROTOCOL_VERSION,
     ApiOutputType,
     ApiRequestType,
     GenerateRequest,
     TokenizerHello,
     api_output_decoders,
+)
+from tests.serve.conftest import Server, wait_until
+from tokenizer_proc.client import (
+    BlockingTokenizerClient,
+    TokenizerClient,
+    TokenizerRequestError,
+    pin_worker,
 )
 
 ENGINE_ARGS = dict(device="cpu", kv_cache_memory="64MiB", max_model_len=512)

@@ -9,10 +9,10 @@ import socket
 
 import pytest
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import GenerateRequest
 from tests.serve.conftest import Server, http_request
 from tokenizer_proc.client import BlockingTokenizerClient, TokenizerClient
-from tokenizer_proc.protocol import GenerateRequest
 
 SECRET = "correct horse battery staple"
 

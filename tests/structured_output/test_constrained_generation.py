@@ -10,9 +10,9 @@ import re
 import jsonschema
 import pytest
 
-from engine_core.sampling_params import SamplingParams, StructuredOutputsParams
 from engine_core.validation import InvalidRequestError
 from frontend.llm import LLM
+from protocol.sampling_params import SamplingParams, StructuredOutputsParams
 from tests.tiny_models import make_tiny_model_with_tokenizer
 
 # Bounded: a random model must end it (after the closing brace only EOS is allowed).
@@ -176,7 +176,7 @@ def test_a_bad_constraint_is_refused_before_anything_runs(llm):
     bad = SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed"))
     with pytest.raises(ValueError, match="invalid structured_outputs.regex"):
         llm.generate(["x", "y"], [SamplingParams(), bad], use_tqdm=False)
-    from engine_core.protocol import EngineCoreRequest
+    from protocol.engine_core import EngineCoreRequest
 
     with pytest.raises(InvalidRequestError, match="invalid structured_outputs.regex"):
         llm.engine_core.add_request(EngineCoreRequest("bad", [1, 2, 3], bad))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from engine_core.sampling_params import SamplingParams, StructuredOutputsParams
 from engine_core.structured_output.grammar import check_grammar, choice_ebnf, grammar_key
+from protocol.sampling_params import SamplingParams, StructuredOutputsParams
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from engine_core.request import Request, RequestStatus
-from gpu_worker.protocol import ModelRunnerOutput
+from protocol.step import ModelRunnerOutput
 from tests.engine_core.utils import EOS, make_request, make_scheduler
 
 

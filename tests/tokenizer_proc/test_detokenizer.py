@@ -7,8 +7,8 @@ import random
 import msgspec
 import pytest
 
-from engine_core.protocol import Logprobs
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import Logprobs
+from protocol.sampling_params import SamplingParams
 from tokenizer_proc import incremental
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
 from tokenizer_proc.request_output import Logprob

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine_core.sampling_params import SamplingParams
 from frontend.llm import LLM
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import GenerateRequest
 from tests.serve.conftest import Server, tiny_model  # noqa: F401 (fixture)
 from tokenizer_proc.client import BlockingTokenizerClient
-from tokenizer_proc.protocol import GenerateRequest
 
 PROMPT = [1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000]
 ENGINE_ARGS = ["--device", "cpu", "--kv-cache-memory", "16MiB", "--max-model-len", "256"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_core.protocol import EngineCoreOutput, FinishReason, Logprobs
-from engine_core.sampling_params import SamplingParams
+from protocol.engine_core import EngineCoreOutput, FinishReason, Logprobs
+from protocol.sampling_params import SamplingParams
 from tokenizer_proc.output_processor import OutputProcessor
 from tokenizer_proc.request_output import Logprob, RequestOutput
 from tokenizer_proc.streams import DeltaStreams

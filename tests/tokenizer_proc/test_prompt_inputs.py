@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import GenerateRequest
 from tokenizer_proc.prompt_inputs import (
     bad_words_token_ids,
     truncate_prompt,
     with_bad_words_tokenized,
 )
-from tokenizer_proc.protocol import GenerateRequest
 from tokenizer_proc.tokenizer_proc import TokenizerProc
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from config.default_model import resolve_model_path
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 from tokenizer_proc.detokenizer import IncrementalDetokenizer
 from tokenizer_proc.tokenizer import load_tokenizer
 

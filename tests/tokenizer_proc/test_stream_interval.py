@@ -12,9 +12,9 @@ import pytest
 
 from config.args import add_engine_args, engine_kwargs
 from config.engine import ConfigError, SchedulerConfig
-from engine_core.protocol import EngineCoreOutput, FinishReason, Logprobs
-from engine_core.sampling_params import SamplingParams
 from engine_core.stream_gate import StreamGate
+from protocol.engine_core import EngineCoreOutput, FinishReason, Logprobs
+from protocol.sampling_params import SamplingParams
 from tokenizer_proc.streams import DeltaStreams
 
 PROMPT = [1, 2, 3]

@@ -6,9 +6,9 @@ can be tested alone (one request at a time, all together, prompts in chunks).
 
 from __future__ import annotations
 
-from engine_core.sampling_params import SamplingParams
 from gpu_worker.model_runner import ModelRunner
-from gpu_worker.protocol import CachedRequestData, NewRequestData, SchedulerOutput
+from protocol.sampling_params import SamplingParams
+from protocol.step import CachedRequestData, NewRequestData, SchedulerOutput
 
 
 class StepDriver:

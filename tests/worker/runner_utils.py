@@ -33,7 +33,7 @@ def assert_first_logprobs_close(
 ) -> None:
     """Each prompt's first-token logprobs from got within bf16's tolerance of ref's (one step of
     both drivers, greedy, top 3)."""
-    from engine_core.sampling_params import SamplingParams
+    from protocol.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, ignore_eos=True, logprobs=3)
     ref.run(prompts, params, 1)

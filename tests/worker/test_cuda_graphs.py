@@ -16,9 +16,9 @@ import torch
 
 from config.engine import ConfigError, capture_sizes, engine_config_from_kwargs
 from engine_core.resolve import resolved_config
-from engine_core.sampling_params import SamplingParams
 from gpu_worker import cuda_graphs
 from gpu_worker.cuda_graphs import DecodeInputs
+from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
 
@@ -83,7 +83,7 @@ def test_decode_steps_through_the_graph_buffers_compute_the_same(tiny):
 
 def _generate(model, prompts, max_tokens, monkeypatch, **engine_args):
     from engine_core.engine_core import EngineCore
-    from engine_core.protocol import EngineCoreRequest
+    from protocol.engine_core import EngineCoreRequest
 
     replays = [0]
     real = cuda_graphs.DecodeGraphs.replay

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 from tests.hf_reference import NEW_TOKENS, greedy, prompt_ids
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import assert_first_logprobs_close, make_runner

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_core.sampling_params import SamplingParams
 from kernels import cpu_ops
 from kernels.decode_stack import DecodeStack
+from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
 

@@ -13,10 +13,10 @@ import torch
 from gguf import GGMLQuantizationType as GGMLType
 
 from config.gguf_convert import GGUF_LINK
-from engine_core.sampling_params import SamplingParams
 from gpu_worker.loader.model_loader import load_model
 from kernels import cpu_ops
 from kernels.decode_stack import MAX_ROWS, DecodeStack
+from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
 from tests.worker.test_gguf_quant import write_gguf

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_core.sampling_params import SamplingParams
 from kernels import cpu_ops
+from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import count_logits_calls, make_runner
 

@@ -21,10 +21,10 @@ from safetensors.torch import save_file
 from config.default_model import gguf_cache_dir
 from config.gguf_convert import GGUF_LINK, dense_tensor, hf_tensor_name
 from config.gguf_tensors import read_gguf_tensors
-from engine_core.sampling_params import SamplingParams
 from gpu_worker.layers.linear import Linear
 from gpu_worker.loader import gguf_weights
 from kernels.gguf_device import DeviceQuantWeight
+from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import (
     assert_first_logprobs_close,

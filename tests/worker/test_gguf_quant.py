@@ -22,11 +22,11 @@ from config.gguf_convert import GGUF_LINK, dense_tensor
 from config.gguf_tensors import read_gguf_tensors
 from config.model_arch import ModelArchConfig
 from engine_core.resolve import resolved_config
-from engine_core.sampling_params import SamplingParams
 from gpu_worker.layers.linear import Linear
 from gpu_worker.loader.model_loader import load_model
 from gpu_worker.models.weights import WeightLoadError
 from kernels import cpu_ops
+from protocol.sampling_params import SamplingParams
 from tests.hf_reference import NEW_TOKENS, greedy, prompt_ids
 from tests.kernels.library_env import library_env
 from tests.kernels.test_quant_linear import quantized

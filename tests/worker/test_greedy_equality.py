@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 from tests.hf_reference import NEW_TOKENS, greedy, prompt_ids, prompt_logprobs
 from tests.worker.runner_utils import make_runner
 

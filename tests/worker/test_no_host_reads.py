@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine_core.sampling_params import SamplingParams
 from gpu_worker import async_output, staging
-from gpu_worker.protocol import CachedRequestData, NewRequestData, SchedulerOutput
 from kernels.prepared_inputs import PreparedInputs
+from protocol.sampling_params import SamplingParams
+from protocol.step import CachedRequestData, NewRequestData, SchedulerOutput
 from tests.kernels.library_env import library_env
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner

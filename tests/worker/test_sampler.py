@@ -10,10 +10,10 @@ import pytest
 import scipy.stats
 import torch
 
-from engine_core.sampling_params import SamplingParams
 from gpu_worker.penalties import apply_penalties
 from gpu_worker.sampler import Sampler, SamplerOutput, compute_logprobs_tensors
 from gpu_worker.sampling_state import build_sampling_metadata
+from protocol.sampling_params import SamplingParams
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EOS = 5

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 from tests.worker.test_sampler import EOS, sample, state
 
 V = 40

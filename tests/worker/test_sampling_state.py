@@ -9,9 +9,9 @@ import dataclasses
 import numpy as np
 import torch
 
-from engine_core.sampling_params import SamplingParams
 from gpu_worker.sampling_state import SamplingStates
 from gpu_worker.staging import HostToDevice
+from protocol.sampling_params import SamplingParams
 
 VOCAB, EOS = 64, 2
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_core.sampling_params import SamplingParams
 from gpu_worker.attention.triton_backend import TritonAttentionBackend
+from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 
 # Bumped on any change a peer of the previous version would misread.
 TOKENIZER_PROTOCOL_VERSION = 3

@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from engine_core.frames import FloatMatrix, FrameDecoder, IntMatrix, IntVector
-from engine_core.sampling_params import SamplingParams
+from protocol.frames import FloatMatrix, FrameDecoder, IntMatrix, IntVector
+from protocol.sampling_params import SamplingParams
 
 
 class FinishReason(enum.IntEnum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from engine_core.sampling_params import SamplingParams
+from protocol.sampling_params import SamplingParams
 
 
 class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
