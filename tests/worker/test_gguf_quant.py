@@ -204,9 +204,12 @@ def write_gguf(path: Path, layers: int, types: dict[str, GGMLType] = _TYPES) -> 
     return path
 
 
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory):
-    """(quantized model, fp32 model of the same file dequantized)."""
+@pytest.fixture(scope="module", params=[False, True], ids=["blocked-gate-up", "fused-swiglu"])
+def mixed(request, tmp_path_factory):
+    """(quantized model, fp32 model of the same file dequantized), loaded once with each CPU MLP
+    layout: whether the fused SwiGLU layout pays depends on the build's vector width (512-bit
+    vectors: it does), so both are forced here and the suite checks both on any machine."""
+    fused = request.param
     root = tmp_path_factory.mktemp("mixed")
     model_dir = make_tiny_model(
         root / "tiny",
@@ -219,7 +222,9 @@ def mixed(tmp_path_factory):
     gguf_file = write_gguf(root / "tiny.gguf", config["num_hidden_layers"])
     (model_dir / GGUF_LINK).symlink_to(gguf_file)
     arch = ModelArchConfig.from_model_dir(model_dir)
-    model = load_model(model_dir, arch, torch.float32, CPU, "gguf")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_ops, "fused_swiglu_pays", lambda: fused)
+        model = load_model(model_dir, arch, torch.float32, CPU, "gguf")
     from config.gguf_convert import hf_tensor_name
     from gpu_worker.models.registry import model_class
 
@@ -228,11 +233,11 @@ def mixed(tmp_path_factory):
         (str(gguf_file), hf_tensor_name(t.name), dense_tensor(t, hf_tensor_name(t.name), 4, 2))
         for t in read_gguf_tensors(gguf_file)
     )
-    return model, reference
+    return model, reference, fused
 
 
 def test_mixed_types_keep_their_blocks_per_part(mixed):
-    model, _ = mixed
+    model, _, fused = mixed
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
     assert [(p.qtype, p.out_features) for p in attn.qkv_proj.quantized.parts] == [
         (GGMLType.Q4_K, 384),
@@ -240,12 +245,15 @@ def test_mixed_types_keep_their_blocks_per_part(mixed):
     ]  # q and k merged, v its own
     assert [p.qtype for p in attn.o_proj.quantized.parts] == [GGMLType.Q5_K]
     assert [p.qtype for p in mlp.down_proj.quantized.parts] == [GGMLType.Q5_1]
-    assert mlp.gate_up_proj.quantized is None and mlp.gate_up_proj.blocked_weight is not None
+    # The F32 gate/up weight takes the fused SwiGLU layout where that pays, else the blocked one.
+    assert mlp.gate_up_proj.quantized is None
+    assert (mlp.fused_gate_up is not None) == fused
+    assert (mlp.gate_up_proj.blocked_weight is not None) == (not fused)
     assert [p.qtype for p in model.lm_head.quantized.parts] == [GGMLType.Q6_K]
 
 
 def test_mixed_types_equal_the_dequantized_model(mixed):
-    model, reference = mixed
+    model, reference, _ = mixed
     ours = dict(model.named_modules())
     x = torch.randn(5, 512)
     for name, ref in reference.named_modules():
