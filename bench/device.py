@@ -269,7 +269,8 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from bench.machine_limits import copy_bandwidth, machine_info
-    from config.engine import DeviceConfig, engine_config_from_kwargs
+    from config.device import DeviceConfig
+    from config.engine import engine_config_from_kwargs
 
     kwargs = engine_kwargs(args)
     for name in (

@@ -5,17 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from config.engine import (
-    BLOCK_SIZES,
-    DATA_PARALLEL_BACKENDS,
-    DEVICES,
-    DTYPES,
-    EXECUTOR_BACKENDS,
-    HASH_ALGOS,
-    LOAD_FORMATS,
-    LOG_LEVELS,
-    QUANTIZATIONS,
-)
+from config.cache import BLOCK_SIZES, HASH_ALGOS
+from config.device import DEVICES
+from config.load import LOAD_FORMATS
+from config.model import DTYPES, QUANTIZATIONS
+from config.observability import LOG_LEVELS
+from config.parallel import DATA_PARALLEL_BACKENDS, EXECUTOR_BACKENDS
 from config.vllm_only_args import ENGINE_ONLY, add_vllm_only_args, refuse_vllm_only
 
 

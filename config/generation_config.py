@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from config.errors import ConfigError
 
 if TYPE_CHECKING:
-    from config.engine import ModelConfig
+    from config.model import ModelConfig
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from config.engine import ConfigError, EngineConfig
+from config.engine import EngineConfig
+from config.errors import ConfigError
 from engine_core.log_options import apply_log_options
 from engine_core.remote_code import log_remote_code_notice
 from engine_core.request import Request, RequestStatus

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import msgspec
 
-from config.engine import ConfigError, EngineConfig
+from config.engine import EngineConfig
+from config.errors import ConfigError
 from protocol.engine_core import EngineCoreRequest
 from protocol.sampling_params import SamplingParams
 

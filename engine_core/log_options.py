@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from config.engine import ObservabilityConfig
+from config.observability import ObservabilityConfig
 
 # The project's top-level loggers: levels are set on these, never on the root logger, so an
 # application that runs LLM in its own process keeps its logging as it was.

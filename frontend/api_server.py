@@ -30,8 +30,9 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_urldispatcher import _default_expect_handler
 
-from config.engine import ObservabilityConfig, decode_config
+from config.engine import decode_config
 from config.generation_config import log_defaults
+from config.observability import ObservabilityConfig
 from engine_core.log_options import apply_log_options
 from frontend import admin_routes
 from frontend.admin_routes import AdminState, ServerInfoResponse, count_load

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
-from config.engine import ConfigError, EngineConfig
+from config.engine import EngineConfig
+from config.errors import ConfigError
 from engine_core.core_launcher import CoreProcess
 from engine_core.resolve import resolved_config
 from frontend import api_server

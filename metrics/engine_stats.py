@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from config.engine import CacheConfig
+from config.cache import CacheConfig
 from metrics.registry import HOLD_S, PROMPT_TOKEN_SOURCES, cache_config_info, engine_metrics
 from protocol.engine_core import SchedulerStats
 

@@ -9,16 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from config.engine import (
-    BLOCK_SIZES,
-    ConfigError,
-    EngineConfig,
-    _resolve_dtype,
-    attention_backends_for,
-    decode_config,
-    engine_config_from_kwargs,
-    parse_size,
-)
+from config.attention import attention_backends_for
+from config.cache import BLOCK_SIZES
+from config.engine import EngineConfig, _resolve_dtype, decode_config, engine_config_from_kwargs
+from config.errors import ConfigError
+from config.sizes import parse_size
 from engine_core.resolve import resolved_config
 from gpu_worker.model_runner import ModelRunner
 from tests.tiny_models import make_tiny_model

@@ -11,8 +11,10 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from config.args import engine_kwargs
-from config.engine import ConfigError, ModelConfig, engine_config_from_kwargs
+from config.engine import engine_config_from_kwargs
+from config.errors import ConfigError
 from config.generation_config import check_generation_config, default_sampling_params
+from config.model import ModelConfig
 from engine_core.generation_config import cap_unset_max_tokens, check_sampling_defaults
 from engine_core.remote_code import remote_code_notice
 from frontend.api_server import apply_generation_defaults
@@ -278,7 +280,7 @@ def test_cors_preflight_and_simple_answers():
 
 
 def test_log_level_applies_to_the_project_loggers():
-    from config.engine import ObservabilityConfig
+    from config.observability import ObservabilityConfig
     from engine_core.log_options import _LOGGERS, apply_log_options
 
     stats, proc = logging.getLogger("metrics.engine_stats"), logging.getLogger("engine_core")
@@ -408,7 +410,7 @@ def test_enable_log_requests_logs_each_request_cut_at_max_log_len(caplog):
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from config.engine import ObservabilityConfig
+    from config.observability import ObservabilityConfig
     from frontend.api_server import build_app
     from frontend.serving import ServingContext
     from protocol.tokenizer import RequestDelta

@@ -26,7 +26,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from config.engine import ConfigError, EngineConfig, decode_config
+from config.engine import EngineConfig, decode_config
+from config.errors import ConfigError
 from engine_core.client import EngineDeadError, EngineRequestError
 from engine_core.dp_client import DPEngineCoreClient, OutputItem
 from engine_core.generation_config import cap_unset_max_tokens

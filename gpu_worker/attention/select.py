@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from config.engine import attention_backends_for
+from config.attention import attention_backends_for
 
 
 def attention_backend(
@@ -13,7 +13,7 @@ def attention_backend(
     head_dim: int = 64,
     block_size: int = 16,
 ):
-    """The first backend of config.engine.ATTENTION_BACKENDS for the device type that runs
+    """The first backend of config.attention.ATTENTION_BACKENDS for the device type that runs
     this dtype, head size and block size: Triton kernels on CUDA; on the CPU the C kernels (fp32,
     head_dim 64 or 128, block_size a multiple of 16) when they build here, else vectorized torch
     ops. Raises ConfigError when no backend runs them (resolve() refuses such a config first)."""

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from config.engine import ConfigError, engine_config_from_kwargs
+from config.engine import engine_config_from_kwargs
+from config.errors import ConfigError
 from frontend.launcher import DataParallelPlan
 from tests.dp.test_dp_serve import (
     PROMPTS,

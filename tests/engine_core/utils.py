@@ -5,7 +5,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from config.engine import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from config.cache import CacheConfig
+from config.engine import EngineConfig
+from config.model import ModelConfig
+from config.scheduler import SchedulerConfig
 from engine_core.scheduler import Scheduler
 from protocol.engine_core import EngineCoreRequest
 from protocol.sampling_params import SamplingParams

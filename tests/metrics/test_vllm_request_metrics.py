@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from config.engine import CacheConfig
+from config.cache import CacheConfig
 from metrics.engine_stats import EngineStatsRecorder
 from metrics.request_stats import RequestStatsRecorder
 from protocol.engine_core import SchedulerStats

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from config.args import add_engine_args, engine_kwargs
-from config.engine import ConfigError, SchedulerConfig
+from config.errors import ConfigError
+from config.scheduler import SchedulerConfig
 from engine_core.stream_gate import StreamGate
 from protocol.engine_core import EngineCoreOutput, FinishReason, Logprobs
 from protocol.sampling_params import SamplingParams

@@ -14,7 +14,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from config.engine import ConfigError, capture_sizes, engine_config_from_kwargs
+from config.engine import capture_sizes, engine_config_from_kwargs
+from config.errors import ConfigError
 from engine_core.resolve import resolved_config
 from gpu_worker import cuda_graphs
 from gpu_worker.cuda_graphs import DecodeInputs

@@ -17,7 +17,8 @@ from gguf import GGUFWriter
 from safetensors.torch import load_file
 
 from config.args import add_engine_args, engine_kwargs
-from config.engine import ConfigError, engine_config_from_kwargs
+from config.engine import engine_config_from_kwargs
+from config.errors import ConfigError
 from config.gguf_convert import GGUF_LINK, dense_tensor
 from config.gguf_tensors import read_gguf_tensors
 from config.model_arch import ModelArchConfig

@@ -1,0 +1,71 @@
+"""The quantization resolver: whether the linear weights stay GGUF-quantized, and the
+settings the quantized path refuses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from config.errors import ConfigError
+from config.load import LoadConfig
+from config.model import ModelConfig
+
+
+def resolve_quantization(
+    model: ModelConfig,
+    load: LoadConfig,
+    tensor_parallel_size: int,
+    device_type: str,
+    cpu_kernels_available: Callable[[], bool],
+) -> str | None:
+    """'gguf' when the linear weights stay GGUF-quantized, else None (ModelConfig.quantization);
+    --load-format gguf asks for the same. Refuses what the quantized path cannot run. On
+    the CPU activations are float32 (the C kernels); on CUDA they take the model's dtype
+    (the Triton kernels dequantize into it)."""
+    from config.default_model import gguf_source
+
+    requested = "gguf" if load.load_format == "gguf" else model.quantization
+    is_gguf = gguf_source(model.model) is not None
+    tp = tensor_parallel_size
+    if requested is None:
+        auto = (
+            is_gguf
+            and device_type == "cpu"
+            and model.dtype == "auto"
+            and tp == 1
+            and load.load_format == "auto"
+            and cpu_kernels_available()
+        )
+        return "gguf" if auto else None
+    if not is_gguf:
+        raise ConfigError(
+            f"quantization 'gguf' needs a GGUF model (a .gguf file or the "
+            f"default model), not {model.model!r}"
+        )
+    if device_type not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"GGUF quantized weights run on the CPU and on CUDA (there is no "
+            f"{device_type} kernel for them): drop --quantization gguf and pass "
+            f"--dtype bfloat16 or --dtype float32 to dequantize them at load"
+        )
+    if device_type == "cpu" and model.dtype not in ("auto", "float32", "float"):
+        raise ConfigError(
+            f"quantization 'gguf' computes in float32 on the CPU, not "
+            f"{model.dtype}; drop --quantization to run dequantized weights in "
+            f"{model.dtype}"
+        )
+    if tp > 1:
+        raise ConfigError(
+            f"GGUF quantized weights are not split across tensor-parallel ranks: "
+            f"tensor_parallel_size {tp} needs dequantized weights (--dtype "
+            f"float32, without --quantization gguf)"
+        )
+    if load.load_format not in ("auto", "gguf"):
+        raise ConfigError(
+            f"quantization 'gguf' loads the GGUF file, not load_format {load.load_format!r}"
+        )
+    if device_type == "cpu" and not cpu_kernels_available():
+        raise ConfigError(
+            "GGUF quantized weights need the C CPU kernels, which are not "
+            "available here (no C compiler, or ENGINE_CPU_KERNELS=0)"
+        )
+    return "gguf"
