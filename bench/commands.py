@@ -1,7 +1,7 @@
 """The `engine bench` subcommand: its workloads' flags, and one runner that prints each
 workload's figures as JSON.
 
-frontend/cli.py imports this module only to build its parser; a workload's module (and torch,
+serve/cli.py imports this module only to build its parser; a workload's module (and torch,
 numpy, aiohttp) is imported when that workload runs: `engine core` must block its stop signals
 before any library starts threads.
 """

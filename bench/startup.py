@@ -88,7 +88,7 @@ def one_startup(serve_args: list[str], timeout: float) -> dict[str, Any]:
     lines: list[tuple[float, str]] = []
     start = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "frontend.cli", "serve", *serve_args, "--port", str(port)],
+        [sys.executable, "-P", "-m", "serve.cli", "serve", *serve_args, "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -55,7 +55,7 @@ def bench(base_url: str, extra: list[str], cpus: str | None) -> tuple[float, int
                 *pin,
                 sys.executable,
                 "-m",
-                "frontend.cli",
+                "serve.cli",
                 "bench",
                 "serve",
                 "--base-url",

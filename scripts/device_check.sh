@@ -36,13 +36,13 @@ for stage in $stages; do
         ;;
     bench)
         # Batch 1 and 64 at a short context, graphs on and off, async scheduling on and off.
-        python3 -m frontend.cli bench device --batch-sizes 1,64 --output-json "$OUT/bench.json" \
+        python3 -m serve.cli bench device --batch-sizes 1,64 --output-json "$OUT/bench.json" \
             2>"$OUT/bench.err" | tail -60 || rc=1
         tail -5 "$OUT/bench.err"
         ;;
     bench-long)
         # Batch 1 at a 32k context: the split-context decode.
-        python3 -m frontend.cli bench device --batch-sizes 1 --context-len 32k --output-len 32 \
+        python3 -m serve.cli bench device --batch-sizes 1 --context-len 32k --output-len 32 \
             --output-json "$OUT/bench_32k.json" 2>"$OUT/bench_32k.err" | tail -40 || rc=1
         tail -5 "$OUT/bench_32k.err"
         ;;
@@ -50,7 +50,7 @@ for stage in $stages; do
         # The Triton GGUF matmul on the 8B shape's projections against bf16 cuBLAS.
         python3 scripts/bench_gguf_matmul.py 2>"$OUT/gguf.err" | tee "$OUT/gguf.json" || rc=1
         # The whole 8B shape in Q4_K (a 4.5 GB random GGUF written on the machine).
-        python3 -m frontend.cli bench device --gguf-type Q4_K --batch-sizes 1,64 \
+        python3 -m serve.cli bench device --gguf-type Q4_K --batch-sizes 1,64 \
             --output-json "$OUT/bench_q4k.json" 2>>"$OUT/gguf.err" | tail -60 || rc=1
         tail -5 "$OUT/gguf.err"
         ;;

@@ -116,7 +116,7 @@ def main() -> None:
     cmd = [
         sys.executable,
         "-m",
-        "frontend.cli",
+        "serve.cli",
         "serve",
         "--model",
         str(model),

@@ -2,11 +2,11 @@
 inward, the leaf packages (configuration, messages, IPC, metrics) import only leaves, and no two
 files import each other, directly or around a loop.
 
-Inward: frontend -> tokenizer_proc -> engine_core -> executor -> gpu_worker -> kernels; a folder
-may skip layers. bench/ drives the engine as a user does, from outside frontend/; the `engine`
-command (frontend/cli.py) dispatches to it. metrics/ is a leaf service: the processes import it,
-it imports only leaves. Imports under `if TYPE_CHECKING:` are read for the direction (they are
-still a dependency a reader follows) but not for loops (they never run).
+Inward: serve -> frontend -> tokenizer_proc -> engine_core -> executor -> gpu_worker -> kernels;
+a folder may skip layers. bench/ drives the engine as a user does, from outside serve/; the
+`engine` command (serve/cli.py) dispatches to it. metrics/ is a leaf service: the processes
+import it, it imports only leaves. Imports under `if TYPE_CHECKING:` are read for the direction
+(they are still a dependency a reader follows) but not for loops (they never run).
 """
 
 from __future__ import annotations
@@ -16,11 +16,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Outermost first.
-LAYERS = ("bench", "frontend", "tokenizer_proc", "engine_core", "executor", "gpu_worker", "kernels")
+LAYERS = (
+    "bench",
+    "serve",
+    "frontend",
+    "tokenizer_proc",
+    "engine_core",
+    "executor",
+    "gpu_worker",
+    "kernels",
+)
 LEAF_PACKAGES = ("config", "metrics", "ipc")
 # Message types that cross a process boundary, beside each folder's protocol.py.
 PROTOCOL_MODULES = {"protocol.sampling_params", "executor.worker_messages"}
-ENTRY_POINT = "frontend.cli"  # the `engine` command: dispatches to bench/ too
+ENTRY_POINT = "serve.cli"  # the `engine` command: dispatches to bench/ too
 
 
 def _modules() -> dict[str, Path]:

@@ -18,12 +18,12 @@ from config.model import ModelConfig
 from engine_core.generation_config import cap_unset_max_tokens, check_sampling_defaults
 from engine_core.remote_code import remote_code_notice
 from frontend.api_server import apply_generation_defaults
-from frontend.cli import build_parser, main
 from frontend.cors import CorsPolicy
 from frontend.http_options import HttpOptions
 from frontend.openai_protocol import ChatCompletionRequest, CompletionRequest
 from protocol.engine_core import EngineCoreRequest
 from protocol.sampling_params import SamplingParams
+from serve.cli import build_parser, main
 
 
 def _serve_args(*argv: str):

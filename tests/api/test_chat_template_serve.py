@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from frontend.chat_args import ChatOptions
-from frontend.cli import build_parser
+from serve.cli import build_parser
 from tests.api.test_openai import _http
 from tests.serve.conftest import Server, tiny_model  # noqa: F401 - tiny_model is a fixture
 
@@ -103,7 +103,7 @@ def test_response_role_and_auto_tool_choice(server):
 )
 def test_bad_flags_fail_before_start(flags, words):
     proc = subprocess.run(
-        [sys.executable, "-m", "frontend.cli", "serve", "--port", "0", *flags],
+        [sys.executable, "-m", "serve.cli", "serve", "--port", "0", *flags],
         capture_output=True,
         text=True,
         timeout=60,

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from bench import single_stream
-from frontend.cli import build_parser, main
+from serve.cli import build_parser, main
 from tests.tiny_models import make_tiny_model_with_tokenizer
 
 
@@ -125,8 +125,8 @@ def test_the_workload_prompt_has_no_special_tokens(tiny_model):
 
 def test_the_serving_path_does_not_import_the_bench_package():
     code = (
-        "import sys, frontend.api_server, frontend.launcher, tokenizer_proc.tokenizer_proc, "
-        "frontend.cli; print([m for m in sys.modules if m == 'bench' or "
+        "import sys, frontend.api_server, serve.launcher, tokenizer_proc.tokenizer_proc, "
+        "serve.cli; print([m for m in sys.modules if m == 'bench' or "
         "m.startswith('bench.')])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,7 +9,7 @@ import pytest
 
 from bench.device import SHAPES, nominal_bandwidth, weight_bytes_per_step
 from config.model_arch import ModelArchConfig
-from frontend.cli import main
+from serve.cli import main
 
 RUN_FIELDS = {
     "batch_size",

@@ -11,7 +11,7 @@ import pytest
 
 from config.engine import engine_config_from_kwargs
 from config.errors import ConfigError
-from frontend.launcher import DataParallelPlan
+from serve.data_parallel_plan import DataParallelPlan
 from tests.dp.test_dp_serve import (
     PROMPTS,
     _args,

@@ -1,4 +1,4 @@
-"""The data-parallel rendezvous (frontend/dp_rendezvous.py) with the engine's shared secret:
+"""The data-parallel rendezvous (serve/dp_rendezvous.py) with the engine's shared secret:
 only holders of the secret register ranks; a headless host with another key or none is told
 its key was refused, at once, instead of waiting out the timeout."""
 
@@ -11,7 +11,7 @@ import time
 import pytest
 import zmq
 
-from frontend.dp_rendezvous import FirstHost, HeadlessHost, RendezvousError
+from serve.dp_rendezvous import FirstHost, HeadlessHost, RendezvousError
 
 SECRET = "rendezvous-test-secret"
 

@@ -39,7 +39,7 @@ def headless(engine_args, socket_dir):
     address = f"ipc://{socket_dir}/headless.sock"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in engine_args.items()]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "frontend.cli", "core", "--listen", address, *flags]
+        [sys.executable, "-m", "serve.cli", "core", "--listen", address, *flags]
     )
     with EngineCoreClient(address, startup_timeout=120):  # waits until it serves
         pass

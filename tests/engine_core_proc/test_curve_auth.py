@@ -38,7 +38,7 @@ def secured(engine_args):
         # of an earlier test still going away); then that process, not ours, would answer.
         address = f"tcp://127.0.0.1:{_free_port()}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "frontend.cli", "core", "--listen", address, *flags],
+            [sys.executable, "-m", "serve.cli", "core", "--listen", address, *flags],
             env={**os.environ, "ENGINE_CORE_KEY": SECRET},
         )
         try:
@@ -122,7 +122,7 @@ def test_public_address_without_a_secret_warns(engine_args):
         [
             sys.executable,
             "-m",
-            "frontend.cli",
+            "serve.cli",
             "core",
             "--listen",
             f"tcp://0.0.0.0:{_free_port()}",

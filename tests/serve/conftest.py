@@ -36,7 +36,7 @@ class Server:
         if "--port" not in args:  # a free port, so servers never collide
             args = [*args, "--port", "0"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "frontend.cli", "serve", *args],
+            [sys.executable, "-m", "serve.cli", "serve", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -49,7 +49,7 @@ def _core(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from frontend.launcher import serve
+    from serve.launcher import serve
 
     refuse_vllm_serve_flags(args)
     chat = ChatOptions.from_args(args)  # a bad flag fails before anything starts

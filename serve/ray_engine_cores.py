@@ -1,9 +1,9 @@
 """`engine serve --data-parallel-backend ray`: every data-parallel rank's engine core in a Ray
-actor (engine_core/ray_dp.py), placed by one placement group of one bundle per rank, spread
+actor (serve/ray_core_actor.py), placed by one placement group of one bundle per rank, spread
 over the Ray cluster's nodes.
 
 To the launcher these ranks are what headless hosts' ranks are to the first host
-(frontend/dp_rendezvous.FirstHost, whose interface this class has): each registers its address
+(serve/dp_rendezvous.FirstHost, whose interface this class has): each registers its address
 once its engine core is READY, the tokenizer processes connect to them over TCP, and a rank
 that dies (its engine core exits, or its actor or node is lost) raises RendezvousError naming
 it, which stops the whole tree.
@@ -20,10 +20,10 @@ from ray.exceptions import RayActorError, RayError
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from engine_core.ray_dp import EngineCoreActor
 from executor.ray_cluster import RayResourcesError, connect, death_reason, reserve
-from frontend.dp_rendezvous import RendezvousError
 from ipc.curve import ENV_KEY, key_from_env
+from serve.dp_rendezvous import RendezvousError
+from serve.ray_core_actor import EngineCoreActor
 
 # How long an engine core may take to stop after SIGTERM (it stops after its current step).
 _STOP_TIMEOUT_S = 10.0

@@ -1,0 +1,1 @@
+"""`engine serve` and the `engine` command: starting, supervising and stopping every process."""
