@@ -60,6 +60,15 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
 }
 
 
+def attention_support(backend: str) -> AttentionSupport:
+    """The table's entry of the backend of that name (each backend class points to its own)."""
+    for table in ATTENTION_BACKENDS.values():
+        for support in table:
+            if support.backend == backend:
+                return support
+    raise KeyError(f"no attention backend {backend!r} in ATTENTION_BACKENDS")
+
+
 def attention_backends_for(
     device_type: str, block_size: int, head_dim: int, dtype: str
 ) -> list[str]:

@@ -2,13 +2,10 @@
 
 A decode step of a large model launches hundreds of small kernels, and on a GPU the host's launch
 time, not the device, sets the step's length. At start-up the model's forward is captured once
-per batch size in the capture list, reading its inputs from persistent buffers (DecodeInputs);
-a decode step of B requests writes its inputs straight into those buffers (InputPreparer) and
-replays the graph of the smallest captured size >= B. Mixed and prefill steps run eagerly.
-
-Padded rows (B..size) compute garbage that nothing reads: their slot mapping is -1, so they
-write no KV, and their sequence length is 1, so attention reads one valid block. The rows keep
-whatever ids, positions and block-table entries an earlier step left, all valid values.
+per batch size in the capture list, reading its inputs from persistent buffers (DecodeInputs,
+gpu_worker/decode_inputs.py); a decode step of B requests writes its inputs straight into those
+buffers (InputPreparer) and replays the graph of the smallest captured size >= B. Mixed and
+prefill steps run eagerly.
 
 Attention's split-context decode (kernels/paged_decode.py) picks its grid from the longest
 context, a host value; a graph is captured with the grid of max_model_len, whose partitions past
@@ -21,89 +18,42 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from gpu_worker.attention.metadata import DeviceBatch
-from gpu_worker.forward_context import forward_context
-from gpu_worker.layers.attention import StepAttention
-from kernels.prepared_inputs import PreparedInputs
-
-if TYPE_CHECKING:
-    from gpu_worker.model_runner import ModelRunner
+from gpu_worker.attention.backend import AttentionBackend
+from gpu_worker.decode_inputs import DecodeInputs
+from gpu_worker.forward_context import StepAttention, forward_context
 
 logger = logging.getLogger(__name__)
 
 
-class DecodeInputs:
-    """The persistent input buffers every decode graph reads: rows 0..max_size of token ids,
-    positions, sequence lengths, slot mapping and full-width block-table rows."""
-
-    def __init__(self, sizes: list[int], max_blocks: int, device: torch.device) -> None:
-        assert sizes == sorted(sizes) and sizes[0] >= 1, sizes
-        self.sizes = sizes
-        self.max_size = sizes[-1]
-        self.max_blocks = max_blocks
-        n = self.max_size
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.block_table = torch.zeros(n, max_blocks, dtype=torch.int32, device=device)
-        # Every row is one query token: 0, 1, ..., max_size, never written.
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
-        # num_reqs -> the captured size that runs it.
-        self._padded = [0] * (n + 1)
-        for b in range(1, n + 1):
-            self._padded[b] = next(s for s in sizes if s >= b)
-
-    def padded_size(self, num_reqs: int) -> int:
-        """The captured size a decode step of num_reqs requests replays, 0 when none fits."""
-        return self._padded[num_reqs] if 0 < num_reqs <= self.max_size else 0
-
-    def outputs(self, num_reqs: int, num_samples: int) -> PreparedInputs:
-        """Where InputPreparer writes a decode step of num_reqs requests: the buffers' first
-        rows (block-table rows at full width), and fresh sampling indices."""
-        device = self.input_ids.device
-        return PreparedInputs(
-            self.input_ids[:num_reqs],
-            self.positions[:num_reqs],
-            self.seq_lens[:num_reqs],
-            self.slot_mapping[:num_reqs],
-            self.block_table[:num_reqs],
-            torch.empty(num_samples, dtype=torch.int64, device=device),
-            torch.empty(num_samples, dtype=torch.int64, device=device),
-        )
-
-    def metadata(self, size: int, max_seq_len: int) -> DeviceBatch:
-        """The attention metadata of a decode graph of size rows."""
-        return DeviceBatch(
-            query_start_loc=self.query_start_loc[: size + 1],
-            seq_lens=self.seq_lens[:size],
-            block_table=self.block_table[:size],
-            slot_mapping=self.slot_mapping[:size],
-            max_query_len=1,
-            max_seq_len=max_seq_len,
-        )
-
-    def pad(self, num_reqs: int, size: int) -> None:
-        """Make rows num_reqs..size harmless: no KV write, one token of context."""
-        if size > num_reqs:
-            self.slot_mapping[num_reqs:size].fill_(-1)
-            self.seq_lens[num_reqs:size].fill_(1)
-
-
 class DecodeGraphs:
     """The captured graphs, by (size, whether attention splits the context), and their
-    outputs (hidden states [size, hidden] in the shared pool)."""
+    outputs (hidden states [size, hidden] in the shared pool).
 
-    def __init__(self, runner: ModelRunner, inputs: DecodeInputs) -> None:
-        self.runner = runner
+    Handed what capture and replay read: the model's forward (token ids, positions -> hidden
+    states), the attention backend, the persistent input buffers, the KV heads per rank, the
+    longest context, and the device."""
+
+    def __init__(
+        self,
+        model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        backend: AttentionBackend[Any],
+        inputs: DecodeInputs,
+        num_kv_heads: int,
+        max_model_len: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.backend = backend
         self.inputs = inputs
+        self.num_kv_heads = num_kv_heads
+        self.max_model_len = max_model_len
+        self.device = device
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.num_kv_heads = runner.kv_caches[0].shape[3]
-        self.max_model_len = runner.config.max_model_len
         self.pool_bytes = 0
         # size -> its metadata, whose max_seq_len _splits sets to ask the backend.
         self._probes = {size: inputs.metadata(size, 0) for size in inputs.sizes}
@@ -112,17 +62,13 @@ class DecodeGraphs:
         """Whether attention splits the context of a size-row decode step (host values)."""
         probe = self._probes[size]
         probe.max_seq_len = max_seq_len
-        return bool(
-            self.runner.backend.uses_split_decode(probe, self.num_kv_heads, self.runner.device)
-        )
+        return bool(self.backend.uses_split_decode(probe, self.num_kv_heads, self.device))
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every size, largest first, with and without the split-context attention
         where a long context would split; logs the time and the memory the graphs hold."""
-        model = self.runner.model
-        assert model is not None
-        device = self.runner.device
+        model, device = self.model, self.device
         start = time.perf_counter()
         gc.collect()
         torch.cuda.synchronize(device)
@@ -139,7 +85,8 @@ class DecodeGraphs:
             for split, max_seq_len in variants:
                 meta = self.inputs.metadata(size, max_seq_len)
                 assert self._splits(size, max_seq_len) == split
-                with forward_context(StepAttention(self.runner.backend, meta)):
+                step = StepAttention(self.backend, self.backend.graph_metadata(meta, device))
+                with forward_context(step):
                     model(ids[:size], positions[:size])  # compiles and allocates outside
                     torch.cuda.synchronize(device)
                     graph = torch.cuda.CUDAGraph()

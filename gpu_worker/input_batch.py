@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
-from gpu_worker.cuda_graphs import DecodeInputs
+from gpu_worker.decode_inputs import DecodeInputs
 from gpu_worker.request_state import RequestStates
 from gpu_worker.staging import HostToDevice
 from kernels.prepare_inputs import prepare_inputs_for
@@ -92,7 +92,7 @@ class InputPreparer:
         self._reuse_out = device.type == "cpu"
         self._out: tuple[tuple[int, int, int, int], PreparedInputs] | None = None
         # Set once CUDA graphs are captured: decode steps they cover write their inputs into
-        # the graphs' buffers (gpu_worker/cuda_graphs.py).
+        # the graphs' buffers (gpu_worker/decode_inputs.py).
         self.graph_inputs: DecodeInputs | None = None
 
     def _slots(self, req_ids: list[str]) -> np.ndarray:

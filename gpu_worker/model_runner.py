@@ -10,7 +10,6 @@ and only AsyncOutput.get_output() waits, for the copy of the results.
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 import torch
@@ -18,20 +17,19 @@ import torch
 from config.engine import EngineConfig
 from gpu_worker.async_output import AsyncOutput, DeviceToHost, ReadyOutput
 from gpu_worker.attention.select import attention_backend
-from gpu_worker.cuda_graphs import DecodeGraphs, DecodeInputs
-from gpu_worker.forward_context import forward_context
+from gpu_worker.cuda_graphs import DecodeGraphs
+from gpu_worker.decode_inputs import DecodeInputs
+from gpu_worker.forward_context import StepAttention, forward_context
 from gpu_worker.grammar_mask import apply_grammar_bitmask
 from gpu_worker.input_batch import InputBatch, InputPreparer
 from gpu_worker.kv_cache import allocate_kv_caches, kv_cache_num_blocks
-from gpu_worker.layers.attention import StepAttention
 from gpu_worker.loader.model_loader import load_model, torch_dtype
 from gpu_worker.prompt_logprobs import PromptLogprobs
 from gpu_worker.request_state import RequestStates
 from gpu_worker.sampler import LogprobsTensors, Sampler
 from gpu_worker.sampling_state import SamplingStates
 from gpu_worker.staging import HostToDevice
-from gpu_worker.warmup import PROFILE_SAMPLING, run_dummy, warm_up_shapes
-from kernels.paged_decode import SPLIT_MIN_SEQ_LEN
+from gpu_worker.warmup import PROFILE_SAMPLING, DummyLimits, run_dummy, warm_up
 from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -50,6 +48,7 @@ class ModelRunner:
         self.backend = attention_backend(device, self.dtype, self.arch.head_dim, self.block_size)
         self.sampler = Sampler()
         max_reqs = config.scheduler.max_num_seqs
+        self.dummy_limits = DummyLimits.of(config)
         eos = self.arch.eos_token_ids[0] if self.arch.eos_token_ids else None
         self.h2d = HostToDevice(device)
         self.d2h = DeviceToHost(device)
@@ -123,7 +122,7 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         self.initialize_kv_cache(num_blocks)
         kv_bytes = sum(c.numel() * c.element_size() for c in self.kv_caches)
-        run_dummy(self, lens, 0, num_blocks, PROFILE_SAMPLING)
+        run_dummy(self.execute_model, self.dummy_limits, lens, 0, num_blocks, PROFILE_SAMPLING)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before - kv_bytes
         graph_reserve = self._graph_reserve(before + kv_bytes, num_blocks)
@@ -147,30 +146,17 @@ class ModelRunner:
         if not sizes:
             return 0
         torch.cuda.reset_peak_memory_stats(self.device)
-        run_dummy(self, [1] * sizes[-1], 0, num_blocks)
+        run_dummy(self.execute_model, self.dummy_limits, [1] * sizes[-1], 0, num_blocks)
         torch.cuda.synchronize(self.device)
         return max(0, torch.cuda.max_memory_allocated(self.device) - baseline)
 
     def warm_up(self) -> None:
         """Run every step shape the engine will meet once, so that no request waits for a
-        kernel compile. Only the Triton backend compiles; the CPU kernels are built already."""
-        if self.backend.name != "triton":
+        kernel compile; only a backend whose kernels compile at first launch needs it."""
+        if not self.backend.compiles_kernels:
             return
-        start = time.perf_counter()
-        sched = self.config.scheduler
-        assert sched.max_num_batched_tokens is not None
-        # The split-context decode kernels run from SPLIT_MIN_SEQ_LEN (kernels/paged_decode).
-        groups = warm_up_shapes(
-            sched.max_num_seqs,
-            sched.max_num_batched_tokens,
-            self.config.max_model_len,
-            SPLIT_MIN_SEQ_LEN,
-        )
-        num_blocks = self.kv_caches[0].shape[1]
-        steps = sum(run_dummy(self, lens, decodes, num_blocks) for lens, decodes in groups)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        logger.info("warm-up: %d dummy steps in %.1f s", steps, time.perf_counter() - start)
+        limits, num_blocks = self.dummy_limits, self.kv_caches[0].shape[1]
+        warm_up(self.execute_model, limits, self.config.max_model_len, num_blocks, self.device)
 
     def capture_model(self) -> None:
         """Capture the decode steps' CUDA graphs (config.cuda_graph_capture_sizes(): none on
@@ -179,13 +165,21 @@ class ModelRunner:
         sizes = self.config.cuda_graph_capture_sizes()
         if not sizes:
             return
-        if self.backend.name != "triton":
+        if not self.backend.supports_cuda_graphs:
             logger.info(
                 "CUDA graphs are off: the %s attention backend is not captured", self.backend.name
             )
             return
         inputs = DecodeInputs(sizes, self.states.block_table.shape[1], self.device)
-        graphs = DecodeGraphs(self, inputs)
+        assert self.model is not None
+        graphs = DecodeGraphs(
+            self.model,
+            self.backend,
+            inputs,
+            self.arch.num_key_value_heads // self.config.parallel.tensor_parallel_size,
+            self.config.max_model_len,
+            self.device,
+        )
         graphs.capture()
         self.graphs = graphs
         self.inputs.graph_inputs = inputs
@@ -281,7 +275,7 @@ class ModelRunner:
             hidden = self.graphs.replay(len(batch.req_ids), batch.device_batch.max_seq_len)
             if hidden is not None:
                 return hidden
-        host_batch = batch.host_batch() if getattr(self.backend, "plans_on_host", False) else None
+        host_batch = batch.host_batch() if self.backend.plans_on_host else None
         metadata = self.backend.build(host_batch, batch.device_batch, self.device)
         with forward_context(StepAttention(self.backend, metadata)):
             return self.model(batch.input_ids, batch.positions)

@@ -4,20 +4,26 @@ compiles every kernel variant the engine will meet, so no request pays a compile
 Dummy requests go through the runner's real path (request state, input preparation, forward,
 sampler) with made-up token ids and block ids, and are finished afterwards; what they wrote
 into the KV cache is garbage that real requests overwrite, and the engine core's prefix cache
-never heard of it.
+never heard of it. The runner hands in its step (execute) and the limits a step keeps to; this
+module never sees the runner.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
+import torch
+
+from config.engine import EngineConfig
+from kernels.paged_decode import SPLIT_MIN_SEQ_LEN
 from protocol.sampling_params import SamplingParams
 from protocol.step import CachedRequestData, NewRequestData, SchedulerOutput
 
-if TYPE_CHECKING:
-    from gpu_worker.model_runner import ModelRunner
+logger = logging.getLogger(__name__)
 
 # What the profile run samples with: every stage that allocates per row (sorting for top-p,
 # top-k, penalties' counts), so the measured peak covers a real step's sampler.
@@ -27,9 +33,35 @@ PROFILE_SAMPLING = SamplingParams(
 _GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 _ids = itertools.count()
 
+# Runs one step and waits for it (the runner's execute_model).
+Execute = Callable[[SchedulerOutput], object]
+
+
+@dataclass(frozen=True, slots=True)
+class DummyLimits:
+    """What dummy steps keep to: the scheduler's limits, the KV block size, the vocabulary."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> DummyLimits:
+        """The limits of a resolved configuration."""
+        sched = config.scheduler
+        assert config.arch is not None and sched.max_num_batched_tokens is not None
+        return cls(
+            sched.max_num_seqs,
+            sched.max_num_batched_tokens,
+            config.cache.block_size,
+            config.arch.vocab_size,
+        )
+
 
 def run_dummy(
-    runner: ModelRunner,
+    execute: Execute,
+    limits: DummyLimits,
     prompt_lens: list[int],
     decode_steps: int,
     num_blocks: int,
@@ -37,24 +69,23 @@ def run_dummy(
 ) -> int:
     """Prefill one dummy request per prompt length (packed into steps within the token
     budget, chunked where a prompt exceeds it), decode all of them decode_steps times, then
-    finish them; returns the number of steps run."""
+    finish them, each step through execute; returns the number of steps run."""
     steps = 0
-    for sched in _dummy_steps(runner, prompt_lens, decode_steps, num_blocks, params):
-        runner.execute_model(sched)
+    for sched in _dummy_steps(limits, prompt_lens, decode_steps, num_blocks, params):
+        execute(sched)
         steps += 1
     return steps
 
 
 def _dummy_steps(
-    runner: ModelRunner,
+    limits: DummyLimits,
     prompt_lens: list[int],
     decode_steps: int,
     num_blocks: int,
     params: SamplingParams,
 ) -> Iterator[SchedulerOutput]:
-    config = runner.config
-    budget = config.scheduler.max_num_batched_tokens
-    block_size, vocab = config.cache.block_size, runner.arch.vocab_size
+    budget = limits.max_num_batched_tokens
+    block_size, vocab = limits.block_size, limits.vocab_size
     prefix = f"__warmup-{next(_ids)}-"
     reqs = [f"{prefix}{i}" for i in range(len(prompt_lens))]
     total = dict(zip(reqs, prompt_lens))
@@ -93,7 +124,7 @@ def _dummy_steps(
         room = budget
         for r in list(pending):
             n = min(total[r] - computed[r], room)
-            if n <= 0 or len(wanted) >= config.scheduler.max_num_seqs:
+            if n <= 0 or len(wanted) >= limits.max_num_seqs:
                 break
             wanted[r] = n
             room -= n
@@ -105,6 +136,26 @@ def _dummy_steps(
             total[r] += 1
         yield step(dict.fromkeys(reqs, 1))
     yield SchedulerOutput(finished_req_ids=reqs)
+
+
+def warm_up(
+    execute: Execute,
+    limits: DummyLimits,
+    max_model_len: int,
+    num_blocks: int,
+    device: torch.device,
+) -> None:
+    """Run every step shape of warm_up_shapes() once through execute, over a KV cache of
+    num_blocks blocks, and wait for the device; logs the steps and the time they took."""
+    start = time.perf_counter()
+    # The split-context decode kernels run from SPLIT_MIN_SEQ_LEN (kernels/paged_decode).
+    groups = warm_up_shapes(
+        limits.max_num_seqs, limits.max_num_batched_tokens, max_model_len, SPLIT_MIN_SEQ_LEN
+    )
+    steps = sum(run_dummy(execute, limits, lens, decodes, num_blocks) for lens, decodes in groups)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    logger.info("warm-up: %d dummy steps in %.1f s", steps, time.perf_counter() - start)
 
 
 def warm_up_shapes(

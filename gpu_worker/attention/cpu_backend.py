@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from config.attention import attention_support
+from gpu_worker.attention.backend import AttentionBackend
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
+from kernels.cpu_ops import available as c_kernels_available
 from kernels.cpu_ops import paged_attention, write_kv
 
 
@@ -26,10 +29,16 @@ class CpuAttnMetadata:
     seq_lens: torch.Tensor
 
 
-class CpuAttentionBackend:
+class CpuAttentionBackend(AttentionBackend[CpuAttnMetadata]):
     """Mixed prefill/decode attention over the paged KV cache in one C kernel call per layer."""
 
     name = "cpu"
+    support = attention_support(name)
+
+    @staticmethod
+    def available() -> bool:
+        """Whether the C kernels load here (a C compiler, and ENGINE_CPU_KERNELS not 0)."""
+        return c_kernels_available()
 
     @staticmethod
     def kv_cache_shape(

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from config.attention import attention_support
+from gpu_worker.attention.backend import AttentionBackend
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 
 
@@ -82,10 +84,11 @@ def _build_group(step: StepBatch, rows: np.ndarray, device: torch.device) -> _Gr
     )
 
 
-class TorchAttentionBackend:
+class TorchAttentionBackend(AttentionBackend[TorchAttnMetadata]):
     """Mixed prefill/decode attention over the paged KV cache with plain torch ops."""
 
     name = "torch"
+    support = attention_support(name)
     plans_on_host = True  # build() reads the step's host arrays (StepBatch)
 
     @staticmethod
@@ -96,9 +99,10 @@ class TorchAttentionBackend:
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     def build(
-        self, step: StepBatch, device_batch: DeviceBatch, device: torch.device
+        self, step: StepBatch | None, device_batch: DeviceBatch, device: torch.device
     ) -> TorchAttnMetadata:
         """Precompute gather indices and masks for the whole step."""
+        assert step is not None, "plans_on_host: the runner hands in the host arrays"
         q_lens = step.query_lens
         groups = []
         for rows in (np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)):

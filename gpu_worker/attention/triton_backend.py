@@ -6,6 +6,8 @@ import functools
 
 import torch
 
+from config.attention import attention_support
+from gpu_worker.attention.backend import AttentionBackend
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from kernels.paged_attention import paged_attention
 from kernels.paged_decode import paged_decode_split, use_split_decode
@@ -23,11 +25,14 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
     """Writes K/V by slot mapping and runs mixed prefill/decode attention over block tables;
     decode-only steps with too few sequences to fill the device split their contexts."""
 
     name = "triton"
+    support = attention_support(name)
+    compiles_kernels = True
+    supports_cuda_graphs = True  # build() keeps the device batch's tensors
 
     @staticmethod
     def kv_cache_shape(

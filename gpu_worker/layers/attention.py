@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 from torch import nn
 
 from gpu_worker.forward_context import get_attn_metadata
-
-
-@dataclass(slots=True)
-class StepAttention:
-    """What forward_context() carries: the backend and its metadata for this step."""
-
-    backend: Any
-    metadata: Any
 
 
 class Attention(nn.Module):
@@ -29,5 +18,5 @@ class Attention(nn.Module):
         self.kv_cache = torch.empty(0)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        step: StepAttention = get_attn_metadata()
+        step = get_attn_metadata()
         return step.backend.forward(q, k, v, self.kv_cache, step.metadata, self.scale)

@@ -18,7 +18,7 @@ from config.engine import capture_sizes, engine_config_from_kwargs
 from config.errors import ConfigError
 from engine_core.resolve import resolved_config
 from gpu_worker import cuda_graphs
-from gpu_worker.cuda_graphs import DecodeInputs
+from gpu_worker.decode_inputs import DecodeInputs
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
