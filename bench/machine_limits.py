@@ -52,15 +52,16 @@ def matmul_rates(n: int = 1024) -> dict[str, float]:
     AVX2 code); "limit" is the faster, so a fraction of it never flatters the engine."""
     import torch
 
-    from kernels import cpu_ops
+    from kernels import cpu_binding
+    from kernels import linear as cpu_linear
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     rates = {"torch": 2 * n**3 / min(timed(lambda: a @ b) for _ in range(10)) / 1e9}
-    if not torch.cuda.is_available() and cpu_ops.available():
-        blocked = cpu_ops.block_weight(b)
-        cpu_ops.linear(a, blocked)
+    if not torch.cuda.is_available() and cpu_binding.available():
+        blocked = cpu_linear.block_weight(b)
+        cpu_linear.linear(a, blocked)
         rates["engine_kernel"] = (
-            2 * n**3 / min(timed(lambda: cpu_ops.linear(a, blocked)) for _ in range(10)) / 1e9
+            2 * n**3 / min(timed(lambda: cpu_linear.linear(a, blocked)) for _ in range(10)) / 1e9
         )
     rates["limit"] = max(rates.values())
     return {k: round(v, 1) for k, v in rates.items()}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from gpu_worker.attention.metadata import DeviceBatch
-from kernels.prepared_inputs import PreparedInputs
+from kernels.prepare_inputs import PreparedInputs
 
 
 class DecodeInputs:

@@ -17,8 +17,7 @@ from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from gpu_worker.decode_inputs import DecodeInputs
 from gpu_worker.request_state import RequestStates
 from gpu_worker.staging import HostToDevice
-from kernels.prepare_inputs import prepare_inputs_for
-from kernels.prepared_inputs import PreparedInputs, empty_outputs
+from kernels.prepare_inputs import PreparedInputs, empty_outputs, prepare_inputs_for
 
 
 @dataclass(slots=True)

@@ -58,12 +58,12 @@ class Sampler:
     """vLLM V1's sampling pipeline; `logits` may be overwritten in place."""
 
     def __init__(self) -> None:
-        from kernels import cpu_ops
+        from kernels import argmax, cpu_binding
 
         # Greedy rows of fp32 CPU logits: torch's CPU argmax reads them at a fraction of the
         # memory bandwidth (6.2 against 1.3 ms for 256 x 49152 on 2 AVX2 cores).
         self._cpu_argmax: Callable[[torch.Tensor], torch.Tensor] | None = (
-            cpu_ops.argmax_rows if cpu_ops.available() else None
+            argmax.argmax_rows if cpu_binding.available() else None
         )
 
     def greedy(self, logits: torch.Tensor) -> torch.Tensor:

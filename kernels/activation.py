@@ -1,4 +1,6 @@
-"""Triton SwiGLU activation: silu(gate) * up for the fused gate/up projection's output.
+"""SwiGLU's activation, silu(gate) * up, for the fused gate/up projection's output: the Triton
+kernel silu_and_mul, and beside it silu_and_mul_cpu, the C kernel (kernels/cpu/activation.c)
+for fp32 CPU tensors.
 
 The torch path (chunk, F.silu, mul) costs a decode step two kernels and a temporary per layer;
 here one pass reads y = [gate | up] and writes silu(gate) * up in y's dtype, computing in fp32.
@@ -12,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kernels.cpu_binding import check_cpu, library
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Columns per program on the device.
@@ -86,5 +90,25 @@ def silu_and_mul(y: torch.Tensor) -> torch.Tensor:
         width,
         BLOCK=block,
         num_warps=4 if block <= 1024 else 8,
+    )
+    return out
+
+
+def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[..., :w]) * x[..., w:] for x [..., 2w]; returns a new [..., w] tensor."""
+    check_cpu(x, "x")
+    width = x.shape[-1] // 2
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    if rows.stride(-1) != 1:
+        raise ValueError("x must be contiguous in its last dimension")
+    out = torch.empty(*x.shape[:-1], width)
+    library().silu_and_mul_f32(
+        rows.data_ptr(),
+        rows.stride(0),
+        out.data_ptr(),
+        width,
+        rows.shape[0],
+        width,
+        torch.get_num_threads(),
     )
     return out

@@ -7,17 +7,16 @@ from typing import TypeVar
 
 import torch
 
+from kernels.cpu_binding import available
+
 F = TypeVar("F", bound=Callable)
 
 
-def kernel_for(device: torch.device, cuda: Callable[[], F], cpu_name: str, torch_impl: F) -> F:
-    """The Triton implementation (cuda() imports it) on CUDA, kernels.cpu_ops.<cpu_name> on a
-    CPU where the C kernels are built, torch_impl otherwise."""
+def kernel_for(device: torch.device, triton_impl: F, cpu_impl: F, torch_impl: F) -> F:
+    """triton_impl on CUDA, cpu_impl (a C binding) on a CPU where the C kernels are built,
+    torch_impl otherwise."""
     if device.type == "cuda":
-        return cuda()
-    if device.type == "cpu":
-        from kernels import cpu_ops
-
-        if cpu_ops.available():
-            return getattr(cpu_ops, cpu_name)
+        return triton_impl
+    if device.type == "cpu" and available():
+        return cpu_impl
     return torch_impl

@@ -6,34 +6,16 @@ token 32 * w + b (xgrammar's layout). Forbidden tokens become -inf, in place.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from kernels.cpu_library import load
-
-_SIGNATURE = (
-    None,
-    [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_int32,
-    ],
-)
 
 
 def _kernel():
     lib = load()
     if lib is None:
         return None
-    fn = lib.apply_token_bitmask_f32
-    fn.restype, fn.argtypes = _SIGNATURE
-    return fn
+    return lib.apply_token_bitmask_f32
 
 
 def _check(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:

@@ -1,4 +1,9 @@
-"""Triton flash-attention kernel over a paged KV cache for mixed prefill/decode batches."""
+"""Causal attention over a paged KV cache for mixed prefill/decode batches, three ways side by
+side: paged_attention, the Triton flash-attention kernel (the cache as [num_blocks, block_size,
+Hkv, D]); paged_attention_cpu, the C kernel (kernels/cpu/paged_attention.c, fp32, the CPU
+backend's layout with each block's keys transposed); and paged_attention_ref, the slow torch
+reference the tests compare both against. The attention backends pick theirs.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.cpu_binding import check_cpu, check_rows, library
 from kernels.write_kv import cache_strides
 
 # Rows (query tokens x query heads of one kv group) per tile: tl.dot needs at least 16.
@@ -309,4 +315,122 @@ def paged_attention(
         DOT_PRECISION=dot_precision,
         num_warps=4,
     )
+    return out
+
+
+def paged_attention_cpu(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal GQA attention of packed queries q [T, Hq, D] over the paged caches, reading blocks
+    in place; returns [T, Hq, D]. Caches in the CPU layout: key_cache [num_blocks, Hkv, D,
+    block_size] (each block's keys transposed), value_cache [num_blocks, Hkv, block_size, D];
+    block_size a multiple of 16, D 64 or 128."""
+    for t, name in ((q, "q"), (key_cache, "key_cache"), (value_cache, "value_cache")):
+        check_cpu(t, name)
+    for t, name in (
+        (block_table, "block_table"),
+        (query_start_loc, "query_start_loc"),
+        (seq_lens, "seq_lens"),
+    ):
+        check_cpu(t, name, torch.int32)
+    check_rows(q, "q")
+    if not (
+        key_cache.is_contiguous()
+        and value_cache.is_contiguous()
+        and block_table.stride(1) == 1
+        and query_start_loc.is_contiguous()
+        and seq_lens.is_contiguous()
+    ):
+        raise ValueError(
+            "caches, block_table rows, query_start_loc and seq_lens must be contiguous"
+        )
+    tokens, q_heads, head_dim = q.shape
+    num_blocks, kv_heads, cache_dim, block_size = key_cache.shape
+    if (
+        cache_dim != head_dim
+        or q_heads % kv_heads
+        or value_cache.shape != (num_blocks, kv_heads, block_size, head_dim)
+    ):
+        raise ValueError(
+            f"q {tuple(q.shape)} does not match caches {tuple(key_cache.shape)} "
+            f"and {tuple(value_cache.shape)}"
+        )
+    if out is None:
+        out = torch.empty(tokens, q_heads, head_dim)
+    check_rows(out, "out")
+    num_reqs = seq_lens.shape[0]
+    if num_reqs and tokens:
+        rc = library().paged_attention_f32(
+            q.data_ptr(),
+            q.stride(0),
+            out.data_ptr(),
+            out.stride(0),
+            key_cache.data_ptr(),
+            value_cache.data_ptr(),
+            block_table.data_ptr(),
+            block_table.stride(0),
+            query_start_loc.data_ptr(),
+            seq_lens.data_ptr(),
+            num_reqs,
+            q_heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            scale,
+            torch.get_num_threads(),
+        )
+        if rc == -2:
+            raise ValueError(
+                f"the CPU paged attention kernel takes head_dim 64 or 128 and a "
+                f"block_size that is a multiple of 16, not {head_dim} and {block_size}"
+            )
+        if rc != 0:
+            raise MemoryError("paged_attention_f32 could not allocate its scratch memory")
+    return out
+
+
+def paged_attention_ref(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Causal GQA attention of each request's packed queries over its paged K/V, computed in fp32;
+    the result is on query's device, in out_dtype (default: query's dtype)."""
+    device = query.device
+    num_q_heads = query.shape[1]
+    num_kv_heads = key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    block_size = key_cache.shape[1]
+    out = torch.empty(query.shape, dtype=out_dtype or query.dtype, device=device)
+    starts = query_start_loc.tolist()
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        q_start, q_end = starts[i], starts[i + 1]
+        q_len = q_end - q_start
+        if q_len == 0:
+            continue
+        positions = torch.arange(seq_len, device=device)
+        blocks = block_table[i].to(device).long()[positions // block_size]
+        offsets = positions % block_size
+        # [seq_len, Hkv, D] -> [Hq, seq_len, D]
+        k = key_cache[blocks, offsets].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        v = value_cache[blocks, offsets].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        q = query[q_start:q_end].float().transpose(0, 1)  # [Hq, q_len, D]
+        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, q_len, seq_len]
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
+        allowed = positions[None, :] <= q_pos[:, None]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[q_start:q_end] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
     return out

@@ -5,19 +5,114 @@ num_computed[slot] onward of its slot slots[i]. From those two small arrays (cop
 once per step) and the persistent tables, one kernel writes the input ids (a decode's is the
 token the previous step's post-update wrote into token_ids), positions, sequence lengths, KV
 slot mapping, the step's block-table rows, and for the rows that sample (sample_rows) their
-logits row and slot. Three implementations with one contract: a Triton kernel (CUDA,
-kernels/prepare_inputs_triton.py), its C twin (kernels/cpu/prepare_inputs.c, via kernels.cpu_ops)
-and torch ops here (the reference, and the path without either).
+logits row and slot. Three implementations with one contract, side by side: torch ops (the
+reference, and the path without either), a Triton kernel (CUDA) and its C twin
+(kernels/cpu/prepare_inputs.c); prepare_inputs_for() picks one for a device.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
+import triton
+import triton.language as tl
 
+from kernels.cpu_binding import check_cpu, library
 from kernels.dispatch import kernel_for
-from kernels.prepared_inputs import PreparedInputs, check_outputs
+
+
+class PreparedInputs(NamedTuple):
+    """The gathered inputs of one step (T tokens, B requests, S sampling rows)."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    seq_lens: torch.Tensor  # [B] int32
+    slot_mapping: torch.Tensor  # [T] int64
+    block_table: torch.Tensor  # [B, max_blocks] int32
+    logits_indices: torch.Tensor  # [S] int64: the token row each sampling row reads
+    sample_slots: torch.Tensor  # [S] int64
+
+
+def empty_outputs(
+    device: torch.device, num_reqs: int, num_tokens: int, max_blocks: int, num_samples: int
+) -> PreparedInputs:
+    """Uninitialised output tensors for a kernel to fill."""
+
+    def i64(n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.int64, device=device)
+
+    return PreparedInputs(
+        i64(num_tokens),
+        i64(num_tokens),
+        torch.empty(num_reqs, dtype=torch.int32, device=device),
+        i64(num_tokens),
+        torch.empty((num_reqs, max_blocks), dtype=torch.int32, device=device),
+        i64(num_samples),
+        i64(num_samples),
+    )
+
+
+def outputs_fit(
+    out: PreparedInputs,
+    device: torch.device,
+    num_reqs: int,
+    num_tokens: int,
+    max_blocks: int,
+    num_samples: int,
+) -> bool:
+    """Whether out is what empty_outputs makes for this step: contiguous tensors on device of
+    the contract's shapes and dtypes (a kernel writes them through raw pointers)."""
+    i64, i32 = torch.int64, torch.int32
+    ids, pos, lens, mapping, table, logits, sample = out
+    return (
+        ids.shape == (num_tokens,)
+        and pos.shape == (num_tokens,)
+        and mapping.shape == (num_tokens,)
+        and lens.shape == (num_reqs,)
+        and table.shape == (num_reqs, max_blocks)
+        and logits.shape == (num_samples,)
+        and sample.shape == (num_samples,)
+        and ids.dtype is i64
+        and pos.dtype is i64
+        and mapping.dtype is i64
+        and lens.dtype is i32
+        and table.dtype is i32
+        and logits.dtype is i64
+        and sample.dtype is i64
+        and all(t.device == device and t.is_contiguous() for t in out)
+    )
+
+
+# The outputs the last check_outputs passed and their step's sizes: a caller reusing one set
+# step after step (InputPreparer) is checked once per shape. A tensor's dtype, device and
+# layout do not change in place (short of resize_/set_, which no caller does to these).
+_checked: list = [None, None]
+
+
+def check_outputs(
+    out: PreparedInputs,
+    device: torch.device,
+    num_reqs: int,
+    num_tokens: int,
+    max_blocks: int,
+    num_samples: int,
+) -> None:
+    """Raise ValueError unless outputs_fit."""
+    sizes = (num_reqs, num_tokens, max_blocks, num_samples)
+    if _checked[0] is out and _checked[1] == sizes:
+        return
+    if not outputs_fit(out, device, num_reqs, num_tokens, max_blocks, num_samples):
+        want = empty_outputs(device, num_reqs, num_tokens, max_blocks, num_samples)
+        raise ValueError(
+            "out does not match the step: want "
+            + ", ".join(f"{n} {tuple(t.shape)} {t.dtype}" for n, t in zip(want._fields, want))
+            + " (contiguous, on "
+            + str(device)
+            + "), got "
+            + ", ".join(f"{tuple(t.shape)} {t.dtype} {t.device}" for t in out)
+        )
+    _checked[0], _checked[1] = out, sizes
 
 
 def prepare_inputs_torch(
@@ -63,6 +158,169 @@ def prepare_inputs_torch(
     return out
 
 
+# Arguments that change every step must not make Triton compile a variant per value.
+@triton.jit(do_not_specialize=["num_samples", "max_blocks"])
+def _prepare_inputs_kernel(
+    slots_ptr,
+    qsl_ptr,
+    num_computed_ptr,
+    token_ids_ptr,
+    token_stride,
+    block_table_ptr,
+    block_stride,
+    sample_rows_ptr,
+    num_samples,
+    max_blocks,
+    input_ids_ptr,
+    positions_ptr,
+    seq_lens_ptr,
+    slot_mapping_ptr,
+    block_table_out_ptr,
+    logits_indices_ptr,
+    sample_slots_ptr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    i = tl.program_id(0)
+    slot = tl.load(slots_ptr + i)
+    q0 = tl.load(qsl_ptr + i).to(tl.int64)
+    q1 = tl.load(qsl_ptr + i + 1).to(tl.int64)
+    computed = tl.load(num_computed_ptr + slot)
+    tl.store(seq_lens_ptr + i, (computed + q1 - q0).to(tl.int32))
+    offs = tl.arange(0, BLOCK)
+    tokens = token_ids_ptr + slot * token_stride
+    blocks = block_table_ptr + slot * block_stride
+    for start in range(q0, q1, BLOCK):
+        t = start + offs
+        mask = t < q1
+        pos = computed + t - q0
+        tl.store(positions_ptr + t, pos, mask=mask)
+        tl.store(input_ids_ptr + t, tl.load(tokens + pos, mask=mask), mask=mask)
+        block = tl.load(blocks + pos // BLOCK_SIZE, mask=mask).to(tl.int64)
+        tl.store(slot_mapping_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=mask)
+    row_out = block_table_out_ptr + i.to(tl.int64) * max_blocks
+    for start in range(0, max_blocks, BLOCK):
+        b = start + offs
+        mask = b < max_blocks
+        tl.store(row_out + b, tl.load(blocks + b, mask=mask), mask=mask)
+    if i < num_samples:  # S <= B: program i also fills sampling row i
+        row = tl.load(sample_rows_ptr + i)
+        tl.store(logits_indices_ptr + i, tl.load(qsl_ptr + row + 1).to(tl.int64) - 1)
+        tl.store(sample_slots_ptr + i, tl.load(slots_ptr + row))
+
+
+def prepare_inputs_triton(
+    slots: torch.Tensor,
+    qsl: torch.Tensor,
+    sample_rows: torch.Tensor,
+    num_computed: torch.Tensor,
+    token_ids: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    num_tokens: int,
+    max_blocks: int,
+    out: PreparedInputs | None = None,
+) -> PreparedInputs:
+    """One launch of one program per request (into out's tensors when given)."""
+    num_reqs, num_samples = slots.shape[0], sample_rows.shape[0]
+    if out is None:
+        out = empty_outputs(slots.device, num_reqs, num_tokens, max_blocks, num_samples)
+    else:
+        check_outputs(out, slots.device, num_reqs, num_tokens, max_blocks, num_samples)
+    if slots.shape[0]:
+        _prepare_inputs_kernel[(slots.shape[0],)](
+            slots,
+            qsl,
+            num_computed,
+            token_ids,
+            token_ids.stride(0),
+            block_table,
+            block_table.stride(0),
+            sample_rows,
+            sample_rows.shape[0],
+            max_blocks,
+            *out,
+            BLOCK_SIZE=block_size,
+            BLOCK=128,
+        )
+    return out
+
+
+def prepare_inputs_cpu(
+    slots: torch.Tensor,
+    qsl: torch.Tensor,
+    sample_rows: torch.Tensor,
+    num_computed: torch.Tensor,
+    token_ids: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    num_tokens: int,
+    max_blocks: int,
+    out: PreparedInputs | None = None,
+) -> PreparedInputs:
+    """kernels.prepare_inputs' contract in one C call (kernels/cpu/prepare_inputs.c); into
+    out's tensors when given (checked: the C code writes them through raw pointers)."""
+    i64, i32 = torch.int64, torch.int32
+    # Once per step: the whole check in one expression, the messages only when it fails.
+    if not (
+        slots.dtype is i64
+        and qsl.dtype is i32
+        and sample_rows.dtype is i64
+        and num_computed.dtype is i64
+        and token_ids.dtype is i64
+        and block_table.dtype is i32
+        and slots.is_cpu
+        and qsl.is_cpu
+        and sample_rows.is_cpu
+        and num_computed.is_cpu
+        and token_ids.is_cpu
+        and block_table.is_cpu
+        and slots.is_contiguous()
+        and qsl.is_contiguous()
+        and sample_rows.is_contiguous()
+        and num_computed.is_contiguous()
+        and token_ids.is_contiguous()
+        and block_table.is_contiguous()
+    ):
+        for t, name, dtype in (
+            (slots, "slots", i64),
+            (qsl, "qsl", i32),
+            (sample_rows, "sample_rows", i64),
+            (num_computed, "num_computed", i64),
+            (token_ids, "token_ids", i64),
+            (block_table, "block_table", i32),
+        ):
+            check_cpu(t, name, dtype)
+        raise ValueError("prepare_inputs needs contiguous tensors")
+    num_reqs = slots.shape[0]
+    if qsl.shape != (num_reqs + 1,) or not 0 <= max_blocks <= block_table.shape[1]:
+        raise ValueError(
+            f"qsl {tuple(qsl.shape)} / max_blocks {max_blocks} do not match "
+            f"{num_reqs} requests and a block table {tuple(block_table.shape)}"
+        )
+    num_samples = sample_rows.shape[0]
+    if out is None:
+        out = empty_outputs(slots.device, num_reqs, num_tokens, max_blocks, num_samples)
+    else:
+        check_outputs(out, slots.device, num_reqs, num_tokens, max_blocks, num_samples)
+    library().prepare_inputs_i64(
+        slots.data_ptr(),
+        qsl.data_ptr(),
+        num_reqs,
+        num_computed.data_ptr(),
+        token_ids.data_ptr(),
+        token_ids.stride(0),
+        block_table.data_ptr(),
+        block_table.stride(0),
+        block_size,
+        max_blocks,
+        sample_rows.data_ptr(),
+        num_samples,
+        *(t.data_ptr() for t in out),
+    )
+    return out
+
+
 class PrepareFn(Protocol):
     """The contract: (slots, qsl, sample_rows, num_computed, token_ids, block_table, block_size,
     num_tokens, max_blocks, out=None) -> PreparedInputs; with out (tensors as empty_outputs
@@ -89,9 +347,4 @@ def prepare_inputs_for(device: torch.device) -> PrepareFn:
     kernels are built, torch ops otherwise. Each takes (slots, qsl, sample_rows, num_computed,
     token_ids, block_table, block_size, num_tokens, max_blocks, out=None)."""
 
-    def triton_impl() -> PrepareFn:
-        from kernels.prepare_inputs_triton import prepare_inputs_triton
-
-        return prepare_inputs_triton
-
-    return kernel_for(device, triton_impl, "prepare_inputs", prepare_inputs_torch)
+    return kernel_for(device, prepare_inputs_triton, prepare_inputs_cpu, prepare_inputs_torch)

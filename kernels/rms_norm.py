@@ -1,4 +1,6 @@
-"""Triton RMSNorm, optionally fused with the residual add that precedes it.
+"""RMSNorm, optionally fused with the residual add that precedes it: the Triton kernels
+rms_norm and add_rms_norm, and beside them add_rms_norm_cpu, the C kernel
+(kernels/cpu/rms_norm.c) for fp32 CPU tensors.
 
 The generic torch path costs a decode step five or six tiny kernels per norm (the fp32 casts of
 x and of the weight, the norm itself, the cast back and a separate residual add); here one
@@ -16,6 +18,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kernels.cpu_binding import check_cpu, library
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Widest row one program normalises in registers (Llama-3-70B's hidden size is 8192).
@@ -174,8 +178,36 @@ def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """residual += x in place (rounded to residual's dtype); returns (rms_norm(residual) *
-    weight, residual), like kernels.cpu_ops.add_rms_norm. The norm is of the rounded sum, as
+    weight, residual), like add_rms_norm_cpu. The norm is of the rounded sum, as
     the torch path computes it."""
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _launch(x, residual, out, weight, eps)
+    return out, residual
+
+
+def add_rms_norm_cpu(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual += x in place; returns (rms_norm(residual) * weight, residual)."""
+    for t, name in ((x, "x"), (residual, "residual"), (weight, "weight")):
+        check_cpu(t, name)
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if x.shape != residual.shape or weight.shape != x.shape[-1:]:
+        raise ValueError(
+            f"shapes differ: x {tuple(x.shape)}, residual {tuple(residual.shape)}, "
+            f"weight {tuple(weight.shape)}"
+        )
+    out = torch.empty_like(x)
+    width = x.shape[-1]
+    library().add_rms_norm_f32(
+        x.data_ptr(),
+        residual.data_ptr(),
+        out.data_ptr(),
+        weight.data_ptr(),
+        x.numel() // width if width else 0,
+        width,
+        eps,
+        torch.get_num_threads(),
+    )
     return out, residual

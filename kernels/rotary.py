@@ -1,4 +1,5 @@
-"""Triton rotate-half rotary embedding, in place on q and k.
+"""The rotate-half rotary embedding, in place on q and k: the Triton kernel rotary_, and beside
+it rotary_cpu_, the C kernel (kernels/cpu/rotary.c) for fp32 CPU tensors.
 
 The torch path (x * cos + cat(x2, x1) * sin, then a copy back into x) costs a decode step five
 kernels and three temporaries per layer; here one program per token rotates all of the token's
@@ -16,6 +17,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kernels.cpu_binding import check_cpu, check_rows, library
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -104,5 +107,31 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
         BLOCK_H=block_h,
         BLOCK_D=block_d,
         num_warps=4 if block_h * block_d <= 2048 else 8,
+    )
+    return x
+
+
+def rotary_cpu_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding in place on x [T, H, D] (heads packed; tokens any stride)
+    with per-token tables cos/sin [T, D] (or [T, 1, D]) whose sin has its first half negated."""
+    for t, name in ((x, "x"), (cos, "cos"), (sin, "sin")):
+        check_cpu(t, name)
+    check_rows(x, "x")
+    tokens, heads, head_dim = x.shape
+    if (
+        not (cos.is_contiguous() and sin.is_contiguous())
+        or cos.numel() != tokens * head_dim
+        or sin.shape != cos.shape
+    ):
+        raise ValueError(f"rotary tables {tuple(cos.shape)} do not match x {tuple(x.shape)}")
+    library().rotary_f32(
+        x.data_ptr(),
+        x.stride(0),
+        tokens,
+        heads,
+        head_dim,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        torch.get_num_threads(),
     )
     return x

@@ -38,7 +38,7 @@ on_path = [p for p in sys.path if p and Path(p).resolve() == repo]
 assert not on_path, f"the repository root is on sys.path directly: {on_path}"
 
 if order == "ours-first":
-    import frontend, kernels, kernels.reference, metrics  # noqa: E401
+    import frontend, kernels, kernels.paged_attention, metrics  # noqa: E401
 
 import torch
 import transformers
@@ -46,15 +46,15 @@ from transformers.utils.import_utils import is_kernels_available
 
 assert not is_kernels_available(), "transformers mistakes our `kernels` package for Hugging Face's"
 
-import frontend, kernels, kernels.reference, metrics  # noqa: E401,F811
+import frontend, kernels, kernels.paged_attention, metrics  # noqa: E401,F811
 
 # Ours: each sits beside engine_core/ in one project checkout (the installed one, which in a
 # scratch clone may differ from the clone that runs the test).
 roots = {Path(m.__file__).resolve().parent.parent
-         for m in (kernels, kernels.reference, frontend, metrics)}
+         for m in (kernels, kernels.paged_attention, frontend, metrics)}
 assert len(roots) == 1 and (roots.pop() / "engine_core" / "engine_core.py").is_file(), \
     f"not this project's packages: {[m.__file__ for m in (kernels, frontend, metrics)]}"
-assert callable(kernels.reference.paged_attention_ref)
+assert callable(kernels.paged_attention.paged_attention_ref)
 
 model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 with torch.inference_mode():

@@ -15,8 +15,9 @@ import torch
 from config.attention import attention_support
 from gpu_worker.attention.backend import AttentionBackend
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
-from kernels.cpu_ops import available as c_kernels_available
-from kernels.cpu_ops import paged_attention, write_kv
+from kernels.cpu_binding import available as c_kernels_available
+from kernels.paged_attention import paged_attention_cpu
+from kernels.write_kv import write_kv_cpu
 
 
 @dataclass(slots=True)
@@ -75,7 +76,7 @@ class CpuAttentionBackend(AttentionBackend[CpuAttnMetadata]):
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; writes k/v into the cache, returns [T, Hq, D]."""
         key_cache, value_cache = self.split_cache(kv_cache)
-        write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-        return paged_attention(
+        write_kv_cpu(k, v, key_cache, value_cache, meta.slot_mapping)
+        return paged_attention_cpu(
             q, key_cache, value_cache, meta.block_table, meta.query_start_loc, meta.seq_lens, scale
         )

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_worker.layers.quant_linear import DeviceQuantizedProjection, QuantizedProjection
-from kernels import cpu_ops
+from kernels import cpu_binding, quant_linear
+from kernels import linear as cpu_linear
 from kernels.gguf_device import DeviceQuantWeight
 from kernels.gguf_quant import QuantizedWeight
 
@@ -64,11 +65,11 @@ class Linear(nn.Module):
             weight is None
             or weight.dtype != torch.float32
             or weight.device.type != "cpu"
-            or weight.shape[0] % cpu_ops.LINEAR_BLOCK
-            or not cpu_ops.available()
+            or weight.shape[0] % cpu_linear.LINEAR_BLOCK
+            or not cpu_binding.available()
         ):
             return False
-        self.blocked_weight = cpu_ops.block_weight(weight)
+        self.blocked_weight = cpu_linear.block_weight(weight)
         return True
 
     def use_split_layout(self, splits: int) -> None:
@@ -93,7 +94,7 @@ class Linear(nn.Module):
         if self.quantized is not None:
             return self.quantized(x, bias, out)
         if self.blocked_weight is not None and x.dtype == torch.float32:
-            return cpu_ops.linear(x, self.blocked_weight, bias, out)
+            return cpu_linear.linear(x, self.blocked_weight, bias, out)
         rows = x.reshape(-1, x.shape[-1])
         # With many rows the split layout's output transpose costs more than it saves; use W
         # itself when it is still held (a weight tied to the embedding is).
@@ -134,7 +135,7 @@ class Embedding(nn.Module):
         if isinstance(self.quantized, DeviceQuantWeight):
             return self._device_rows(self.quantized, ids, self.dtype)
         if self.quantized is not None:
-            return cpu_ops.quant_rows(self.quantized, ids)
+            return quant_linear.quant_rows(self.quantized, ids)
         return F.embedding(ids, self.weight)
 
 
@@ -143,7 +144,7 @@ def use_cpu_layout(model: nn.Module, threads: int) -> None:
 
     The C kernel's blocked layout where it applies; else the split layout, which a module (the
     MLP) may apply to its children itself."""
-    blocked = cpu_ops.available() and next(model.parameters()).dtype == torch.float32
+    blocked = cpu_binding.available() and next(model.parameters()).dtype == torch.float32
     for module in model.modules():  # parents first: a module may re-lay its children itself
         if isinstance(module, Linear):
             if not module.use_blocked_layout():

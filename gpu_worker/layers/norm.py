@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import cpu_ops
+from kernels import cpu_binding, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -19,8 +19,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cuda":
-            from kernels import rms_norm
-
             if rms_norm.flattens(x):
                 return rms_norm.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:
@@ -32,11 +30,9 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (norm(x + residual), x + residual); may update residual in place."""
-        if cpu_ops.applies(x) and x.is_contiguous() and residual.is_contiguous():
-            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        if cpu_binding.applies(x) and x.is_contiguous() and residual.is_contiguous():
+            return rms_norm.add_rms_norm_cpu(x, residual, self.weight, self.eps)
         if x.device.type == "cuda" and residual.shape == x.shape and residual.dtype == x.dtype:
-            from kernels import rms_norm
-
             if rms_norm.flattens(x) and rms_norm.flattens(residual):
                 # One kernel: residual += x in place, then the norm of the rounded sum.
                 return rms_norm.add_rms_norm(x, residual, self.weight, self.eps)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels import cpu_ops
+from kernels import quant_linear
 from kernels.gguf_device import DeviceQuantWeight, concat
 from kernels.gguf_quant import COLUMNS, QuantizedWeight
 
@@ -98,11 +98,11 @@ class QuantizedProjection(_PartsProjection):
         bias: torch.Tensor | None,
         out: torch.Tensor,
     ) -> None:
-        cpu_ops.quant_linear(rows, part, bias, out=out)
+        quant_linear.quant_linear(rows, part, bias, out=out)
 
     def dequantize(self) -> torch.Tensor:
         """W as fp32 [out_features, in_features]."""
-        return torch.cat([cpu_ops.quant_dequantize(p) for p in self.parts])
+        return torch.cat([quant_linear.quant_dequantize(p) for p in self.parts])
 
 
 class DeviceQuantizedProjection(_PartsProjection):

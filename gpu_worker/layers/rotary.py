@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels import cpu_ops
+from kernels import cpu_binding, rotary
 
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -63,11 +63,9 @@ class RotaryEmbedding(nn.Module):
     def apply_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate x [T, heads, head_dim] in place (one fused pass in fp32: the C kernel on the CPU,
         kernels/rotary.py on CUDA); returns x."""
-        if cpu_ops.applies(x) and x.stride(1) == x.shape[2] and x.stride(2) == 1:
-            return cpu_ops.rotary_(x, cos, sin)
+        if cpu_binding.applies(x) and x.stride(1) == x.shape[2] and x.stride(2) == 1:
+            return rotary.rotary_cpu_(x, cos, sin)
         if x.device.type == "cuda":
-            from kernels import rotary
-
             if rotary.fits(x):
                 return rotary.rotary_(x, cos, sin)
         x.copy_(self.apply(x, cos, sin))

@@ -21,7 +21,7 @@ from gpu_worker.forward_context import get_attn_metadata
 from gpu_worker.layers.linear import Linear
 from gpu_worker.layers.quant_linear import QuantizedProjection
 from gpu_worker.parallel.group import tp_world_size
-from kernels import cpu_ops
+from kernels import cpu_binding
 from kernels.decode_stack import (
     F32_BLOCKED,
     F32_PAIRS,
@@ -88,7 +88,7 @@ class FusedDecode:
             self._enabled = (
                 os.environ.get("ENGINE_FUSED_DECODE", "1") != "0"
                 and tp_world_size() == 1
-                and cpu_ops.available()
+                and cpu_binding.available()
             )
         return self._enabled
 

@@ -22,7 +22,8 @@ from gpu_worker.parallel.layers import (
     VocabParallelEmbedding,
     divide,
 )
-from kernels import cpu_ops
+from kernels import activation, cpu_binding
+from kernels import linear as cpu_linear
 
 
 class LlamaAttention(nn.Module):
@@ -112,12 +113,12 @@ class LlamaMLP(nn.Module):
             weight is None
             or weight.dtype != torch.float32
             or weight.device.type != "cpu"
-            or self.intermediate % cpu_ops.LINEAR_BLOCK
-            or not cpu_ops.available()
-            or not cpu_ops.fused_swiglu_pays()
+            or self.intermediate % cpu_linear.LINEAR_BLOCK
+            or not cpu_binding.available()
+            or not cpu_linear.fused_swiglu_pays()
         ):
             return False
-        self.fused_gate_up = cpu_ops.block_weight_pairs(weight.detach())
+        self.fused_gate_up = cpu_linear.block_weight_pairs(weight.detach())
         self.gate_up_proj.weight = None
         return True
 
@@ -149,7 +150,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_gate_up is not None and x.dtype == torch.float32:
-            return self.down_proj(cpu_ops.swiglu(x, self.fused_gate_up))
+            return self.down_proj(cpu_linear.swiglu(x, self.fused_gate_up))
         if self.split_gate_up is None:
             return self.down_proj(_silu_and_mul(self.gate_up_proj(x)))
         if x.shape[0] <= _MLP_ROWS:
@@ -176,11 +177,9 @@ _MLP_ROWS = 1024
 def _silu_and_mul(y: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for y = [..., gate | up]: one fused pass in fp32 on the CPU and, with
     Triton, on CUDA."""
-    if cpu_ops.applies(y):
-        return cpu_ops.silu_and_mul(y)
+    if cpu_binding.applies(y):
+        return activation.silu_and_mul_cpu(y)
     if y.device.type == "cuda":
-        from kernels import activation
-
         if activation.fits(y):
             return activation.silu_and_mul(y)
     gate, up = y.chunk(2, dim=-1)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from gpu_worker.layers.linear import Embedding, Linear
 from gpu_worker.layers.quant_linear import QuantizedProjection
 from gpu_worker.parallel.group import tp_all_gather, tp_all_reduce, tp_rank, tp_world_size
-from kernels import cpu_ops
+from kernels import linear as cpu_linear
+from kernels import quant_linear
 
 
 def _shard(param: torch.Tensor, dim: int, full_size: int | None = None) -> None:
@@ -93,12 +94,12 @@ class ParallelLMHead(Linear):
             return None
         if isinstance(self.quantized, QuantizedProjection):
             parts = self.quantized.parts
-            if len(parts) != 1 or not 0 < x.shape[0] <= cpu_ops.quant_few_rows():
+            if len(parts) != 1 or not 0 < x.shape[0] <= quant_linear.quant_few_rows():
                 return None
-            return cpu_ops.quant_linear_argmax(x, parts[0], self.vocab_size)
+            return quant_linear.quant_linear_argmax(x, parts[0], self.vocab_size)
         if self.quantized is not None or self.blocked_weight is None:
             return None
-        return cpu_ops.linear_argmax(x, self.blocked_weight, self.vocab_size)
+        return cpu_linear.linear_argmax(x, self.blocked_weight, self.vocab_size)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [..., vocab]; out (a buffer for them, one rank only) may receive them."""

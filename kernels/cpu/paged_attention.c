@@ -245,29 +245,3 @@ int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t ou
     free(tiles);
     return failed ? -1 : 0;
 }
-
-/* Writes token t's key and value (k, v: [T, Hkv, D], rows k_stride / v_stride apart, heads
- * packed) into cache slot slots[t] (block slot / block_size, offset slot % block_size) in the
- * layout above; negative slots are skipped. */
-void write_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
-                  const int64_t *slots, int64_t tokens, float *k_cache, float *v_cache,
-                  int32_t num_kv_heads, int32_t head_dim, int32_t block_size, int32_t num_threads)
-{
-    const int64_t head_elems = (int64_t)head_dim * block_size;
-    #pragma omp parallel for num_threads(num_threads) schedule(static) if (tokens > 64)
-    for (int64_t t = 0; t < tokens; t++) {
-        const int64_t slot = slots[t];
-        if (slot < 0) continue;
-        const int64_t block = slot / block_size, off = slot % block_size;
-        for (int32_t h = 0; h < num_kv_heads; h++) {
-            const float *kh = k + t * k_stride + (int64_t)h * head_dim;
-            const float *vh = v + t * v_stride + (int64_t)h * head_dim;
-            float *kc = k_cache + (block * num_kv_heads + h) * head_elems + off;
-            float *vc = v_cache + (block * num_kv_heads + h) * head_elems + off * head_dim;
-            for (int32_t d = 0; d < head_dim; d++) {
-                kc[(int64_t)d * block_size] = kh[d];
-                vc[d] = vh[d];
-            }
-        }
-    }
-}

@@ -8,12 +8,15 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.layers.rotary import RotaryEmbedding
-from kernels import cpu_ops
-from kernels.reference import paged_attention_ref, write_kv_ref
+from kernels import activation, argmax, cpu_binding, rms_norm
+from kernels import linear as cpu_linear
+from kernels.paged_attention import paged_attention_cpu, paged_attention_ref
+from kernels.rotary import rotary_cpu_
+from kernels.write_kv import write_kv_cpu, write_kv_ref
 from tests.kernels.library_env import library_env
 from tests.kernels.test_paged_attention import make_batch
 
-pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+pytestmark = pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 
 
 def _cpu_batch(requests, num_kv_heads, group, head_dim, block_size, seed=0):
@@ -33,7 +36,7 @@ def _check_attention(batch, threads: int = 2) -> None:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        actual = cpu_ops.paged_attention(
+        actual = paged_attention_cpu(
             batch["query"],
             *_cpu_layout(batch["key_cache"], batch["value_cache"]),
             batch["block_table"],
@@ -90,24 +93,24 @@ def test_attention_refuses_what_it_would_misread() -> None:
     for head_dim, block_size in ((32, 16), (64, 8)):
         small = _cpu_batch([(0, 4)], 1, 1, head_dim, block_size)
         with pytest.raises(ValueError, match="head_dim 64 or 128 and a block_size"):
-            cpu_ops.paged_attention(
+            paged_attention_cpu(
                 small["query"], *_cpu_layout(small["key_cache"], small["value_cache"]), *args[2:]
             )
     with pytest.raises(ValueError, match="float32"):
-        cpu_ops.paged_attention(batch["query"].double(), *args)
+        paged_attention_cpu(batch["query"].double(), *args)
     with pytest.raises(ValueError, match="int32"):
-        cpu_ops.paged_attention(batch["query"], args[0], args[1], args[2].long(), *args[3:])
+        paged_attention_cpu(batch["query"], args[0], args[1], args[2].long(), *args[3:])
     heads = _cpu_batch([(0, 4)], 1, 3, 64, 16)
     query = heads["query"].transpose(1, 2).contiguous().transpose(1, 2)  # heads not packed
     with pytest.raises(ValueError, match="contiguous"):
-        cpu_ops.paged_attention(
+        paged_attention_cpu(
             query,
             *_cpu_layout(heads["key_cache"], heads["value_cache"]),
             *[heads[k] for k in ("block_table", "query_start_loc", "seq_lens")],
             0.125,
         )
     with pytest.raises(ValueError, match="does not match caches"):
-        cpu_ops.paged_attention(batch["query"], batch["key_cache"], batch["value_cache"], *args[2:])
+        paged_attention_cpu(batch["query"], batch["key_cache"], batch["value_cache"], *args[2:])
 
 
 def test_write_kv_matches_reference_then_attention_reads_it() -> None:
@@ -120,18 +123,20 @@ def test_write_kv_matches_reference_then_attention_reads_it() -> None:
     value_ref = torch.zeros_like(key_ref)
     write_kv_ref(k, v, key_ref, value_ref, slots)
     key_cache, value_cache = _cpu_layout(torch.zeros_like(key_ref), torch.zeros_like(value_ref))
-    cpu_ops.write_kv(k, v, key_cache, value_cache, slots)
+    write_kv_cpu(k, v, key_cache, value_cache, slots)
     expected_k, expected_v = _cpu_layout(key_ref, value_ref)
     assert torch.equal(key_cache, expected_k) and torch.equal(value_cache, expected_v)
     with pytest.raises(ValueError, match="int64"):
-        cpu_ops.write_kv(k, v, key_cache, value_cache, slots.int())
+        write_kv_cpu(k, v, key_cache, value_cache, slots.int())
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])
 def test_silu_and_mul(rows: int) -> None:
     y = torch.randn(2, rows, 2 * 96) * 4
     gate, up = y.chunk(2, dim=-1)
-    torch.testing.assert_close(cpu_ops.silu_and_mul(y), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        activation.silu_and_mul_cpu(y), F.silu(gate) * up, rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("rows", [1, 300])
@@ -139,12 +144,12 @@ def test_add_rms_norm_updates_residual_in_place(rows: int) -> None:
     x, residual, weight = torch.randn(rows, 576), torch.randn(rows, 576), torch.rand(576) + 0.5
     total = x + residual
     expected = F.rms_norm(total, (576,), weight, 1e-5)
-    out, res = cpu_ops.add_rms_norm(x, residual, weight, 1e-5)
+    out, res = rms_norm.add_rms_norm_cpu(x, residual, weight, 1e-5)
     assert res is residual
     torch.testing.assert_close(residual, total)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="shapes differ"):
-        cpu_ops.add_rms_norm(x, residual[:, :100].contiguous(), weight, 1e-5)
+        rms_norm.add_rms_norm_cpu(x, residual[:, :100].contiguous(), weight, 1e-5)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -156,7 +161,7 @@ def test_rotary_in_place_matches_rotate_half(head_dim: int) -> None:
     qk = qkv[:, : 8 * head_dim].view(6, 8, head_dim)
     expected = rotary.apply(qk, cos, sin)
     rest = qkv[:, 8 * head_dim :].clone()
-    assert cpu_ops.rotary_(qk, cos, sin) is qk
+    assert rotary_cpu_(qk, cos, sin) is qk
     torch.testing.assert_close(qk, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(qkv[:, 8 * head_dim :], rest)  # v untouched
 
@@ -169,9 +174,9 @@ def test_disabled_by_environment() -> None:
     assert attention_backend(torch.device("cpu"), torch.bfloat16, 64).name == "torch"
     assert attention_backend(torch.device("cpu"), torch.float32, 64, block_size=8).name == "torch"
     with library_env(ENGINE_CPU_KERNELS="0"):
-        assert not cpu_ops.available()
+        assert not cpu_binding.available()
         assert attention_backend(torch.device("cpu"), torch.float32, 64).name == "torch"
-    assert cpu_ops.available()
+    assert cpu_binding.available()
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 12, 13, 29, 300])
@@ -181,36 +186,38 @@ def test_linear_matches_matmul(rows: int, bias: bool) -> None:
     weight = torch.randn(96, 77, generator=gen)  # an odd K; N = 3 blocks of 32
     b = torch.randn(96, generator=gen) if bias else None
     x = torch.randn(rows, 77, generator=gen)
-    blocked = cpu_ops.block_weight(weight)
+    blocked = cpu_linear.block_weight(weight)
     assert blocked.shape == (3, 77, 32)
     torch.testing.assert_close(
-        cpu_ops.linear(x, blocked, b), F.linear(x, weight, b), rtol=1e-5, atol=1e-4
+        cpu_linear.linear(x, blocked, b), F.linear(x, weight, b), rtol=1e-5, atol=1e-4
     )
 
 
 def test_linear_takes_views_and_batches() -> None:
     weight = torch.randn(64, 40)
-    blocked = cpu_ops.block_weight(weight)
+    blocked = cpu_linear.block_weight(weight)
     wide = torch.randn(7, 50)
     x = wide[:, 5:45]  # rows 50 apart
-    torch.testing.assert_close(cpu_ops.linear(x, blocked), x @ weight.t(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(cpu_linear.linear(x, blocked), x @ weight.t(), rtol=1e-5, atol=1e-4)
     x3 = torch.randn(2, 3, 40)
-    torch.testing.assert_close(cpu_ops.linear(x3, blocked), x3 @ weight.t(), rtol=1e-5, atol=1e-4)
-    assert cpu_ops.linear(torch.empty(0, 40), blocked).shape == (0, 64)
+    torch.testing.assert_close(
+        cpu_linear.linear(x3, blocked), x3 @ weight.t(), rtol=1e-5, atol=1e-4
+    )
+    assert cpu_linear.linear(torch.empty(0, 40), blocked).shape == (0, 64)
 
 
 def test_linear_writes_into_out() -> None:
     weight, x = torch.randn(64, 40), torch.randn(5, 40)
-    blocked = cpu_ops.block_weight(weight)
+    blocked = cpu_linear.block_weight(weight)
     buffer = torch.full((8, 64), float("nan"))
-    y = cpu_ops.linear(x, blocked, out=buffer[:5])
+    y = cpu_linear.linear(x, blocked, out=buffer[:5])
     assert y.data_ptr() == buffer.data_ptr()
     torch.testing.assert_close(buffer[:5], x @ weight.t(), rtol=1e-5, atol=1e-4)
     assert buffer[5:].isnan().all()
     with pytest.raises(ValueError, match="contiguous"):
-        cpu_ops.linear(x, blocked, out=torch.empty(5, 128)[:, :64])
+        cpu_linear.linear(x, blocked, out=torch.empty(5, 128)[:, :64])
     with pytest.raises(ValueError, match="contiguous"):
-        cpu_ops.linear(x, blocked, out=torch.empty(6, 64))
+        cpu_linear.linear(x, blocked, out=torch.empty(6, 64))
 
 
 @pytest.mark.parametrize("cols", [1, 7, 512, 513, 49152])
@@ -223,10 +230,10 @@ def test_argmax_rows_matches_torch(cols: int) -> None:
     if cols > 600:
         x[3, 600] = x[3, 10] = x[3].max() + 1  # a tie across chunks: the earlier one
     x[4, cols - 1] = 1e30  # the last column
-    torch.testing.assert_close(cpu_ops.argmax_rows(x), x.argmax(-1), rtol=0, atol=0)
-    assert cpu_ops.argmax_rows(x[:0]).shape == (0,)
+    torch.testing.assert_close(argmax.argmax_rows(x), x.argmax(-1), rtol=0, atol=0)
+    assert argmax.argmax_rows(x[:0]).shape == (0,)
     with pytest.raises(ValueError, match="packed columns"):
-        cpu_ops.argmax_rows(wide.t())
+        argmax.argmax_rows(wide.t())
 
 
 @pytest.mark.parametrize("rows,threads", [(1, 1), (7, 2), (256, 2), (13, 3)])
@@ -234,32 +241,32 @@ def test_linear_argmax_is_linear_then_argmax(rows: int, threads: int) -> None:
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(32 * 37, 24, generator=gen)
     x = torch.randn(rows, 24, generator=gen)
-    blocked = cpu_ops.block_weight(weight)
+    blocked = cpu_linear.block_weight(weight)
     weight[100] = weight[900] = weight[5] * 0  # ties at 0 across thread ranges for some rows
-    blocked = cpu_ops.block_weight(weight)
+    blocked = cpu_linear.block_weight(weight)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        logits = cpu_ops.linear(x, blocked)
+        logits = cpu_linear.linear(x, blocked)
         for vocab in (32 * 37, 1000, 33):
             want = logits[:, :vocab].argmax(-1)
-            assert torch.equal(cpu_ops.linear_argmax(x, blocked, vocab), want), vocab
+            assert torch.equal(cpu_linear.linear_argmax(x, blocked, vocab), want), vocab
     finally:
         torch.set_num_threads(previous)
     with pytest.raises(ValueError, match="vocab"):
-        cpu_ops.linear_argmax(x, blocked, 32 * 37 + 1)
+        cpu_linear.linear_argmax(x, blocked, 32 * 37 + 1)
 
 
 def test_linear_refuses_what_it_would_misread() -> None:
     with pytest.raises(ValueError, match="multiple of 32"):
-        cpu_ops.block_weight(torch.randn(48, 16))
-    blocked = cpu_ops.block_weight(torch.randn(64, 16))
+        cpu_linear.block_weight(torch.randn(48, 16))
+    blocked = cpu_linear.block_weight(torch.randn(64, 16))
     with pytest.raises(ValueError, match="does not match the blocked weight"):
-        cpu_ops.linear(torch.randn(3, 17), blocked)
+        cpu_linear.linear(torch.randn(3, 17), blocked)
     with pytest.raises(ValueError, match="bias"):
-        cpu_ops.linear(torch.randn(3, 16), blocked, torch.randn(63))
+        cpu_linear.linear(torch.randn(3, 16), blocked, torch.randn(63))
     with pytest.raises(ValueError, match="float32"):
-        cpu_ops.linear(torch.randn(3, 16, dtype=torch.float64), blocked)
+        cpu_linear.linear(torch.randn(3, 16, dtype=torch.float64), blocked)
 
 
 def test_model_linears_use_the_blocked_layout(tmp_path) -> None:
@@ -272,7 +279,7 @@ def test_model_linears_use_the_blocked_layout(tmp_path) -> None:
     model_dir = make_tiny_model(tmp_path / "tiny", "llama", tie_word_embeddings=True)
     runner, _ = make_runner(model_dir, kv_cache_memory="4MiB")
     mlps = [layer.mlp for layer in runner.model.model.layers]
-    fused = cpu_ops.fused_swiglu_pays()
+    fused = cpu_linear.fused_swiglu_pays()
     assert all((mlp.fused_gate_up is not None) == fused for mlp in mlps)
     gate_ups = {id(mlp.gate_up_proj) for mlp in mlps} if fused else set()
     linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
@@ -286,20 +293,20 @@ def test_swiglu_matches_silu_of_gate_times_up(rows: int) -> None:
     gen = torch.Generator().manual_seed(rows)
     gate_up = torch.randn(128, 45, generator=gen) * 0.3  # I = 64: two pairs of blocks; odd K
     x = torch.randn(rows, 45, generator=gen)
-    pairs = cpu_ops.block_weight_pairs(gate_up)
+    pairs = cpu_linear.block_weight_pairs(gate_up)
     assert pairs.shape == (2, 2, 45, 32)
     expected = F.silu(x @ gate_up[:64].t()) * (x @ gate_up[64:].t())
-    torch.testing.assert_close(cpu_ops.swiglu(x, pairs), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu_linear.swiglu(x, pairs), expected, rtol=1e-5, atol=1e-5)
     x3 = x.reshape(1, rows, 45)
-    torch.testing.assert_close(cpu_ops.swiglu(x3, pairs), expected[None], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu_linear.swiglu(x3, pairs), expected[None], rtol=1e-5, atol=1e-5)
 
 
 def test_swiglu_refuses_what_it_would_misread() -> None:
     with pytest.raises(ValueError, match="twice a multiple of 32"):
-        cpu_ops.block_weight_pairs(torch.randn(96, 8))
-    pairs = cpu_ops.block_weight_pairs(torch.randn(64, 8))
+        cpu_linear.block_weight_pairs(torch.randn(96, 8))
+    pairs = cpu_linear.block_weight_pairs(torch.randn(64, 8))
     with pytest.raises(ValueError, match="does not match the paired weight"):
-        cpu_ops.swiglu(torch.randn(2, 9), pairs)
+        cpu_linear.swiglu(torch.randn(2, 9), pairs)
 
 
 def test_library_builds_into_the_engine_cache(tmp_path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_ops
+from kernels import cpu_binding
 from kernels.grammar_bitmask import apply_token_bitmask, apply_token_bitmask_reference
 
 
@@ -22,7 +22,7 @@ def _bitmask(rows: int, vocab: int, seed: int) -> torch.Tensor:
     "num_logits, rows, vocab", [(7, 3, 100), (5, 5, 33), (4, 2, 32), (64, 17, 49152), (3, 1, 1)]
 )
 def test_kernel_matches_reference(num_logits, rows, vocab):
-    if not cpu_ops.available():
+    if not cpu_binding.available():
         pytest.skip("no C compiler")
     logits = torch.randn(num_logits, vocab)
     bitmask = _bitmask(rows, vocab, seed=vocab)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.paged_attention import paged_attention_ref
 from kernels.paged_decode import (
     PARTITION_SIZE,
     SPLIT_MIN_SEQ_LEN,
@@ -13,7 +14,6 @@ from kernels.paged_decode import (
     paged_decode_split,
     use_split_decode,
 )
-from kernels.reference import paged_attention_ref
 from tests.kernels.paged_inputs import assert_close_to_reference, cuda_only, make_batch
 
 

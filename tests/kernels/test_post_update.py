@@ -6,8 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_ops
-from kernels.post_update import post_update_for, post_update_torch, post_update_triton
+from kernels import cpu_binding
+from kernels.post_update import (
+    post_update_cpu,
+    post_update_for,
+    post_update_torch,
+    post_update_triton,
+)
 from tests.kernels.paged_inputs import DEVICE
 
 
@@ -60,19 +65,19 @@ def test_triton_kernel_matches_the_reference() -> None:
         assert torch.equal(got, w)
 
 
-@pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+@pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 def test_c_kernel_matches_the_reference() -> None:
     want = _run(post_update_torch, "cpu")
-    for got, w in zip(_run(cpu_ops.post_update, "cpu"), want):
+    for got, w in zip(_run(post_update_cpu, "cpu"), want):
         assert torch.equal(got, w)
     state = _state("cpu")
     with pytest.raises(ValueError, match="int32"):
-        cpu_ops.post_update(state[0], state[1].long(), *state[2:])
+        post_update_cpu(state[0], state[1].long(), *state[2:])
     with pytest.raises(ValueError, match="do not match"):
-        cpu_ops.post_update(state[0], state[1], state[2], state[3][:2], *state[4:])
+        post_update_cpu(state[0], state[1], state[2], state[3][:2], *state[4:])
 
 
 def test_each_device_gets_its_kernel() -> None:
     assert post_update_for(torch.device("cuda")) is post_update_triton
-    expected = cpu_ops.post_update if cpu_ops.available() else post_update_torch
+    expected = post_update_cpu if cpu_binding.available() else post_update_torch
     assert post_update_for(torch.device("cpu")) is expected

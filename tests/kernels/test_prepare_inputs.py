@@ -7,10 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cpu_ops
-from kernels.prepare_inputs import prepare_inputs_for, prepare_inputs_torch
-from kernels.prepare_inputs_triton import prepare_inputs_triton
-from kernels.prepared_inputs import empty_outputs
+from kernels import cpu_binding
+from kernels.prepare_inputs import (
+    empty_outputs,
+    prepare_inputs_cpu,
+    prepare_inputs_for,
+    prepare_inputs_torch,
+    prepare_inputs_triton,
+)
 from tests.kernels.paged_inputs import DEVICE
 
 BLOCK_SIZE = 16
@@ -67,12 +71,12 @@ def test_triton_kernel_matches_the_reference() -> None:
     _assert_equal(prepare_inputs_triton(*args, BLOCK_SIZE, num_tokens, step_blocks), want)
 
 
-@pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+@pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 def test_c_kernel_matches_the_reference() -> None:
     for seed in range(3):
         args, num_tokens, step_blocks = _step("cpu", seed)
         want = prepare_inputs_torch(*args, BLOCK_SIZE, num_tokens, step_blocks)
-        _assert_equal(cpu_ops.prepare_inputs(*args, BLOCK_SIZE, num_tokens, step_blocks), want)
+        _assert_equal(prepare_inputs_cpu(*args, BLOCK_SIZE, num_tokens, step_blocks), want)
     # An empty step, and arguments it would misread.
     empty = [
         torch.zeros(0, dtype=torch.int64),
@@ -80,23 +84,23 @@ def test_c_kernel_matches_the_reference() -> None:
         torch.zeros(0, dtype=torch.int64),
         *args[3:],
     ]
-    assert cpu_ops.prepare_inputs(*empty, BLOCK_SIZE, 0, 0).input_ids.shape == (0,)
+    assert prepare_inputs_cpu(*empty, BLOCK_SIZE, 0, 0).input_ids.shape == (0,)
     with pytest.raises(ValueError, match="int32"):
-        cpu_ops.prepare_inputs(args[0], args[1].long(), *args[2:], BLOCK_SIZE, num_tokens, 1)
+        prepare_inputs_cpu(args[0], args[1].long(), *args[2:], BLOCK_SIZE, num_tokens, 1)
     with pytest.raises(ValueError, match="max_blocks"):
-        cpu_ops.prepare_inputs(*args, BLOCK_SIZE, num_tokens, 99)
+        prepare_inputs_cpu(*args, BLOCK_SIZE, num_tokens, 99)
 
 
 def test_each_device_gets_its_kernel() -> None:
     assert prepare_inputs_for(torch.device("cuda")) is prepare_inputs_triton
-    expected = cpu_ops.prepare_inputs if cpu_ops.available() else prepare_inputs_torch
+    expected = prepare_inputs_cpu if cpu_binding.available() else prepare_inputs_torch
     assert prepare_inputs_for(torch.device("cpu")) is expected
 
 
 def _implementations() -> list:
     impls = [("torch", prepare_inputs_torch, "cpu"), ("triton", prepare_inputs_triton, DEVICE)]
-    if cpu_ops.available():
-        impls.append(("c", cpu_ops.prepare_inputs, "cpu"))
+    if cpu_binding.available():
+        impls.append(("c", prepare_inputs_cpu, "cpu"))
     return impls
 
 

@@ -15,10 +15,10 @@ from gguf import GGMLQuantizationType as GGMLType
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES
 
-from kernels import cpu_library, cpu_ops
+from kernels import cpu_binding, cpu_library, quant_linear
 from kernels.gguf_quant import QuantizedWeight, pack
 
-pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+pytestmark = pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 
 TYPES = [
     GGMLType.Q4_0,
@@ -66,9 +66,9 @@ def test_dequantize_and_row_lookup_are_ggufs(qtype: GGMLType, n: int) -> None:
     k = 512
     raw, expected = quantized(qtype, n, k, seed=n)
     packed = pack(qtype, raw, n, k)
-    assert torch.equal(cpu_ops.quant_dequantize(packed), expected)
+    assert torch.equal(quant_linear.quant_dequantize(packed), expected)
     ids = torch.tensor([[n - 1, 0], [33 % n, 5]])  # the partial last block's row included
-    assert torch.equal(cpu_ops.quant_rows(packed, ids), expected[ids])
+    assert torch.equal(quant_linear.quant_rows(packed, ids), expected[ids])
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -80,8 +80,8 @@ def test_matches_dequantize_then_matmul(qtype: GGMLType, rows: int) -> None:
     packed = pack(qtype, raw, n, k)
     gen = torch.Generator().manual_seed(rows)
     x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
-    _assert_close(cpu_ops.quant_linear(x, packed, bias), _reference(x, weight, bias))
-    _assert_close(cpu_ops.quant_linear(x, packed), _reference(x, weight, None))
+    _assert_close(quant_linear.quant_linear(x, packed, bias), _reference(x, weight, bias))
+    _assert_close(quant_linear.quant_linear(x, packed), _reference(x, weight, None))
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_1, GGMLType.Q6_K], ids=lambda t: t.name)
@@ -92,30 +92,30 @@ def test_strided_inputs_outputs_and_threads(qtype: GGMLType) -> None:
     wide = torch.randn(9, k + 10)
     x = wide[:, 3 : 3 + k]  # rows k + 10 apart
     out = torch.zeros(9, 100)
-    cpu_ops.quant_linear(x, packed, out=out[:, 50:90])
+    quant_linear.quant_linear(x, packed, out=out[:, 50:90])
     _assert_close(out[:, 50:90], _reference(x, weight, None))
     assert not out[:, :50].any() and not out[:, 90:].any()
     x3 = torch.randn(2, 3, k)
-    _assert_close(cpu_ops.quant_linear(x3, packed), _reference(x3, weight, None))
+    _assert_close(quant_linear.quant_linear(x3, packed), _reference(x3, weight, None))
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        single = cpu_ops.quant_linear(x, packed)
+        single = quant_linear.quant_linear(x, packed)
     finally:
         torch.set_num_threads(previous)
-    assert torch.equal(single, cpu_ops.quant_linear(x, packed))  # threads split columns only
-    assert cpu_ops.quant_linear(torch.empty(0, k), packed).shape == (0, n)
+    assert torch.equal(single, quant_linear.quant_linear(x, packed))  # threads split columns only
+    assert quant_linear.quant_linear(torch.empty(0, k), packed).shape == (0, n)
 
 
 def test_refuses_what_it_would_misread() -> None:
     raw, _ = quantized(GGMLType.Q4_1, 64, 64)
     packed = pack(GGMLType.Q4_1, raw, 64, 64)
     with pytest.raises(ValueError, match="do not match the kernel's layout"):
-        cpu_ops.quant_linear(torch.randn(2, 64), packed._replace(data=packed.data[:-1]))
+        quant_linear.quant_linear(torch.randn(2, 64), packed._replace(data=packed.data[:-1]))
     with pytest.raises(ValueError, match="does not match the weight's 64 inputs"):
-        cpu_ops.quant_linear(torch.randn(2, 65), packed)
+        quant_linear.quant_linear(torch.randn(2, 65), packed)
     with pytest.raises(ValueError, match="bias"):
-        cpu_ops.quant_linear(torch.randn(2, 64), packed, torch.randn(63))
+        quant_linear.quant_linear(torch.randn(2, 64), packed, torch.randn(63))
     with pytest.raises(ValueError, match="whole blocks"):
         pack(GGMLType.Q4_1, raw[:, :-1], 64, 64)
     with pytest.raises(ValueError, match="no CPU kernel"):
@@ -156,12 +156,12 @@ def test_fused_argmax_is_the_argmax_of_the_logits(qtype: GGMLType) -> None:
     raw, _ = quantized(qtype, n, k, seed=5)
     packed = pack(qtype, raw, n, k)
     gen = torch.Generator().manual_seed(1)
-    for rows in range(1, cpu_ops.quant_few_rows() + 1):
+    for rows in range(1, quant_linear.quant_few_rows() + 1):
         x = torch.randn(rows, k, generator=gen)
-        logits = cpu_ops.quant_linear(x, packed)
+        logits = quant_linear.quant_linear(x, packed)
         for vocab in (n, 150, 7):
             expected = logits[:, :vocab].argmax(dim=1)
-            assert torch.equal(cpu_ops.quant_linear_argmax(x, packed, vocab), expected)
+            assert torch.equal(quant_linear.quant_linear_argmax(x, packed, vocab), expected)
 
 
 def test_fused_argmax_ties_and_refusals() -> None:
@@ -175,11 +175,13 @@ def test_fused_argmax_ties_and_refusals() -> None:
     for row in (20, 40, 150):
         raw[row] = raw[5]
     packed = pack(GGMLType.Q8_0, raw, n, k)
-    logits = cpu_ops.quant_dequantize(packed)[5]
+    logits = quant_linear.quant_dequantize(packed)[5]
     x = logits.unsqueeze(0).clone()  # x = row 5's weights: its logit is the largest
-    assert int(cpu_ops.quant_linear_argmax(x, packed, n)) == 5
-    assert int(cpu_ops.quant_linear(x, packed).argmax()) == 5
+    assert int(quant_linear.quant_linear_argmax(x, packed, n)) == 5
+    assert int(quant_linear.quant_linear(x, packed).argmax()) == 5
     with pytest.raises(ValueError, match="the fused argmax takes 1 to"):
-        cpu_ops.quant_linear_argmax(torch.randn(cpu_ops.quant_few_rows() + 1, k), packed, n)
+        quant_linear.quant_linear_argmax(
+            torch.randn(quant_linear.quant_few_rows() + 1, k), packed, n
+        )
     with pytest.raises(ValueError, match="do not match"):
-        cpu_ops.quant_linear_argmax(torch.randn(1, k), packed, n + 1)
+        quant_linear.quant_linear_argmax(torch.randn(1, k), packed, n + 1)

@@ -98,7 +98,7 @@ def case(request, tmp_path_factory):
         assert runner.arch.rope_scaling is not None
         assert runner.arch.rope_scaling["rope_type"] == overrides["rope_parameters"]["rope_type"]
     assert runner.arch.tie_word_embeddings == overrides.get("tie_word_embeddings", False)
-    from kernels.cpu_ops import available
+    from kernels.cpu_binding import available
 
     if available():
         assert runner.backend.name == ("cpu" if runner.arch.head_dim in (64, 128) else "torch")

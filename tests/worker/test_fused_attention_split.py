@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_ops
+from kernels import cpu_binding
 from kernels.decode_stack import DecodeStack
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
 
-pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+pytestmark = pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 
 
 def _recording(forward, seen):

@@ -14,14 +14,14 @@ from gguf import GGMLQuantizationType as GGMLType
 
 from config.gguf_convert import GGUF_LINK
 from gpu_worker.loader.model_loader import load_model
-from kernels import cpu_ops
+from kernels import cpu_binding
 from kernels.decode_stack import MAX_ROWS, DecodeStack
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
 from tests.worker.test_gguf_quant import write_gguf
 
-pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+pytestmark = pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 
 # One type per fused projection (q, k and v alike), so each is one kernel run; several types
 # across the model, the K-quants' 256-row records included.

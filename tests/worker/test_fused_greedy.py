@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import cpu_ops
+from kernels import cpu_binding
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import count_logits_calls, make_runner
 
-pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+pytestmark = pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 
 
 def test_fused_greedy_equals_greedy_through_the_logits(tmp_path, monkeypatch) -> None:

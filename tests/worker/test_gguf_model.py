@@ -125,7 +125,7 @@ def test_bf16_quantized_logprobs_within_tolerance_of_fp32(gguf_model):
 def test_quantized_greedy_takes_the_argmax_in_the_output_projection(gguf_model, monkeypatch):
     """On the CPU a quantized output projection of one type fuses greedy's argmax for up to
     quant_few_rows() rows: the tokens of the path through the logits, and no logits built."""
-    from kernels import cpu_ops
+    from kernels import quant_linear
 
     outputs = {}
     for fused in (True, False):
@@ -134,7 +134,7 @@ def test_quantized_greedy_takes_the_argmax_in_the_output_projection(gguf_model, 
         calls = count_logits_calls(runner, monkeypatch)
         one = driver.run({"a": PROMPTS["a"]}, GREEDY, 8, chunk=64)
         logits_calls_for_one = calls[0]
-        many = {f"r{i}": PROMPTS["c"][i:] for i in range(cpu_ops.quant_few_rows() + 1)}
+        many = {f"r{i}": PROMPTS["c"][i:] for i in range(quant_linear.quant_few_rows() + 1)}
         outputs[fused] = (one, driver.run(many, GREEDY, 8, chunk=64))
         if fused:
             assert logits_calls_for_one == 0  # one row per step: every step fused

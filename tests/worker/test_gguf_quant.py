@@ -26,7 +26,8 @@ from engine_core.resolve import resolved_config
 from gpu_worker.layers.linear import Linear
 from gpu_worker.loader.model_loader import load_model
 from gpu_worker.models.weights import WeightLoadError
-from kernels import cpu_ops
+from kernels import cpu_binding
+from kernels import linear as cpu_linear
 from protocol.sampling_params import SamplingParams
 from tests.hf_reference import NEW_TOKENS, greedy, prompt_ids
 from tests.kernels.library_env import library_env
@@ -34,7 +35,7 @@ from tests.kernels.test_quant_linear import quantized
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import make_runner
 
-pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+pytestmark = pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 
 CPU = torch.device("cpu")
 
@@ -224,7 +225,7 @@ def mixed(request, tmp_path_factory):
     (model_dir / GGUF_LINK).symlink_to(gguf_file)
     arch = ModelArchConfig.from_model_dir(model_dir)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpu_ops, "fused_swiglu_pays", lambda: fused)
+        patch.setattr(cpu_linear, "fused_swiglu_pays", lambda: fused)
         model = load_model(model_dir, arch, torch.float32, CPU, "gguf")
     from config.gguf_convert import hf_tensor_name
     from gpu_worker.models.registry import model_class

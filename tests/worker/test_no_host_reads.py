@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gpu_worker import async_output, staging
-from kernels.prepared_inputs import PreparedInputs
+from kernels.prepare_inputs import PreparedInputs
 from protocol.sampling_params import SamplingParams
 from protocol.step import CachedRequestData, NewRequestData, SchedulerOutput
 from tests.kernels.library_env import library_env

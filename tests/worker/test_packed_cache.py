@@ -17,11 +17,11 @@ from gpu_worker.layers.linear import Linear
 from gpu_worker.loader import gguf_weights, packed_cache
 from gpu_worker.loader.model_loader import load_model
 from gpu_worker.loader.packed_cache import cache_file
-from kernels import cpu_ops
+from kernels import cpu_binding
 from tests.tiny_models import make_tiny_model
 from tests.worker.test_gguf_quant import write_gguf
 
-pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler on this machine")
+pytestmark = pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 
 CPU = torch.device("cpu")
 

@@ -14,7 +14,8 @@ import torch
 
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from gpu_worker.attention.torch_backend import TorchAttentionBackend
-from kernels.reference import paged_attention_ref, write_kv_ref
+from kernels.paged_attention import paged_attention_ref
+from kernels.write_kv import write_kv_ref
 
 CPU = torch.device("cpu")
 
