@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import json
 import logging
 import os
@@ -27,14 +26,12 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
-from aiohttp.web_urldispatcher import _default_expect_handler
 
 from config.engine import decode_config
 from config.generation_config import log_defaults
 from config.observability import ObservabilityConfig
 from engine_core.log_options import apply_log_options
-from frontend import admin_routes
+from frontend import admin_routes, middlewares
 from frontend.admin_routes import AdminState, ServerInfoResponse, count_load
 from frontend.chat_args import ChatOptions, add_chat_args
 from frontend.cors import CorsPolicy, cors_middleware
@@ -53,7 +50,8 @@ from frontend.openai_protocol import (
     VersionResponse,
 )
 from frontend.openapi import DOCS_HTML, openapi_schema
-from frontend.root_path import serve_under, strip_root
+from frontend.root_path import serve_under
+from frontend.server_state import CTX, STATE, ServerState
 from frontend.serving import REQUEST_ID, ServingContext, json_response
 from frontend.serving_chat import chat_messages, create_chat_completion, template_kwargs
 from frontend.serving_completions import create_completion
@@ -64,24 +62,11 @@ from metrics.exposition import render_metrics
 logger = logging.getLogger("api_server")
 
 DEFAULT_MAX_REQUEST_BODY = 16 * 1024 * 1024
-# Paths answered without an API key.
-# The built-in page's own files are open too: the page asks for the key (docs/ui.md).
-OPEN_PATHS = frozenset({"/health", "/version", "/metrics", *ui.PAGE_PATHS})
-
-# vLLM's key guards its /v1 routes only; these others are open there too. (Not /invocations,
-# which vLLM leaves open by an oversight, vllm-project/vllm#58144, nor the admin routes.)
-VLLM_OPEN_PATHS = frozenset(
-    {"/ping", "/load", "/tokenize", "/detokenize", "/openapi.json", "/docs"}
-)
-
 # A 503's Retry-After: by then a load balancer has another server, or this one is back.
 RETRY_AFTER_S = 5
 # How long handlers get to send their last event, and aiohttp to close connections, once the
 # requests in flight have finished or failed.
 _CLOSE_S = 2.0
-
-CTX = web.AppKey("ctx", ServingContext)
-STATE = web.AppKey("state", dict)
 
 
 def process_name(index: int) -> str:
@@ -94,80 +79,6 @@ def _version() -> str:
         return metadata.version("engine")
     except metadata.PackageNotFoundError:
         return "0.1.0"
-
-
-# ---- middlewares ----
-
-
-@web.middleware
-async def _errors(request: web.Request, handler) -> web.StreamResponse:
-    """Every error in OpenAI's shape."""
-    try:
-        return await handler(request)
-    except ApiError as e:
-        return error_response(e.status, e.message, e.param, e.headers)
-    except RequestPayloadError as e:  # e.g. a gzip body that does not decompress
-        response = error_response(
-            400,
-            f"the request body could not be read: {str(e.__cause__ or e).splitlines()[-1].strip()}",
-        )
-        response.force_close()  # the rest of the body cannot be read either
-        return response
-    except RecursionError:  # a shape no check foresaw; the client's doing, not the server's
-        return error_response(400, "the request is nested too deeply to process")
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app[STATE]["max_body"]
-        return error_response(413, f"the request body is larger than the limit of {limit} bytes")
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        message = {
-            404: f"no route for {request.method} {request.path}",
-            405: f"method {request.method} is not allowed on {request.path}",
-        }
-        return error_response(e.status, message.get(e.status, e.reason))
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:
-        logger.exception("%s %s failed", request.method, request.path)
-        return error_response(500, f"internal error: {e}")
-
-
-@web.middleware
-async def _auth(request: web.Request, handler) -> web.StreamResponse:
-    key: str | None = request.app[STATE]["api_key"]
-    path = strip_root(request.path, request.app[STATE]["http"].root_path)
-    if key is None or path in OPEN_PATHS or path in VLLM_OPEN_PATHS or request.method == "OPTIONS":
-        return await handler(request)
-    given = request.headers.get("Authorization", "")
-    scheme, _, token = given.partition(" ")
-    # Several keys (vLLM's --api-key takes a list) travel one per line; each is compared.
-    # aiohttp keeps a header's non-UTF-8 bytes as surrogates; they give them back to compare.
-    given_key = token.strip().encode("utf-8", "surrogateescape")
-    matches = [hmac.compare_digest(given_key, k.encode()) for k in key.split("\n")]
-    if scheme.lower() != "bearer" or not any(matches):
-        return error_response(401, "invalid or missing API key (send Authorization: Bearer <key>)")
-    return await handler(request)
-
-
-async def _expect_within_limit(request: web.Request) -> web.StreamResponse | None:
-    """`Expect: 100-continue`: 413 before the body is sent when Content-Length is over the
-    limit, else aiohttp's 100 Continue."""
-    limit = request.app[STATE]["max_body"]
-    if request.content_length is not None and request.content_length > limit:
-        response = error_response(
-            413,
-            f"the request body ({request.content_length} bytes) is "
-            f"larger than the limit of {limit} bytes",
-        )
-        response.force_close()  # the body was never sent: nothing to read after it
-        return response
-    return await _default_expect_handler(request)
-
-
-async def _limit_expect_on_every_route(app: web.Application) -> None:
-    for route in app.router.routes():  # aiohttp sets an expect handler per route only
-        route._expect_handler = _expect_within_limit
 
 
 # ---- handlers ----
@@ -186,24 +97,15 @@ async def _decode(request: web.Request, struct: type) -> Any:
     return req
 
 
-def _unavailable(state: dict) -> str | None:
-    """Why this server cannot take a request now, or None."""
-    if state["draining"]:
-        return "the server is shutting down"
-    if not state["engine_alive"]():
-        return "the engine core is not running"
-    return state["unavailable"]()
-
-
 def _check_available(request: web.Request) -> None:
-    reason = _unavailable(request.app[STATE])
+    reason = request.app[STATE].why_unavailable()
     if reason is not None:
         raise ApiError(503, reason, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def health(request: web.Request) -> web.Response:
     """200 once every process of the server is ready and while all of them run; else 503."""
-    reason = _unavailable(request.app[STATE])
+    reason = request.app[STATE].why_unavailable()
     if reason is not None:
         return error_response(503, reason, headers={"Retry-After": str(RETRY_AFTER_S)})
     return web.Response(status=200)
@@ -255,10 +157,10 @@ async def prepared(request: web.Request, req: Any, prefix: str) -> AsyncIterator
     given = request.headers.get("X-Request-Id") or getattr(req, "request_id", None)
     request[REQUEST_ID] = base = given or uuid.uuid4().hex
     live = f"{prefix}-{base}"
-    if live in state["live_ids"]:
+    if live in state.live_ids:
         raise bad_request(f"request id {base!r} is already in use by a request in flight")
-    apply_generation_defaults(req, state["defaults"])
-    log = state["log_requests"]
+    apply_generation_defaults(req, state.defaults)
+    log = state.log_requests
     if log is not None:
         body = (await request.read()).decode(errors="replace")
         logger.info(
@@ -267,11 +169,11 @@ async def prepared(request: web.Request, req: Any, prefix: str) -> AsyncIterator
             request.path,
             body if log.max_log_len is None else body[: log.max_log_len],
         )
-    state["live_ids"].add(live)
+    state.live_ids.add(live)
     try:
         yield
     finally:
-        state["live_ids"].discard(live)
+        state.live_ids.discard(live)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -359,7 +261,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return json_response(request.app[STATE]["openapi"])
+    return json_response(request.app[STATE].openapi)
 
 
 async def docs(request: web.Request) -> web.Response:
@@ -386,23 +288,22 @@ def build_app(
         http.allowed_origins, http.allowed_methods, http.allowed_headers, http.allow_credentials
     )
     app = web.Application(
-        middlewares=[cors_middleware(cors), _errors, _auth, count_load], client_max_size=max_body
+        middlewares=[cors_middleware(cors), middlewares.errors, middlewares.auth, count_load],
+        client_max_size=max_body,
     )
     serve_under(app, http.root_path)
     app[CTX] = ctx
-    app[STATE] = {
-        "api_key": api_key,
-        "max_body": max_body,
-        "draining": False,
-        "engine_alive": engine_alive,
-        "unavailable": unavailable,
-        "http": http,
-        "cors": cors,
-        "log_requests": log_requests,
-        "defaults": generation_defaults or {},
-        "live_ids": set(),
-        "openapi": openapi_schema(http.root_path, _version()),
-    }
+    app[STATE] = ServerState(
+        api_key=api_key,
+        max_body=max_body,
+        engine_alive=engine_alive,
+        unavailable=unavailable,
+        http=http,
+        cors=cors,
+        log_requests=log_requests,
+        defaults=generation_defaults or {},
+        openapi=openapi_schema(http.root_path, _version()),
+    )
     app.router.add_get("/health", health)
     app.router.add_get("/ping", health)  # SageMaker's health check
     app.router.add_post("/ping", health)
@@ -418,21 +319,9 @@ def build_app(
         app.router.add_get("/docs", docs)
     app.router.add_get("/metrics", metrics)  # open without an API key (OPEN_PATHS)
     admin_routes.register(app, admin or AdminState())
-    app.on_response_prepare.append(_mark_server)
-    app.on_startup.append(_limit_expect_on_every_route)
+    app.on_response_prepare.append(middlewares.mark_server)
+    app.on_startup.append(middlewares.limit_expect_on_every_route)
     return app
-
-
-async def _mark_server(request: web.Request, response: web.StreamResponse) -> None:
-    """Name the API server process that answered (X-Engine-Api-Server: its --index); add the
-    CORS headers, and X-Request-Id with --enable-request-id-headers."""
-    response.headers["X-Engine-Api-Server"] = str(request.app[CTX].api_server_index)
-    state = request.app[STATE]
-    state["cors"].add_headers(request, response)
-    if state["http"].enable_request_id_headers:
-        response.headers["X-Request-Id"] = (
-            request.get(REQUEST_ID) or request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -570,8 +459,8 @@ async def drain(app: web.Application, order: StopOrder) -> int:
     nothing) while those in flight finish, until order's deadline; then fail the rest with its
     reason, an error event or a 503. How many were cut."""
     state = app[STATE]
-    state["draining"] = True
-    live = state["live_ids"]
+    state.draining = True
+    live = state.live_ids
     while live and order.remaining():
         await asyncio.sleep(0.05)
     cut = len(live)

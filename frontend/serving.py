@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +61,7 @@ class ServingContext:
 # The most choices one request may ask for (OpenAI's limit): each is a sequence in the engine.
 MAX_N = 128
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-# The id the API server chose for an HTTP request (api_server.prepare_request).
+# The id the API server chose for an HTTP request (api_server.prepared).
 REQUEST_ID = web.RequestKey("request_id", str)
 
 
@@ -69,7 +69,7 @@ def request_id(
     prefix: str, http_request: web.Request | None = None, field: str | None = None
 ) -> str:
     """'<prefix>-<id>' as vLLM builds it: the id the API server chose for the HTTP request (a
-    client's X-Request-Id, see api_server.prepare_request), else the body's request_id field,
+    client's X-Request-Id, see api_server.prepared), else the body's request_id field,
     else a random one."""
     base = http_request.get(REQUEST_ID) if http_request is not None else None
     return f"{prefix}-{base or field or uuid.uuid4().hex}"
@@ -136,7 +136,7 @@ def sampling_params(
 
 async def merged_deltas(
     ctx: ServingContext, requests: list[GenerateRequest]
-) -> AsyncIterator[tuple[int, RequestDelta]]:
+) -> AsyncGenerator[tuple[int, RequestDelta], None]:
     """(prompt index, delta) of every request, as they come; closing it aborts them all.
 
     A refusal by the tokenizer process raises ApiError with its status.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -24,6 +25,7 @@ from frontend.openai_protocol import (
     ChatResponseMessage,
     ChatStreamChoice,
     TopLogprob,
+    UsageInfo,
     check_unsupported,
 )
 from frontend.response_format import load_grammar_library, requested_constraint
@@ -45,8 +47,9 @@ from frontend.serving_beam_search import (
     single_events,
 )
 from frontend.tool_parsers.openai_calls import StreamedCalls, finish_reason, message_calls
-from frontend.tool_parsers.tool_choice import resolve_tool_choice
-from protocol.tokenizer import GenerateRequest, PositionLogprobs
+from frontend.tool_parsers.tool_choice import ToolChoice, resolve_tool_choice
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import GenerateRequest, PositionLogprobs, RequestDelta
 from tokenizer_proc.prompt_inputs import truncate_prompt
 from tokenizer_proc.tokenizer import apply_chat_template, check_chat_template_kwargs
 
@@ -129,6 +132,27 @@ def _message_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
 async def create_chat_completion(
     ctx: ServingContext, req: ChatCompletionRequest, http_request: web.Request
 ) -> web.StreamResponse:
+    """POST /v1/chat/completions: validate the request, resolve its tools, build its sampling
+    parameters and the tokenizer process's request (which renders the chat template), submit
+    it, then stream the answer's chunks or gather them into one response."""
+    messages = _validated_messages(ctx, req)
+    tools = resolve_tool_choice(
+        req.tools, req.tool_choice, req.parallel_tool_calls, ctx.tool_parser
+    )
+    params = await _sampling_params(req, tools)
+    if req.use_beam_search:
+        return await _beam_search(ctx, req, http_request, messages, _max_tokens(req))
+    request = _generate_request(ctx, req, http_request, messages, params, tools)
+    answer = _ChatAnswer(ctx, req, tools, request.request_id)
+    deltas = merged_deltas(ctx, [request])
+    if req.stream:
+        return await stream_sse(http_request, answer.chunks(deltas))
+    return json_response(await answer.response(deltas))
+
+
+def _validated_messages(ctx: ServingContext, req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The request's messages as the tokenizer process renders them; 400 (404 for an unknown
+    model) naming what is refused."""
     check_unsupported(req)
     ctx.check_model(req.model)
     messages = chat_messages(req.messages)
@@ -144,29 +168,47 @@ async def create_chat_completion(
             "exclusive; set add_generation_prompt to false",
             "continue_final_message",
         )
-    tools = resolve_tool_choice(
-        req.tools, req.tool_choice, req.parallel_tool_calls, ctx.tool_parser
-    )
+    return messages
+
+
+def _top_logprobs(req: ChatCompletionRequest) -> int | None:
+    """How many alternatives each sampled token's logprobs list; None: no logprobs."""
+    return (req.top_logprobs or 0) if req.logprobs else None
+
+
+def _max_tokens(req: ChatCompletionRequest) -> int | None:
+    """max_completion_tokens, or the older max_tokens."""
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+
+async def _sampling_params(req: ChatCompletionRequest, tools: ToolChoice) -> SamplingParams:
+    """The request's SamplingParams, with its structured output (response_format, or the
+    grammar a required tool call imposes); 400 naming a field that does not fit."""
     await load_grammar_library(req, tools.constraint)
     constraint = requested_constraint(req, tools.constraint)
-    k = (req.top_logprobs or 0) if req.logprobs else None
-    max_tokens = (
-        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    )
     params = sampling_params(
         req,
-        max_tokens,
-        logprobs=k,
+        _max_tokens(req),
+        logprobs=_top_logprobs(req),
         prompt_logprobs=req.prompt_logprobs,
         structured_outputs=constraint,
     )
     if tools.keep_special_tokens:
         params.skip_special_tokens = False
-    if req.use_beam_search:
-        return await _beam_search(ctx, req, http_request, messages, max_tokens)
-    base_id = request_id("chatcmpl", http_request, req.request_id)
-    request = GenerateRequest(
-        base_id,
+    return params
+
+
+def _generate_request(
+    ctx: ServingContext,
+    req: ChatCompletionRequest,
+    http_request: web.Request,
+    messages: list[dict[str, Any]],
+    params: SamplingParams,
+    tools: ToolChoice,
+) -> GenerateRequest:
+    """What the tokenizer process receives: the messages and what its chat template needs."""
+    return GenerateRequest(
+        request_id("chatcmpl", http_request, req.request_id),
         params,
         messages=messages,
         add_generation_prompt=req.add_generation_prompt,
@@ -181,144 +223,182 @@ async def create_chat_completion(
         add_special_tokens=req.add_special_tokens,
         return_prompt_token_ids=bool(req.return_token_ids),
     )
-    role = _message_role(ctx, req)
-    created = int(time.time())
-    counts = {"prompt": 0, "completion": 0, "cached": 0}
-    prompt_ids: list[list[int]] = []  # with return_token_ids: the prompt's, once known
 
-    def account(delta) -> None:
-        counts["prompt"] = delta.num_prompt_tokens
-        counts["completion"] += len(delta.token_ids)
-        counts["cached"] = delta.num_cached_tokens
-        if delta.prompt_token_ids is not None:
-            prompt_ids.append(delta.prompt_token_ids)
 
-    def current_usage():
+@dataclass
+class _GatheredChoice:
+    """One choice of a response that is not streamed, as its deltas arrive."""
+
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class _ChatAnswer:
+    """One chat completion's answer built from its deltas: the usage counts, the prompt's
+    token ids, each choice's tool calls; as a stream of chunks or as one response."""
+
+    def __init__(
+        self,
+        ctx: ServingContext,
+        req: ChatCompletionRequest,
+        tools: ToolChoice,
+        base_id: str,
+    ) -> None:
+        self.ctx = ctx
+        self.req = req
+        self.tools = tools
+        self.base_id = base_id
+        self.k = _top_logprobs(req)
+        self.role = _message_role(ctx, req)
+        self.created = int(time.time())
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.prompt_ids: list[int] | None = None  # with return_token_ids: once known
+        # Streaming: each choice's tool-call parser (None: its text is content).
+        self._calls: dict[int, StreamedCalls | None] = {}
+
+    def _account(self, delta: RequestDelta) -> None:
+        self.prompt_tokens = delta.num_prompt_tokens
+        self.completion_tokens += len(delta.token_ids)
+        self.cached_tokens = delta.num_cached_tokens
+        if delta.prompt_token_ids is not None and self.prompt_ids is None:
+            self.prompt_ids = delta.prompt_token_ids
+
+    def _usage(self) -> UsageInfo:
         return usage(
-            counts["prompt"],
-            counts["completion"],
-            counts["cached"] if ctx.enable_prompt_tokens_details else None,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cached_tokens if self.ctx.enable_prompt_tokens_details else None,
         )
 
-    def token_ids(ids: list[int]) -> list[int] | None:
-        return list(ids) if req.return_token_ids else None
+    def _token_ids(self, ids: list[int]) -> list[int] | None:
+        return list(ids) if self.req.return_token_ids else None
 
-    deltas = merged_deltas(ctx, [request])
-    if req.stream:
-        opts = req.stream_options
-        streams: dict[int, StreamedCalls | None] = {}
+    # ---- streamed ----
 
-        def chunk(choices: list[ChatStreamChoice], with_usage: bool = False):
-            return ChatCompletionChunk(
-                id=base_id,
-                created=created,
-                model=ctx.model_name,
-                choices=choices,
-                usage=current_usage() if with_usage else None,
-            )
-
-        def choices_of(delta) -> list[ChatStreamChoice]:
-            """One engine delta as chunk choices: its text, or its content and call pieces."""
-            logprobs = _logprobs(delta.logprobs or [], k) if k is not None else None
-            if delta.index not in streams:
-                parser = tools.new_parser()
-                streams[delta.index] = (
-                    None if parser is None else StreamedCalls(parser, tools.parallel)
-                )
-            calls = streams[delta.index]
-            if calls is None:
-                return [
-                    ChatStreamChoice(
-                        index=delta.index,
-                        delta=ChatDelta(content=delta.text),
-                        logprobs=logprobs,
-                        finish_reason=delta.finish_reason,
-                        stop_reason=delta.stop_reason,
-                        token_ids=token_ids(delta.token_ids),
-                    )
-                ]
-            pieces = calls.deltas(delta.text, delta.finished)
-            if not pieces and (delta.finished or logprobs is not None):
-                pieces = [ChatDelta()]
-            out = [ChatStreamChoice(index=delta.index, delta=piece) for piece in pieces]
-            if out:
-                out[0].logprobs = logprobs
-                out[0].token_ids = token_ids(delta.token_ids)
-                out[-1].finish_reason = finish_reason(delta.finish_reason, calls.called)
-                out[-1].stop_reason = delta.stop_reason
-            return out
-
-        async def events() -> AsyncIterator[ChatCompletionChunk]:
-            continuous = bool(opts and opts.continuous_usage_stats)
-            first = True
-            async for _, delta in deltas:
-                account(delta)
-                if first:  # the role, in its own first chunk per choice, as OpenAI sends it
-                    first = False
-                    for i in range(req.n):
-                        role_chunk = chunk(
-                            [ChatStreamChoice(index=i, delta=ChatDelta(role=role, content=""))],
-                            continuous,
-                        )
-                        if i == 0 and prompt_ids:
-                            role_chunk.prompt_token_ids = prompt_ids[0]
-                        yield role_chunk
-                for choice in choices_of(delta):
-                    yield chunk([choice], continuous)
-            if opts and opts.include_usage:
-                yield chunk([], True)
-
-        return await stream_sse(http_request, events())
-
-    texts: dict[int, list[str]] = {}
-    ids: dict[int, list[int]] = {}
-    logprobs: dict[int, list] = {}
-    finish: dict[int, tuple] = {}
-    prompt_positions = None
-    async with contextlib.aclosing(deltas):  # a client gone (handler cancelled) aborts
+    async def chunks(
+        self, deltas: AsyncGenerator[tuple[int, RequestDelta], None]
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        """The answer's chunks: each choice's role first, then its content or tool-call
+        pieces, then (stream_options.include_usage) the usage."""
+        opts = self.req.stream_options
+        continuous = bool(opts and opts.continuous_usage_stats)
+        first = True
         async for _, delta in deltas:
-            account(delta)
-            if delta.prompt_logprobs is not None and prompt_positions is None:
-                prompt_positions = delta.prompt_logprobs
-            texts.setdefault(delta.index, []).append(delta.text)
-            ids.setdefault(delta.index, []).extend(delta.token_ids)
-            logprobs.setdefault(delta.index, []).extend(delta.logprobs or [])
-            if delta.finish_reason is not None:
-                finish[delta.index] = (delta.finish_reason, delta.stop_reason)
+            self._account(delta)
+            if first:  # the role, in its own first chunk per choice, as OpenAI sends it
+                first = False
+                for i in range(self.req.n):
+                    role_chunk = self._chunk(
+                        [ChatStreamChoice(index=i, delta=ChatDelta(role=self.role, content=""))],
+                        continuous,
+                    )
+                    if i == 0 and self.prompt_ids is not None:
+                        role_chunk.prompt_token_ids = self.prompt_ids
+                    yield role_chunk
+            for choice in self._stream_choices(delta):
+                yield self._chunk([choice], continuous)
+        if opts and opts.include_usage:
+            yield self._chunk([], True)
 
-    def choice(i: int) -> ChatChoice:
-        text = "".join(texts[i])
-        reason, stop_reason = finish.get(i, (None, None))
-        message = ChatResponseMessage(role=role, content=text)
-        parser = tools.new_parser(eager=False)
+    def _chunk(
+        self, choices: list[ChatStreamChoice], with_usage: bool = False
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.base_id,
+            created=self.created,
+            model=self.ctx.model_name,
+            choices=choices,
+            usage=self._usage() if with_usage else None,
+        )
+
+    def _stream_choices(self, delta: RequestDelta) -> list[ChatStreamChoice]:
+        """One engine delta as chunk choices: its text, or its content and call pieces."""
+        logprobs = _logprobs(delta.logprobs or [], self.k) if self.k is not None else None
+        if delta.index not in self._calls:
+            parser = self.tools.new_parser()
+            self._calls[delta.index] = (
+                None if parser is None else StreamedCalls(parser, self.tools.parallel)
+            )
+        calls = self._calls[delta.index]
+        if calls is None:
+            return [
+                ChatStreamChoice(
+                    index=delta.index,
+                    delta=ChatDelta(content=delta.text),
+                    logprobs=logprobs,
+                    finish_reason=delta.finish_reason,
+                    stop_reason=delta.stop_reason,
+                    token_ids=self._token_ids(delta.token_ids),
+                )
+            ]
+        pieces = calls.deltas(delta.text, delta.finished)
+        if not pieces and (delta.finished or logprobs is not None):
+            pieces = [ChatDelta()]
+        out = [ChatStreamChoice(index=delta.index, delta=piece) for piece in pieces]
+        if out:
+            out[0].logprobs = logprobs
+            out[0].token_ids = self._token_ids(delta.token_ids)
+            out[-1].finish_reason = finish_reason(delta.finish_reason, calls.called)
+            out[-1].stop_reason = delta.stop_reason
+        return out
+
+    # ---- gathered ----
+
+    async def response(
+        self, deltas: AsyncGenerator[tuple[int, RequestDelta], None]
+    ) -> ChatCompletionResponse:
+        """The whole answer, once every choice has finished."""
+        choices: dict[int, _GatheredChoice] = {}
+        prompt_positions = None
+        async with contextlib.aclosing(deltas):  # a client gone (handler cancelled) aborts
+            async for _, delta in deltas:
+                self._account(delta)
+                if delta.prompt_logprobs is not None and prompt_positions is None:
+                    prompt_positions = delta.prompt_logprobs
+                choice = choices.setdefault(delta.index, _GatheredChoice())
+                choice.texts.append(delta.text)
+                choice.token_ids.extend(delta.token_ids)
+                choice.logprobs.extend(delta.logprobs or [])
+                if delta.finish_reason is not None:
+                    choice.finish_reason = delta.finish_reason
+                    choice.stop_reason = delta.stop_reason
+        prompt_lps = None
+        if self.req.prompt_logprobs is not None:
+            prompt_lps = prompt_logprobs_json(prompt_positions or [None], self.req.prompt_logprobs)
+        return ChatCompletionResponse(
+            id=self.base_id,
+            created=self.created,
+            model=self.ctx.model_name,
+            choices=[self._choice(i, choices[i]) for i in sorted(choices)],
+            usage=self._usage(),
+            prompt_logprobs=prompt_lps,
+            prompt_token_ids=self.prompt_ids,
+        )
+
+    def _choice(self, index: int, gathered: _GatheredChoice) -> ChatChoice:
+        """One choice of the response, its tool calls parsed out of its text."""
+        text = "".join(gathered.texts)
+        reason = gathered.finish_reason
+        message = ChatResponseMessage(role=self.role, content=text)
+        parser = self.tools.new_parser(eager=False)
         if parser is not None:
             extracted = parser.extract(text)
             message.content = extracted.content
-            message.tool_calls = message_calls(extracted, tools.parallel)
+            message.tool_calls = message_calls(extracted, self.tools.parallel)
             reason = finish_reason(reason, message.tool_calls is not None)
         return ChatChoice(
-            index=i,
+            index=index,
             message=message,
-            logprobs=_logprobs(logprobs[i], k) if k is not None else None,
+            logprobs=_logprobs(gathered.logprobs, self.k) if self.k is not None else None,
             finish_reason=reason,
-            stop_reason=stop_reason,
-            token_ids=token_ids(ids[i]),
+            stop_reason=gathered.stop_reason,
+            token_ids=self._token_ids(gathered.token_ids),
         )
-
-    prompt_lps = None
-    if req.prompt_logprobs is not None:
-        prompt_lps = prompt_logprobs_json(prompt_positions or [None], req.prompt_logprobs)
-    return json_response(
-        ChatCompletionResponse(
-            id=base_id,
-            created=created,
-            model=ctx.model_name,
-            choices=[choice(i) for i in sorted(texts)],
-            usage=current_usage(),
-            prompt_logprobs=prompt_lps,
-            prompt_token_ids=prompt_ids[0] if prompt_ids else None,
-        )
-    )
 
 
 async def _beam_search(

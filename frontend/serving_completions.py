@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -16,6 +16,7 @@ from frontend.openai_protocol import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    UsageInfo,
     check_unsupported,
 )
 from frontend.response_format import load_grammar_library, requested_constraint
@@ -37,7 +38,8 @@ from frontend.serving_beam_search import (
     run_beam_search,
     single_events,
 )
-from protocol.tokenizer import GenerateRequest, PositionLogprobs
+from protocol.sampling_params import SamplingParams
+from protocol.tokenizer import GenerateRequest, PositionLogprobs, RequestDelta
 from tokenizer_proc.prompt_inputs import truncate_prompt
 
 if TYPE_CHECKING:  # transformers takes seconds to import
@@ -98,7 +100,7 @@ class _Logprobs:
         self.offset = offset
 
     def build(
-        self, positions: list[PositionLogprobs | None], tokens: list[str] | None = None
+        self, positions: Sequence[PositionLogprobs | None], tokens: list[str] | None = None
     ) -> CompletionLogprobs:
         out = CompletionLogprobs()
         for i, position in enumerate(positions):
@@ -123,22 +125,55 @@ class _Logprobs:
 async def create_completion(
     ctx: ServingContext, req: CompletionRequest, http_request: web.Request
 ) -> web.StreamResponse:
-    check_unsupported(req)
-    ctx.check_model(req.model)
-    prompts = _prompts(req.prompt, ctx.vocab_size)
+    """POST /v1/completions: validate the request and its prompts, build the sampling
+    parameters and one tokenizer-process request per prompt, submit them, then stream the
+    choices as they come or gather them into one response."""
+    prompts = _validated_prompts(ctx, req)
     if req.use_beam_search:
         return await _beam_search(ctx, req, http_request, prompts)
-    k = req.logprobs
+    params = await _sampling_params(req)
+    base_id = request_id("cmpl", http_request, req.request_id)
+    requests = _generate_requests(ctx, req, base_id, prompts, params)
+    answer = _CompletionAnswer(ctx, req, base_id)
+    if req.echo:  # in a thread: a long prompt must not stall the other requests' streams
+        answer.echo_text, answer.echo_tokens = await asyncio.to_thread(
+            _echoed, ctx.tokenizer, prompts, req.add_special_tokens
+        )
+    deltas = merged_deltas(ctx, requests)
+    if req.stream:
+        return await stream_sse(http_request, answer.events(deltas))
+    return json_response(await answer.response(deltas))
+
+
+def _validated_prompts(ctx: ServingContext, req: CompletionRequest) -> list[str | list[int]]:
+    """The request's prompts; 400 (404 for an unknown model) naming what is refused."""
+    check_unsupported(req)
+    ctx.check_model(req.model)
+    return _prompts(req.prompt, ctx.vocab_size)
+
+
+async def _sampling_params(req: CompletionRequest) -> SamplingParams:
+    """The request's SamplingParams, with its structured output; echo with logprobs asks for
+    the prompt's logprobs too. 400 naming a field that does not fit."""
     await load_grammar_library(req)
-    params = sampling_params(
+    return sampling_params(
         req,
         req.max_tokens,
-        logprobs=k,
-        prompt_logprobs=widest_logprobs(req.prompt_logprobs, k if req.echo else None),
+        logprobs=req.logprobs,
+        prompt_logprobs=widest_logprobs(req.prompt_logprobs, req.logprobs if req.echo else None),
         structured_outputs=requested_constraint(req),
     )
-    base_id = request_id("cmpl", http_request, req.request_id)
-    requests = [
+
+
+def _generate_requests(
+    ctx: ServingContext,
+    req: CompletionRequest,
+    base_id: str,
+    prompts: list[str | list[int]],
+    params: SamplingParams,
+) -> list[GenerateRequest]:
+    """One tokenizer-process request per prompt, '<base_id>-<prompt index>'."""
+    return [
         GenerateRequest(
             f"{base_id}-{i}",
             params,
@@ -153,124 +188,147 @@ async def create_completion(
         )
         for i, p in enumerate(prompts)
     ]
-    n = req.n
-    created = int(time.time())
-    echo_text: list[str] = []
-    echo_tokens: list[list[str]] = []
-    if req.echo:  # in a thread: a long prompt must not stall the other requests' streams
-        echo_text, echo_tokens = await asyncio.to_thread(
-            _echoed, ctx.tokenizer, prompts, req.add_special_tokens
-        )
-    prompt_logprobs: dict[int, list[PositionLogprobs | None]] = {}
-    builders: dict[int, _Logprobs] = {}
-    started: set[int] = set()
-    prompt_tokens: dict[int, int] = {}
-    cached_tokens: dict[int, int] = {}
-    prompt_ids: dict[int, list[int]] = {}
-    completion_tokens = 0
 
-    def choice_of(prompt_index: int, delta) -> CompletionChoice:
-        nonlocal completion_tokens
-        index = prompt_index * n + delta.index
-        prompt_tokens[prompt_index] = delta.num_prompt_tokens
-        cached_tokens[prompt_index] = delta.num_cached_tokens
+
+class _CompletionAnswer:
+    """The choices of every prompt's completions built from their deltas (choice index =
+    prompt index * n + completion index), with the usage; as a stream or one response."""
+
+    def __init__(self, ctx: ServingContext, req: CompletionRequest, base_id: str) -> None:
+        self.ctx = ctx
+        self.req = req
+        self.base_id = base_id
+        self.created = int(time.time())
+        # With echo: each prompt's text, and its first token's text (the logprobs' first entry).
+        self.echo_text: list[str] = []
+        self.echo_tokens: list[list[str]] = []
+        self.completion_tokens = 0
+        # Per prompt index, from its deltas:
+        self.prompt_tokens: dict[int, int] = {}
+        self.cached_tokens: dict[int, int] = {}
+        self.prompt_ids: dict[int, list[int]] = {}
+        self.prompt_logprobs: dict[int, list[PositionLogprobs | None]] = {}
+        # Per choice index: its logprobs so far (text offsets run on), and whether it started.
+        self._builders: dict[int, _Logprobs] = {}
+        self._started: set[int] = set()
+
+    def _usage(self) -> UsageInfo:
+        return usage(
+            sum(self.prompt_tokens.values()),
+            self.completion_tokens,
+            sum(self.cached_tokens.values()) if self.ctx.enable_prompt_tokens_details else None,
+        )
+
+    def _account(self, prompt_index: int, delta: RequestDelta) -> None:
+        self.prompt_tokens[prompt_index] = delta.num_prompt_tokens
+        self.cached_tokens[prompt_index] = delta.num_cached_tokens
         if delta.prompt_token_ids is not None:
-            prompt_ids[prompt_index] = delta.prompt_token_ids
-        completion_tokens += len(delta.token_ids)
+            self.prompt_ids[prompt_index] = delta.prompt_token_ids
+        self.completion_tokens += len(delta.token_ids)
         if delta.prompt_logprobs is not None:
-            prompt_logprobs[prompt_index] = delta.prompt_logprobs
+            self.prompt_logprobs[prompt_index] = delta.prompt_logprobs
+
+    def _choice_of(self, prompt_index: int, delta: RequestDelta) -> CompletionChoice:
+        """One delta as a choice; a choice's first also carries its echoed prompt, its prompt
+        logprobs and its prompt token ids when asked for."""
+        self._account(prompt_index, delta)
+        index = prompt_index * self.req.n + delta.index
+        first = index not in self._started
+        self._started.add(index)
         text = delta.text
-        logprobs = None
-        builder = builders.setdefault(index, _Logprobs(k or 0))
-        first = index not in started
-        if first:
-            started.add(index)
-            if req.echo:
-                text = echo_text[prompt_index] + text
-                if k is not None:
-                    logprobs = builder.build(
-                        prompt_logprobs.get(prompt_index, [None]), echo_tokens[prompt_index]
-                    )
-        if k is not None:
-            more = builder.build(delta.logprobs or [])
-            if logprobs is None:
-                logprobs = more
-            else:
-                for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-                    getattr(logprobs, f).extend(getattr(more, f))
+        if first and self.req.echo:
+            text = self.echo_text[prompt_index] + text
         choice = CompletionChoice(
             index=index,
             text=text,
-            logprobs=logprobs,
+            logprobs=self._logprobs_of(index, prompt_index, delta, first),
             finish_reason=delta.finish_reason,
             stop_reason=delta.stop_reason,
         )
-        if first and req.prompt_logprobs is not None:  # not streamed (refused with stream)
+        if first and self.req.prompt_logprobs is not None:  # not streamed (refused with stream)
             choice.prompt_logprobs = prompt_logprobs_json(
-                prompt_logprobs.get(prompt_index, [None]), req.prompt_logprobs
+                self.prompt_logprobs.get(prompt_index, [None]), self.req.prompt_logprobs
             )
-        if req.return_token_ids:
+        if self.req.return_token_ids:
             choice.token_ids = list(delta.token_ids)
             if first:
-                choice.prompt_token_ids = prompt_ids.get(prompt_index)
+                choice.prompt_token_ids = self.prompt_ids.get(prompt_index)
         return choice
 
-    def current_usage():
-        return usage(
-            sum(prompt_tokens.values()),
-            completion_tokens,
-            sum(cached_tokens.values()) if ctx.enable_prompt_tokens_details else None,
+    def _logprobs_of(
+        self, index: int, prompt_index: int, delta: RequestDelta, first: bool
+    ) -> CompletionLogprobs | None:
+        """The delta's logprobs (None unless asked for), after the echoed prompt's on a
+        choice's first delta; one builder per choice, so text offsets run on."""
+        k = self.req.logprobs
+        if k is None:
+            return None
+        builder = self._builders.setdefault(index, _Logprobs(k))
+        if not (first and self.req.echo):
+            return builder.build(delta.logprobs or [])
+        logprobs = builder.build(
+            self.prompt_logprobs.get(prompt_index, [None]), self.echo_tokens[prompt_index]
         )
+        _extend_logprobs(logprobs, builder.build(delta.logprobs or []))
+        return logprobs
 
-    deltas = merged_deltas(ctx, requests)
-    if req.stream:
-        opts = req.stream_options
-
-        async def events() -> AsyncIterator[CompletionResponse]:
-            async for prompt_index, delta in deltas:
-                choice = choice_of(prompt_index, delta)
-                yield CompletionResponse(
-                    id=base_id,
-                    created=created,
-                    model=ctx.model_name,
-                    choices=[choice],
-                    usage=current_usage() if opts and opts.continuous_usage_stats else None,
-                )
-            if opts and opts.include_usage:
-                yield CompletionResponse(
-                    id=base_id,
-                    created=created,
-                    model=ctx.model_name,
-                    choices=[],
-                    usage=current_usage(),
-                )
-
-        return await stream_sse(http_request, events())
-
-    choices: dict[int, CompletionChoice] = {}
-    async with contextlib.aclosing(deltas):  # a client gone (handler cancelled) aborts
+    async def events(
+        self, deltas: AsyncGenerator[tuple[int, RequestDelta], None]
+    ) -> AsyncIterator[CompletionResponse]:
+        """One chunk per delta, then (stream_options.include_usage) the usage."""
+        opts = self.req.stream_options
         async for prompt_index, delta in deltas:
-            choice = choice_of(prompt_index, delta)
-            have = choices.get(choice.index)
-            if have is None:
-                choices[choice.index] = choice
-                continue
-            have.text += choice.text
-            have.finish_reason, have.stop_reason = choice.finish_reason, choice.stop_reason
-            if have.token_ids is not None and choice.token_ids is not None:
-                have.token_ids.extend(choice.token_ids)
-            if have.logprobs is not None and choice.logprobs is not None:
-                for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-                    getattr(have.logprobs, f).extend(getattr(choice.logprobs, f))
-    return json_response(
-        CompletionResponse(
-            id=base_id,
-            created=created,
-            model=ctx.model_name,
+            yield CompletionResponse(
+                id=self.base_id,
+                created=self.created,
+                model=self.ctx.model_name,
+                choices=[self._choice_of(prompt_index, delta)],
+                usage=self._usage() if opts and opts.continuous_usage_stats else None,
+            )
+        if opts and opts.include_usage:
+            yield CompletionResponse(
+                id=self.base_id,
+                created=self.created,
+                model=self.ctx.model_name,
+                choices=[],
+                usage=self._usage(),
+            )
+
+    async def response(
+        self, deltas: AsyncGenerator[tuple[int, RequestDelta], None]
+    ) -> CompletionResponse:
+        """Every choice whole, once all have finished."""
+        choices: dict[int, CompletionChoice] = {}
+        async with contextlib.aclosing(deltas):  # a client gone (handler cancelled) aborts
+            async for prompt_index, delta in deltas:
+                choice = self._choice_of(prompt_index, delta)
+                have = choices.get(choice.index)
+                if have is None:
+                    choices[choice.index] = choice
+                else:
+                    _extend(have, choice)
+        return CompletionResponse(
+            id=self.base_id,
+            created=self.created,
+            model=self.ctx.model_name,
             choices=[choices[i] for i in sorted(choices)],
-            usage=current_usage(),
+            usage=self._usage(),
         )
-    )
+
+
+def _extend(have: CompletionChoice, more: CompletionChoice) -> None:
+    """Append a later delta's choice to the choice gathered so far."""
+    have.text += more.text
+    have.finish_reason, have.stop_reason = more.finish_reason, more.stop_reason
+    if have.token_ids is not None and more.token_ids is not None:
+        have.token_ids.extend(more.token_ids)
+    if have.logprobs is not None and more.logprobs is not None:
+        _extend_logprobs(have.logprobs, more.logprobs)
+
+
+def _extend_logprobs(have: CompletionLogprobs, more: CompletionLogprobs) -> None:
+    for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        getattr(have, f).extend(getattr(more, f))
 
 
 async def _beam_search(

@@ -360,7 +360,8 @@ def test_a_request_id_in_flight_is_not_taken_twice():
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from frontend.api_server import STATE, build_app
+    from frontend.api_server import build_app
+    from frontend.server_state import STATE
     from frontend.serving import ServingContext
     from protocol.tokenizer import RequestDelta
 
@@ -380,7 +381,7 @@ def test_a_request_id_in_flight_is_not_taken_twice():
             body = {"prompt": "x", "max_tokens": 2}
             headers = {"X-Request-Id": "same"}
             first = asyncio.create_task(client.post("/v1/completions", json=body, headers=headers))
-            while not app[STATE]["live_ids"]:
+            while not app[STATE].live_ids:
                 await asyncio.sleep(0.01)
             second = await client.post("/v1/completions", json=body, headers=headers)
             other_kind = asyncio.create_task(

@@ -9,7 +9,8 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from frontend.api_server import STATE, build_app
+from frontend.api_server import build_app
+from frontend.server_state import STATE
 from frontend.serving import ServingContext
 from protocol.tokenizer import RequestDelta, RequestError
 from tokenizer_proc.client import TokenizerRequestError
@@ -72,7 +73,7 @@ def test_error_before_streaming_is_a_plain_error():
 @pytest.mark.parametrize("draining,alive", [(True, True), (False, False)])
 def test_unavailable_gives_503(draining, alive):
     async def run(app, client):
-        app[STATE]["draining"] = draining
+        app[STATE].draining = draining
         health = await client.get("/health")
         resp = await client.post("/v1/completions", json={"prompt": "x"})
         return health.status, resp.status, await resp.json()
