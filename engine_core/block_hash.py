@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
-if TYPE_CHECKING:
-    from engine_core.request import Request
-
 BlockHash = bytes | int
 HashFn = Callable[[Any], BlockHash]
+
+
+class HashedTokens(Protocol):
+    """What a BlockHasher reads of a request (engine_core.request.Request is one): its tokens,
+    its cache salt and the hashes of its full blocks so far, which hash_next appends to."""
+
+    all_token_ids: list[int]
+    cache_salt: str | None
+    block_hashes: list[BlockHash]
+
 
 _ROOT_SEED = b"engine_core.block_hash.root.v1:"
 _encode = msgspec.msgpack.Encoder().encode
@@ -80,7 +87,7 @@ class BlockHasher:
         # itself; builtin hash() needs the (hashable) tuple.
         self._as_list = algo != "builtin"
 
-    def __call__(self, request: Request) -> list[BlockHash]:
+    def __call__(self, request: HashedTokens) -> list[BlockHash]:
         hashes = request.block_hashes
         block_size = self.block_size
         start = len(hashes)
@@ -97,7 +104,7 @@ class BlockHasher:
             new.append(parent)
         return new
 
-    def hash_next(self, request: Request) -> None:
+    def hash_next(self, request: HashedTokens) -> None:
         """Append the hash of the one block the request's tokens have just completed (its
         block_hashes cover every block before it): what __call__ returns then, without the
         loop and the list."""

@@ -10,7 +10,7 @@ from protocol.engine_core import EngineCoreRequest, FinishReason
 from protocol.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine_core.block_hash import BlockHasher
+    from engine_core.block_hash import BlockHash, BlockHasher
     from engine_core.structured_output.manager import RequestGrammar
 
 
@@ -145,7 +145,7 @@ class Request:
         # Structured outputs: the request's compile and matcher (engine_core.structured_output).
         self.grammar: RequestGrammar | None = None
         self._block_hasher = block_hasher
-        self.block_hashes: list = []
+        self.block_hashes: list[BlockHash] = []
         # Token count at which the next full block completes (hashing is due only then).
         self._hash_at = 0
         if block_hasher is not None:

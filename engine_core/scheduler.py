@@ -31,15 +31,16 @@ from typing import TYPE_CHECKING
 
 from config.engine import EngineConfig
 from engine_core.block_hash import make_block_hasher
+from engine_core.block_pool import KVCacheBlock
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.request import Request, RequestStatus
 from engine_core.request_queue import FcfsQueue, PriorityQueue
+from engine_core.step_records import NO_BLOCKS, Scheduled, commit
+from engine_core.stop_checks import advance_grammar, check_stop
 from protocol.engine_core import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
 from protocol.step import (
-    CachedRequestData,
     LogprobsLists,
     ModelRunnerOutput,
-    NewRequestData,
     SchedulerOutput,
 )
 
@@ -63,7 +64,7 @@ class Scheduler:
         self.max_num_batched_tokens = sched.max_num_batched_tokens
         self.max_model_len = config.max_model_len
         self.priority_policy = sched.scheduling_policy == "priority"
-        self.async_scheduling = sched.async_scheduling
+        self.async_scheduling = bool(sched.async_scheduling)  # None (unresolved): off
         self.eos_token_id = eos_token_id
         self.kv = KVCacheManager(
             num_blocks, cache.block_size, cache.enable_prefix_caching, self.max_model_len
@@ -176,119 +177,138 @@ class Scheduler:
         return bool(self.waiting_for_grammar) and not self.running and not len(self.waiting)
 
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's requests and token counts; advances their num_computed_tokens."""
+        """Pick this step's requests and token counts; advances their num_computed_tokens.
+
+        Design. There is no prefill or decode phase: a request is owed its tokens (prompt,
+        outputs and, with async scheduling, the placeholders of steps in flight) beyond
+        num_computed_tokens, and one token budget pays them: running requests first, in the
+        order they started, then waiting ones. A running request asks the KV cache manager for
+        blocks only when this step's tokens pass what its blocks cover (the steady decode asks
+        nothing); when no block is free, requests are preempted until it fits, and then no
+        waiting request is admitted this step. Each scheduled request leaves one record; once
+        every request is chosen, the records advance their requests and become the output.
+        """
         if self.waiting_for_grammar:
             self._admit_compiled()
-        kv, max_model_len = self.kv, self.max_model_len
-        budget = self.max_num_batched_tokens
-        placeholders = self.async_scheduling
         now = time.time()
-        # The scheduled running requests, in order: ids, token counts, new block ids and
-        # num_computed_tokens before this step. Each request is advanced as it is scheduled.
-        run_ids: list[str] = []
-        run_counts: list[int] = []
-        # The new block ids of the scheduled running requests given any (most get none).
-        block_of: dict[str, list[int]] = {}
-        run_computed: list[int] = []
-        run_reqs: list[Request] = []
-        constrained: list[Request] = []
-        new_reqs: list[Request] = []
-        preempted = False
+        running, budget, preempted = self._schedule_running(self.max_num_batched_tokens)
+        new: list[Scheduled] = []
+        if not preempted:  # As vLLM: admitting after a preemption would thrash the freed blocks.
+            new, budget = self._schedule_waiting(budget)
+        output, requests, constrained = commit(
+            running,
+            new,
+            self.max_num_batched_tokens - budget,
+            list(self._finished_req_ids),
+            now,
+            self.async_scheduling,
+        )
+        self._finished_req_ids = {}
+        if output.total_num_scheduled_tokens:
+            self._scheduled.append((output, requests))
+        if constrained:
+            assert self.structured_output is not None
+            output.structured_output_request_ids = [r.request_id for r in constrained]
+            output.grammar_bitmask = self.structured_output.fill_bitmask(
+                [r.grammar for r in constrained if r.grammar is not None]
+            )
+        self._num_scheduled_tokens += output.total_num_scheduled_tokens
+        return output
 
+    def _schedule_running(self, budget: int) -> tuple[list[Scheduled], int, bool]:
+        """The running requests' records for this step, the budget left, and whether a request
+        was preempted for blocks. Requests are not advanced yet: a preemption may take one back."""
+        kv, max_model_len, no_blocks = self.kv, self.max_model_len, NO_BLOCKS
         running = self.running
-        add_id, add_count = run_ids.append, run_counts.append
-        add_computed = run_computed.append
-        add_req = run_reqs.append
-        i = 0
-        while i < len(running) and budget > 0:
+        scheduled: list[Scheduled] = []
+        record = scheduled.append
+        preempted = False
+        i, num_running = 0, len(running)
+        while i < num_running and budget > 0:
             req = running[i]
+            i += 1
             pending = req.num_output_placeholders
-            computed = req.num_computed_tokens
-            total = len(req.all_token_ids) + pending
+            num_tokens = len(req.all_token_ids) + pending
             # A constrained request's next bitmask needs the token in flight; one that the
             # tokens in flight will end by a length cap (max_tokens, max_model_len) is done.
             if pending and (
-                req.grammar is not None or total >= req.max_tokens_total or total >= max_model_len
+                req.grammar is not None
+                or num_tokens >= req.max_tokens_total
+                or num_tokens >= max_model_len
             ):
-                i += 1
                 continue
-            n = total - computed
-            if (
-                0 < n <= budget
-                and total <= max_model_len
-                and (
-                    total <= req.alloc_limit
-                    # Async scheduling: the token that fills the last block is in flight; the
-                    # block is cached once it is known (a step later), nothing to do now.
-                    or (total <= req.block_room and total - pending < req.cache_due_at)
-                )
-            ):
-                # The steady path: a decode (or a prompt chunk) that fits the budget and the
-                # blocks it holds, completing no block: nothing to allocate or cache.
-                add_id(req.request_id)
-                add_count(n)
-                add_req(req)
-                add_computed(computed)
-                budget -= n
-                req.num_computed_tokens = total
-                if computed < req.prompt_len == len(req.all_token_ids):  # no output yet
-                    req.prefill_chunks.append((now, n))
-                if req.grammar is not None:
-                    constrained.append(req)
-                if placeholders:
-                    req.num_output_placeholders = pending + 1
-                i += 1
-                continue
-            if total > max_model_len:
-                total = max_model_len
-                n = total - computed
+            computed = req.num_computed_tokens
+            end = num_tokens if num_tokens <= max_model_len else max_model_len
+            n = end - computed
             if n <= 0:
-                i += 1
                 continue
-            if n > budget:
+            if n > budget:  # a prompt chunk
                 n = budget
-            while (blocks := kv.allocate_slots(req, n)) is None:
-                victim, vi = self._pick_victim()
-                del running[vi]
-                if vi < i:  # already scheduled this step (priority policy): take it back
-                    j = run_ids.index(victim.request_id)
-                    budget += run_counts[j]
-                    victim.num_computed_tokens = run_computed[j]
-                    kv.uncache_uncomputed_blocks(victim)
-                    if (
-                        run_computed[j] < victim.prompt_len
-                        and len(victim.all_token_ids) == victim.prompt_len
-                    ):
-                        victim.prefill_chunks.pop()
-                    if victim.grammar is not None and victim in constrained:
-                        constrained.remove(victim)
-                    # (its entry in block_of, if any, is read only for ids in run_ids)
-                    del run_ids[j], run_counts[j], run_computed[j], run_reqs[j]
-                    i -= 1
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    break
-            if blocks is None:
-                break
-            add_id(req.request_id)
-            add_count(n)
-            if blocks:
-                block_of[req.request_id] = [b.block_id for b in blocks]
-            add_computed(computed)
-            add_req(req)
+                end = computed + n
+            new_block_ids = no_blocks
+            # The steady case skips the KV cache manager: its blocks hold end, and no block
+            # completes (with async scheduling, the token that fills the last block may be in
+            # flight: the block is cached once that token is known, a step later).
+            if end > req.alloc_limit and not (
+                end <= req.block_room and num_tokens - pending < req.cache_due_at
+            ):
+                blocks = kv.allocate_slots(req, n)
+                if blocks is None:
+                    preempted = True
+                    blocks, returned, taken_back = self._preempt_for(req, n, i - 1, scheduled)
+                    budget += returned
+                    i -= taken_back
+                    num_running = len(running)
+                    if blocks is None:  # req itself was preempted
+                        break
+                if blocks:
+                    new_block_ids = [b.block_id for b in blocks]
+            record((req, n, computed, new_block_ids, end == num_tokens))
             budget -= n
-            self._advance(req, computed, n, now, constrained)
-            i += 1
+        return scheduled, budget, preempted
 
-        # As vLLM: after a preemption nothing is admitted, or the freed blocks would thrash.
-        waiting = self.waiting
-        num_scheduled = dict(zip(run_ids, run_counts))
-        while not preempted and len(waiting) and budget > 0 and len(running) < self.max_num_seqs:
+    def _preempt_for(
+        self, req: Request, n: int, index: int, scheduled: list[Scheduled]
+    ) -> tuple[list[KVCacheBlock] | None, int, int]:
+        """Preempt running requests until n more tokens of req (self.running[index]) fit.
+
+        Returns req's new blocks (None: req itself was preempted), the tokens of the requests
+        taken back (scheduled earlier this step: only the priority policy picks those), and how
+        many were taken back.
+        """
+        running = self.running
+        returned = taken_back = 0
+        while True:
+            victim, vi = self._pick_victim()
+            del running[vi]
+            if vi < index:
+                returned += self._take_back(victim, scheduled)
+                taken_back += 1
+                index -= 1
+            self._preempt(victim)
+            if victim is req:
+                return None, returned, taken_back
+            blocks = self.kv.allocate_slots(req, n)
+            if blocks is not None:
+                return blocks, returned, taken_back
+
+    def _take_back(self, req: Request, scheduled: list[Scheduled]) -> int:
+        """Drop the record of a request scheduled earlier this step; returns its tokens."""
+        j = next(j for j, (scheduled_req, *_) in enumerate(scheduled) if scheduled_req is req)
+        _, n, _, _, _ = scheduled.pop(j)
+        # Records are not advanced yet: num_computed_tokens is still the step's start.
+        self.kv.uncache_uncomputed_blocks(req)
+        return n
+
+    def _schedule_waiting(self, budget: int) -> tuple[list[Scheduled], int]:
+        """Admit waiting requests in queue order while the budget, max_num_seqs and the free
+        blocks allow; their records (with every block they hold) and the budget left."""
+        kv, waiting, running = self.kv, self.waiting, self.running
+        new: list[Scheduled] = []
+        while len(waiting) and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting.peek()
             hit_blocks, num_hit = kv.get_computed_blocks(req)
-            n = min(req.num_tokens, max_model_len) - num_hit
-            n = min(n, budget)
+            n = min(min(req.num_tokens, self.max_model_len) - num_hit, budget)
             if kv.allocate_slots(req, n, hit_blocks) is None:
                 break
             waiting.pop()
@@ -297,59 +317,10 @@ class Scheduler:
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
             running.append(req)
-            new_reqs.append(req)
-            num_scheduled[req.request_id] = n
+            blocks = kv.get_block_ids(req.request_id)
+            new.append((req, n, num_hit, blocks, num_hit + n >= len(req.all_token_ids)))
             budget -= n
-
-        run_blocks = (
-            [block_of.get(r, _NO_BLOCKS) for r in run_ids]
-            if block_of
-            else [_NO_BLOCKS] * len(run_ids)
-        )
-        output = SchedulerOutput(
-            scheduled_new_reqs=[
-                NewRequestData(
-                    r.request_id,
-                    r.prompt_token_ids,
-                    r.sampling_params,
-                    kv.get_block_ids(r.request_id),
-                    r.num_computed_tokens,
-                    r.output_token_ids,
-                )
-                for r in new_reqs
-            ],
-            scheduled_cached_reqs=CachedRequestData(run_ids, run_blocks, run_computed),
-            num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=self.max_num_batched_tokens - budget,
-            finished_req_ids=list(self._finished_req_ids),
-        )
-        self._finished_req_ids = {}
-        if output.total_num_scheduled_tokens:
-            run_reqs += new_reqs
-            self._scheduled.append((output, run_reqs))
-        for r in new_reqs:
-            self._advance(r, r.num_computed_tokens, num_scheduled[r.request_id], now, constrained)
-        if constrained:
-            assert self.structured_output is not None
-            output.structured_output_request_ids = [r.request_id for r in constrained]
-            output.grammar_bitmask = self.structured_output.fill_bitmask(
-                [r.grammar for r in constrained]
-            )  # type: ignore[misc]
-        self._num_scheduled_tokens += output.total_num_scheduled_tokens
-        return output
-
-    def _advance(
-        self, req: Request, computed: int, n: int, now: float, constrained: list[Request]
-    ) -> None:
-        """Count n scheduled tokens as computed; a request that samples gets a placeholder."""
-        if computed < req.prompt_len == len(req.all_token_ids):  # no output yet
-            req.prefill_chunks.append((now, n))
-        req.num_computed_tokens = computed = computed + n
-        if computed >= len(req.all_token_ids) + req.num_output_placeholders:  # it samples
-            if req.grammar is not None:
-                constrained.append(req)
-            if self.async_scheduling:
-                req.num_output_placeholders += 1  # this step samples its next token
+        return new, budget
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
@@ -372,9 +343,10 @@ class Scheduler:
             self._scheduled_requests(scheduler_output, req_ids),
         ):
             if req.status != running:  # finished (its id may name a new request now) or
-                req = requests.get(req_id)  # preempted; the same lookup when not known
-                if req is None or req.status != running:
+                found = requests.get(req_id)  # preempted; the same lookup when not known
+                if found is None or found.status != running:
                     continue
+                req = found
             # Mid-prompt; or preempted after this step was scheduled (then recomputed
             # from its tokens) and running again: its status is not told apart, as before.
             if not sampled:
@@ -471,9 +443,9 @@ class Scheduler:
         new_tokens, status = sampled, None
         for k, token in enumerate(sampled):
             req.append_output_token(token)
-            status = self._check_stop(req, token)
+            status = check_stop(req, token, self.max_model_len)
             if status is None and req.grammar is not None:
-                status = self._advance_grammar(req, token)
+                status = advance_grammar(req, token)
             if status is not None:
                 new_tokens = sampled[: k + 1]
                 break
@@ -503,40 +475,6 @@ class Scheduler:
         if hash_len is not None and hash_len < check_at:
             check_at = hash_len
         req.check_at = check_at
-
-    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
-        """Stop tokens win over length caps; EOS and stop ids wait for min_tokens."""
-        params = req.sampling_params
-        num_output = len(req.all_token_ids) - req.prompt_len
-        if num_output >= params.min_tokens:
-            if token == req.eos_token_id and not params.ignore_eos:
-                return RequestStatus.FINISHED_STOPPED
-            if token in req.stop_token_ids:
-                req.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
-        if (params.max_tokens is not None and num_output >= params.max_tokens) or len(
-            req.all_token_ids
-        ) >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
-
-    @staticmethod
-    def _advance_grammar(req: Request, token: int) -> RequestStatus | None:
-        """Feed a sampled token to the request's matcher; STOPPED once the grammar has ended."""
-        grammar = req.grammar
-        assert grammar is not None
-        if not grammar.accept(token):
-            # Only when the mask left nothing (min_tokens forbidding the one stop token the
-            # finished grammar allows); the request goes on from the grammar's last state.
-            logger.warning(
-                "request %s: sampled token %d is outside its grammar", req.request_id, token
-            )
-            return None
-        if grammar.terminated:
-            if token != req.eos_token_id:
-                req.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
-        return None
 
     def _pick_victim(self) -> tuple[Request, int]:
         """The running request to preempt, and its index in self.running."""
@@ -609,10 +547,8 @@ class _Unknown:
     status = RequestStatus.FINISHED_ABORTED
 
 
-_UNKNOWN = _Unknown()
-# A running request's new block ids when it gets none: one shared, immutable empty sequence
-# (the runner only tests it), not a new list per request per step.
-_NO_BLOCKS: list[int] = ()  # type: ignore[assignment]
+# Typed as a Request: update_from_output reads only its status before looking the id up.
+_UNKNOWN: Request = _Unknown()  # type: ignore[assignment]
 
 
 def _wire(lp: LogprobsLists | None) -> Logprobs | None:
