@@ -38,11 +38,7 @@ from engine_core.request_queue import FcfsQueue, PriorityQueue
 from engine_core.step_records import NO_BLOCKS, Scheduled, commit
 from engine_core.stop_checks import advance_grammar, check_stop
 from protocol.engine_core import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
-from protocol.step import (
-    LogprobsLists,
-    ModelRunnerOutput,
-    SchedulerOutput,
-)
+from protocol.step import LogprobsLists, ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
     from engine_core.structured_output.manager import StructuredOutputManager
