@@ -1,40 +1,87 @@
-"""The attention capability table: which block sizes, head sizes and dtypes each device type's
-attention backends run, checked when the configuration resolves."""
+"""The attention capability table: which block sizes, head sizes, dtypes, attention features and
+KV-cache dtypes each device type's attention backends run, checked when the configuration
+resolves. Each backend class (gpu_worker/attention/) points to its entry here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from config.errors import ConfigError
+from config.model_arch import ModelArchConfig
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionFeatures:
+    """What a model asks of attention beyond causal attention over the whole context with a KV
+    cache in the model's dtype; AttentionSupport's fields of the same names say who runs it."""
+
+    sliding_window: bool = False
+    logits_soft_cap: bool = False
+    sinks: bool = False
+    mla: bool = False  # a latent (MLA) KV cache instead of per-head keys and values
+    kv_cache_dtype: str = "auto"
+
+    @classmethod
+    def of(cls, arch: ModelArchConfig, max_model_len: int) -> AttentionFeatures:
+        """What the model needs at this context length: a sliding window only where a sequence
+        can outgrow it (within the window, full causal attention computes the same)."""
+        window = arch.sliding_window
+        return cls(sliding_window=window is not None and window < max_model_len)
+
+
+PLAIN_ATTENTION = AttentionFeatures()
+
+# The boolean features, in a refusal's words.
+_FEATURE_WORDS = {
+    "sliding_window": "sliding-window attention",
+    "logits_soft_cap": "attention logits soft-capping",
+    "sinks": "attention sinks",
+    "mla": "a latent (MLA) KV cache",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionSupport:
-    """The block sizes, head sizes and dtypes one attention backend runs; None: any value."""
+    """What one attention backend runs: block sizes, head sizes and dtypes (None: any value),
+    the attention features it implements (False: refused) and the KV-cache dtypes it keeps."""
 
     backend: str
     block_sizes: tuple[int, ...] | None = None
     head_dims: tuple[int, ...] | None = None
     dtypes: tuple[str, ...] | None = None
+    sliding_window: bool = False
+    logits_soft_cap: bool = False
+    sinks: bool = False
+    mla: bool = False
+    kv_cache_dtypes: tuple[str, ...] = ("auto",)
 
     def refusal(
-        self, block_size: int, head_dim: int, dtype: str
-    ) -> tuple[str, int | str, tuple[int | str, ...]] | None:
-        """(field, value, supported values) of the first setting this backend cannot run, or
-        None when it runs them all."""
+        self,
+        block_size: int,
+        head_dim: int,
+        dtype: str,
+        features: AttentionFeatures = PLAIN_ATTENTION,
+    ) -> tuple[str, str] | None:
+        """(the first setting this backend cannot run, what it takes instead or ''), or None
+        when it runs them all."""
         for name, value, allowed in (
             ("block_size", block_size, self.block_sizes),
             ("head_dim", head_dim, self.head_dims),
             ("dtype", dtype, self.dtypes),
+            ("kv_cache_dtype", features.kv_cache_dtype, self.kv_cache_dtypes),
         ):
             if allowed is not None and value not in allowed:
-                return name, value, allowed
+                return f"{name} {value}", f", which take {name} {_one_of(allowed)}"
+        for name, words in _FEATURE_WORDS.items():
+            if getattr(features, name) and not getattr(self, name):
+                return words, ""
         return None
 
 
 # Each device type's attention backends, most preferred first: gpu_worker/attention/select.py
 # takes the first that runs a configuration (and whose code is usable there), and
-# EngineConfig.resolve() refuses a configuration none of them runs. Derived from the kernels:
+# EngineConfig.resolve() refuses a configuration none of them runs. Derived from the kernels;
+# none implements a sliding window, soft-capping, sinks, MLA or a KV cache of another dtype:
 ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
     "cuda": (
         # kernels/paged_attention.py and write_kv.py (Triton).
@@ -70,29 +117,37 @@ def attention_support(backend: str) -> AttentionSupport:
 
 
 def attention_backends_for(
-    device_type: str, block_size: int, head_dim: int, dtype: str
+    device_type: str,
+    block_size: int,
+    head_dim: int,
+    dtype: str,
+    features: AttentionFeatures = PLAIN_ATTENTION,
 ) -> list[str]:
-    """The names of device_type's attention backends that run this block size, head size and
-    dtype (a resolved name such as 'bfloat16'), most preferred first; raises ConfigError naming
-    the supported values when none does. Needs no device of that type."""
+    """The names of device_type's attention backends that run this block size, head size,
+    dtype (a resolved name such as 'bfloat16') and features, most preferred first; raises
+    ConfigError naming each backend and what it cannot run when none does. Needs no device of
+    that type."""
     table = ATTENTION_BACKENDS.get(device_type)
     if table is None:
         raise ConfigError(
             f"no attention backend for device type {device_type!r}; "
             f"known: {', '.join(ATTENTION_BACKENDS)}"
         )
-    names = [s.backend for s in table if s.refusal(block_size, head_dim, dtype) is None]
+    names = [s.backend for s in table if s.refusal(block_size, head_dim, dtype, features) is None]
     if names:
         return names
     reasons = []
     for support in table:
-        refusal = support.refusal(block_size, head_dim, dtype)
+        refusal = support.refusal(block_size, head_dim, dtype, features)
         assert refusal is not None  # none of them runs it (names is empty)
-        name, value, allowed = refusal
+        setting, instead = refusal
         reasons.append(
-            f"{name} {value} is not supported by the {support.backend} attention "
-            f"kernels on {device_type}, which take {name} {_one_of(allowed)}"
+            f"{setting} is not supported by the {support.backend} attention "
+            f"kernels on {device_type}{instead}"
         )
+    plain = (s.refusal(block_size, head_dim, dtype) is None for s in table)
+    if features.sliding_window and any(plain):
+        reasons.append("a max_model_len within the model's sliding window needs none")
     raise ConfigError("; ".join(reasons))
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from config.attention import attention_backends_for
+from config.attention import AttentionFeatures, attention_backends_for
 from config.cache import CacheConfig
 from config.device import DeviceConfig
 from config.errors import ConfigError
@@ -65,10 +65,6 @@ class EngineConfig:
         self.torch_dtype_name = _resolve_dtype(
             self.model.dtype, self.arch.torch_dtype, self.device_type
         )
-        # A kernel that cannot run these would fail at the first forward, after the model loaded.
-        attention_backends_for(
-            self.device_type, self.cache.block_size, self.arch.head_dim, self.torch_dtype_name
-        )
         limit = self.arch.max_position_embeddings
         if self.model.max_model_len is None:
             self.model.max_model_len = limit
@@ -77,6 +73,14 @@ class EngineConfig:
                 f"max_model_len {self.model.max_model_len} exceeds the model's "
                 f"max_position_embeddings {limit}"
             )
+        # A kernel that cannot run these would fail at the first forward, after the model loaded.
+        attention_backends_for(
+            self.device_type,
+            self.cache.block_size,
+            self.arch.head_dim,
+            self.torch_dtype_name,
+            AttentionFeatures.of(self.arch, self.model.max_model_len),
+        )
         if self.scheduler.max_num_batched_tokens is None:
             self.scheduler.max_num_batched_tokens = default_batched_tokens(self.device_type)
         if self.scheduler.async_scheduling is None:

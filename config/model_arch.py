@@ -33,6 +33,8 @@ class ModelArchConfig:
     torch_dtype: str
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    # How many last tokens the windowed layers attend to (None: every layer sees the whole context).
+    sliding_window: int | None = None
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelArchConfig:
@@ -86,6 +88,7 @@ class ModelArchConfig:
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
+            sliding_window=_sliding_window(cfg),
         )
 
     @classmethod
@@ -112,3 +115,15 @@ class ModelArchConfig:
     def kv_elements_per_token(self) -> int:
         """Elements of K and V stored per token across all layers."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
+
+
+def _sliding_window(cfg: dict[str, Any]) -> int | None:
+    """The window of a model whose config turns a sliding window on: Mistral's sliding_window,
+    Qwen2's with use_sliding_window, or layer_types naming sliding_attention (transformers 5)."""
+    window = cfg.get("sliding_window")
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        used = "sliding_attention" in layer_types
+    else:
+        used = cfg.get("use_sliding_window", True)
+    return int(window) if window and used else None

@@ -14,6 +14,7 @@ import logging
 import numpy as np
 import torch
 
+from config.attention import AttentionFeatures
 from config.engine import EngineConfig
 from gpu_worker.async_output import AsyncOutput, DeviceToHost, ReadyOutput
 from gpu_worker.attention.select import attention_backend
@@ -45,7 +46,10 @@ class ModelRunner:
         self.device = device
         self.dtype = torch_dtype(config.torch_dtype_name)
         self.block_size = config.cache.block_size
-        self.backend = attention_backend(device, self.dtype, self.arch.head_dim, self.block_size)
+        features = AttentionFeatures.of(self.arch, config.max_model_len)
+        self.backend = attention_backend(
+            device, self.dtype, self.arch.head_dim, self.block_size, features
+        )
         self.sampler = Sampler()
         max_reqs = config.scheduler.max_num_seqs
         self.dummy_limits = DummyLimits.of(config)

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from config.attention import attention_backends_for
+from config.attention import PLAIN_ATTENTION, AttentionFeatures, attention_backends_for
 from gpu_worker.attention.backend import AttentionBackend
 
 
@@ -15,13 +15,15 @@ def attention_backend(
     dtype: torch.dtype = torch.float32,
     head_dim: int = 64,
     block_size: int = 16,
+    features: AttentionFeatures = PLAIN_ATTENTION,
 ) -> AttentionBackend[Any]:
     """The first backend of config.attention.ATTENTION_BACKENDS for the device type that runs
-    this dtype, head size and block size: Triton kernels on CUDA; on the CPU the C kernels (fp32,
-    head_dim 64 or 128, block_size a multiple of 16) when they build here, else vectorized torch
-    ops. Raises ConfigError when no backend runs them (resolve() refuses such a config first)."""
+    this dtype, head size, block size and features, and whose code is available here: Triton
+    kernels on CUDA; on the CPU the C kernels (fp32, head_dim 64 or 128, block_size a multiple
+    of 16) when they build here, else vectorized torch ops. Raises ConfigError when no backend
+    runs them (resolve() refuses such a config first)."""
     dtype_name = str(dtype).removeprefix("torch.")
-    names = attention_backends_for(device.type, block_size, head_dim, dtype_name)
+    names = attention_backends_for(device.type, block_size, head_dim, dtype_name, features)
     for name in names:
         backend = backend_class(name)
         if backend.available():

@@ -1,0 +1,115 @@
+"""The attention-backend contract (gpu_worker/attention/backend.py) and the capability table
+(config/attention.py) agree: each backend class points to its own entry, and a configuration
+that needs a capability no backend has is refused at resolve time, naming backend and reason."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from config.attention import ATTENTION_BACKENDS, AttentionFeatures, attention_backends_for
+from config.errors import ConfigError
+from config.model_arch import ModelArchConfig
+from engine_core.resolve import resolved_config
+from gpu_worker.attention.backend import AttentionBackend
+from gpu_worker.attention.select import attention_backend, backend_class
+from tests.tiny_models import make_tiny_model
+
+ENTRIES = [(device, s) for device, table in ATTENTION_BACKENDS.items() for s in table]
+ENTRY_IDS = [f"{device}-{support.backend}" for device, support in ENTRIES]
+
+
+@pytest.mark.parametrize(("device_type", "support"), ENTRIES, ids=ENTRY_IDS)
+def test_each_backend_points_to_its_table_entry(device_type, support):
+    cls = backend_class(support.backend)
+    assert issubclass(cls, AttentionBackend)
+    assert cls.name == support.backend
+    assert cls.support is support
+
+
+def test_every_backend_class_is_in_the_table():
+    for _, support in ENTRIES:
+        backend_class(support.backend)  # imports each backend module
+    named = {s.backend for _, s in ENTRIES}
+    assert {cls.name for cls in AttentionBackend.__subclasses__()} == named
+
+
+def test_no_backend_claims_a_feature_it_does_not_implement():
+    for _, support in ENTRIES:
+        assert not (support.sliding_window or support.logits_soft_cap or support.sinks)
+        assert not support.mla and support.kv_cache_dtypes == ("auto",)
+
+
+@pytest.mark.parametrize(
+    ("features", "words"),
+    [
+        (AttentionFeatures(sliding_window=True), "sliding-window attention"),
+        (AttentionFeatures(logits_soft_cap=True), "attention logits soft-capping"),
+        (AttentionFeatures(sinks=True), "attention sinks"),
+        (AttentionFeatures(mla=True), "a latent (MLA) KV cache"),
+    ],
+)
+def test_a_feature_no_backend_runs_is_refused_naming_each_backend(features, words):
+    with pytest.raises(ConfigError) as refused:
+        attention_backends_for("cpu", 16, 64, "float32", features)
+    for backend in ("cpu", "torch"):
+        assert f"{words} is not supported by the {backend} attention kernels on cpu" in str(
+            refused.value
+        )
+    with pytest.raises(ConfigError, match=re.escape(f"{words} is not supported by the triton")):
+        attention_backends_for("cuda", 16, 128, "bfloat16", features)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        attention_backend(torch.device("cpu"), torch.float32, 64, 16, features)
+
+
+def test_a_kv_cache_dtype_no_backend_keeps_is_refused_naming_the_kept_ones():
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "kv_cache_dtype fp8 is not supported by the triton attention kernels on cuda, "
+            "which take kv_cache_dtype auto"
+        ),
+    ):
+        attention_backends_for("cuda", 16, 128, "bfloat16", AttentionFeatures(kv_cache_dtype="fp8"))
+
+
+def _arch(**fields) -> ModelArchConfig:
+    base = dict(
+        architectures=["MistralForCausalLM"],
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        vocab_size=512,
+    )
+    return ModelArchConfig.from_dict({**base, **fields})
+
+
+def test_the_sliding_window_is_read_where_the_config_turns_it_on():
+    assert _arch().sliding_window is None
+    assert _arch(sliding_window=4096).sliding_window == 4096  # Mistral: on when given
+    assert _arch(sliding_window=4096, use_sliding_window=False).sliding_window is None  # Qwen2
+    assert _arch(sliding_window=4096, use_sliding_window=True).sliding_window == 4096
+    full = ["full_attention", "full_attention"]
+    assert _arch(sliding_window=4096, layer_types=full).sliding_window is None
+    mixed = ["sliding_attention", "full_attention"]
+    assert _arch(sliding_window=4096, layer_types=mixed).sliding_window == 4096
+
+
+def test_a_window_matters_only_where_a_sequence_outgrows_it():
+    arch = _arch(sliding_window=64)
+    assert AttentionFeatures.of(arch, 64) == AttentionFeatures()
+    assert AttentionFeatures.of(arch, 65) == AttentionFeatures(sliding_window=True)
+
+
+def test_a_model_whose_window_is_shorter_than_max_model_len_is_refused(tmp_path):
+    model = make_tiny_model(tmp_path / "mistral", "mistral", sliding_window=64)
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("sliding-window attention is not supported by the torch attention"),
+    ):
+        resolved_config(model=str(model), device="cpu")
+    config = resolved_config(model=str(model), device="cpu", max_model_len=64)
+    assert config.arch is not None and config.arch.sliding_window == 64
