@@ -31,6 +31,7 @@ from config.args import engine_kwargs
 from engine_core.resolve import resolved_config
 from gpu_worker.layers.linear import Linear
 from gpu_worker.model_runner import ModelRunner
+from gpu_worker.models.blocks import GatedMLP
 from protocol.sampling_params import SamplingParams
 from protocol.step import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -107,31 +108,20 @@ def runner_decode(runner: ModelRunner, prompt: list[int], new_tokens: int, run_i
 
 def decode_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes a decode step must read: every weight used by matmuls (the output projection
-    included, quantized ones as packed) and the norms; the embedding table is only gathered
-    from."""
+    included, quantized ones as packed, each in the layout its method reads) and the norms; the
+    embedding table is only gathered from."""
     embedding = model.model.embed_tokens.weight
-    tensors = [p for p in model.parameters() if p is not embedding]
-    head = model.lm_head
-    if (
-        embedding is not None
-        and head.split_weight is None
-        and head.blocked_weight is None
-        and head.weight is embedding
-    ):
-        tensors.append(embedding)  # tied and used as is by the output projection
-    relaid = ("split_weight", "split_gate_up", "split_down", "blocked_weight", "fused_gate_up")
-    tensors += [
-        t
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    held = {id(m.weight) for m in linears if m.weight is not None}
+    # Norms and biases; each Linear's W counts below, as its method holds it.
+    tensors = [p for p in model.parameters() if p is not embedding and id(p) not in held]
+    split = sum(
+        m.thread_split.nbytes
         for m in model.modules()
-        for name in relaid
-        if isinstance(t := getattr(m, name, None), torch.Tensor)
-    ]
-    quantized = sum(
-        m.quantized.nbytes
-        for m in model.modules()
-        if isinstance(m, Linear) and m.quantized is not None
+        if isinstance(m, GatedMLP) and m.thread_split is not None
     )
-    return quantized + sum(t.numel() * t.element_size() for t in tensors)
+    linear_bytes = sum(m.method.nbytes(m) for m in linears)
+    return linear_bytes + split + sum(t.numel() * t.element_size() for t in tensors)
 
 
 def decode_kv_bytes(model: torch.nn.Module, context: float) -> float:

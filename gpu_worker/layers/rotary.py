@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -11,23 +12,39 @@ from torch import nn
 from kernels import cpu_binding, rotary
 
 
+def _linear(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Positions interpolated by `factor`: every frequency divided by it."""
+    return inv_freq / float(scaling["factor"])
+
+
+def _llama3(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1's: long wavelengths divided by `factor`, short ones kept, a smooth blend
+    between."""
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+    return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+
+
+# The rope_scaling variants (config.json's rope_type): the default frequencies rescaled.
+ROPE_SCALINGS: dict[str, Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]] = {
+    "linear": _linear,
+    "llama3": _llama3,
+}
+
+
 def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     if scaling is None:
         return inv_freq
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "linear":
-        return inv_freq / float(scaling["factor"])
-    if kind == "llama3":
-        factor = float(scaling["factor"])
-        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old_len = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (old_len / wavelen - low) / (high - low)
-        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
-        return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
-    raise ValueError(f"unsupported rope scaling {scaling!r}")
+    rescale = ROPE_SCALINGS.get(str(scaling.get("rope_type", scaling.get("type"))))
+    if rescale is None:
+        raise ValueError(f"unsupported rope scaling {scaling!r}")
+    return rescale(inv_freq, scaling)
 
 
 class RotaryEmbedding(nn.Module):

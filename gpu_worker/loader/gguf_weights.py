@@ -20,6 +20,7 @@ from torch import nn
 from config.gguf_convert import dense_tensor, hf_row_order, hf_tensor_name
 from config.gguf_tensors import GGUFTensor, read_gguf_tensors
 from gpu_worker.layers.linear import Embedding, Linear
+from gpu_worker.layers.quant_linear import GGUFCpuLinearMethod, GGUFTritonLinearMethod
 from gpu_worker.loader.packed_cache import PackedCache
 from gpu_worker.models.weights import WeightLoadError
 from gpu_worker.parallel.group import tp_world_size
@@ -88,6 +89,7 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
     c_kernels = uses_c_kernels(model)
     cache = PackedCache(gguf_path) if c_kernels else None
     kernel_types = QUANT_TYPES if c_kernels else DEVICE_QUANT_TYPES
+    method = GGUFCpuLinearMethod if c_kernels else GGUFTritonLinearMethod
 
     def packed_tensor(name: str) -> QuantizedWeight | DeviceQuantWeight:
         if name not in packed:
@@ -104,10 +106,7 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
         if not all(s in tensors and tensors[s].tensor_type in kernel_types for s in sources):
             continue
         try:
-            if isinstance(module, Linear):
-                module.use_quantized([packed_tensor(s) for s in sources])  # type: ignore[misc]
-            else:
-                module.use_quantized(packed_tensor(sources[0]))
+            module.use_method(method([packed_tensor(s) for s in sources]))  # type: ignore[arg-type]
         except ValueError as e:
             raise WeightLoadError(f"{gguf_path}: {', '.join(sources)}: {e}") from None
     if cache is not None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from config.gguf_convert import GGUF_LINK
 from config.model_arch import ModelArchConfig
-from gpu_worker.layers.linear import use_cpu_layout
+from gpu_worker.loader.cpu_layout import use_cpu_layout
 from gpu_worker.loader.gguf_weights import load_gguf_weights
 from gpu_worker.models.registry import model_class
 from gpu_worker.models.weights import WeightLoadError

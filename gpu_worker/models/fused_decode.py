@@ -19,12 +19,10 @@ from torch import nn
 from gpu_worker.attention.cpu_backend import CpuAttnMetadata
 from gpu_worker.forward_context import get_attn_metadata
 from gpu_worker.layers.linear import Linear
-from gpu_worker.layers.quant_linear import QuantizedProjection
+from gpu_worker.models.blocks import DecoderLayer
 from gpu_worker.parallel.group import tp_world_size
 from kernels import cpu_binding
 from kernels.decode_stack import (
-    F32_BLOCKED,
-    F32_PAIRS,
     HEAD_DIMS,
     MAX_GROUP,
     MAX_ROWS,
@@ -37,18 +35,14 @@ from kernels.decode_stack import (
 
 def _weight(linear: Linear) -> StackWeight | None:
     """The projection in a layout the kernel reads, or None."""
-    n, k = linear.out_features, linear.in_features
-    if linear.quantized is not None:
-        parts = linear.quantized.parts
-        if not isinstance(linear.quantized, QuantizedProjection) or len(parts) != 1:
-            return None  # several types, or the Triton kernels' planes
-        return StackWeight(int(parts[0].qtype), n, k, parts[0].data, linear.bias)
-    if linear.blocked_weight is not None:
-        return StackWeight(F32_BLOCKED, n, k, linear.blocked_weight, linear.bias)
-    return None
+    held = linear.method.cpu_kernel_weight()
+    if held is None:
+        return None
+    layout, data = held
+    return StackWeight(layout, linear.out_features, linear.in_features, data, linear.bias)
 
 
-def _layer(layer: nn.Module) -> StackLayer | None:
+def _layer(layer: DecoderLayer) -> StackLayer | None:
     attn, mlp = layer.self_attn, layer.mlp
     if (
         attn.qk_norm
@@ -58,19 +52,16 @@ def _layer(layer: nn.Module) -> StackLayer | None:
         or attn.attn.num_heads // attn.attn.num_kv_heads > MAX_GROUP
     ):
         return None
-    if mlp.fused_gate_up is not None:
-        gate_up = StackWeight(
-            F32_PAIRS, 2 * mlp.intermediate, mlp.gate_up_proj.in_features, mlp.fused_gate_up
-        )
-    else:
-        gate_up = _weight(mlp.gate_up_proj)
-    weights = (_weight(attn.qkv_proj), _weight(attn.o_proj), gate_up, _weight(mlp.down_proj))
-    if any(w is None for w in weights) or gate_up.bias is not None or weights[3].bias is not None:
+    qkv, o = _weight(attn.qkv_proj), _weight(attn.o_proj)
+    gate_up, down = _weight(mlp.gate_up_proj), _weight(mlp.down_proj)
+    if qkv is None or o is None or gate_up is None or down is None:
+        return None
+    if gate_up.bias is not None or down.bias is not None:
         return None
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
     if any(w.dtype != torch.float32 or not w.is_contiguous() for w in norms):
         return None
-    return StackLayer(*norms, *weights, attn.attn.kv_cache)
+    return StackLayer(*norms, qkv, o, gate_up, down, attn.attn.kv_cache)
 
 
 class FusedDecode:

@@ -1,17 +1,12 @@
-"""Qwen2: the Llama decoder with biases on the q, k and v projections."""
+"""Qwen2: the shared decoder with biases on the q, k and v projections (none on o)."""
 
 from __future__ import annotations
 
-from gpu_worker.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from config.model_arch import ModelArchConfig
+from gpu_worker.models.blocks import SelfAttention
+from gpu_worker.models.decoder import DecoderForCausalLM
 
 
-class Qwen2Attention(LlamaAttention):
-    qkv_bias = True
-
-
-class Qwen2DecoderLayer(LlamaDecoderLayer):
-    attention_cls = Qwen2Attention
-
-
-class Qwen2ForCausalLM(LlamaForCausalLM):
-    layer_cls = Qwen2DecoderLayer
+class Qwen2ForCausalLM(DecoderForCausalLM):
+    def attention_block(self, cfg: ModelArchConfig) -> SelfAttention:
+        return SelfAttention(cfg, qkv_bias=True, o_bias=False)

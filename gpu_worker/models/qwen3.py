@@ -1,17 +1,14 @@
-"""Qwen3: the Llama decoder with RMSNorm on each head of q and k before rotary embedding."""
+"""Qwen3: the shared decoder with RMSNorm on each head of q and k before rotary embedding."""
 
 from __future__ import annotations
 
-from gpu_worker.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from config.model_arch import ModelArchConfig
+from gpu_worker.models.blocks import SelfAttention
+from gpu_worker.models.decoder import DecoderForCausalLM
 
 
-class Qwen3Attention(LlamaAttention):
-    qk_norm = True
-
-
-class Qwen3DecoderLayer(LlamaDecoderLayer):
-    attention_cls = Qwen3Attention
-
-
-class Qwen3ForCausalLM(LlamaForCausalLM):
-    layer_cls = Qwen3DecoderLayer
+class Qwen3ForCausalLM(DecoderForCausalLM):
+    def attention_block(self, cfg: ModelArchConfig) -> SelfAttention:
+        return SelfAttention(
+            cfg, qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias, qk_norm=True
+        )

@@ -8,13 +8,9 @@ Each sharded parameter records the dimension along which it is a slice of the ch
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from gpu_worker.layers.linear import Embedding, Linear
-from gpu_worker.layers.quant_linear import QuantizedProjection
 from gpu_worker.parallel.group import tp_all_gather, tp_all_reduce, tp_rank, tp_world_size
-from kernels import linear as cpu_linear
-from kernels import quant_linear
 
 
 def _shard(param: torch.Tensor, dim: int, full_size: int | None = None) -> None:
@@ -70,7 +66,7 @@ class VocabParallelEmbedding(Embedding):
             return super().forward(ids)
         local = ids - self.start
         outside = (local < 0) | (local >= self.rows)
-        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        x = self.method.embedding(self, local.masked_fill(outside, 0))
         return tp_all_reduce(x.masked_fill_(outside.unsqueeze(-1), 0.0))
 
 
@@ -87,19 +83,12 @@ class ParallelLMHead(Linear):
         _shard(self.weight, 0, vocab_size)
 
     def greedy_tokens(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Each row's argmax over the vocabulary [N] without the logits, where a C kernel can
-        (one rank, fp32 rows on the CPU: a weight in the blocked layout, or a GGUF-quantized
-        one of a single type for up to quant_few_rows() rows); None elsewhere."""
+        """Each row's argmax over the vocabulary [N] without the logits, where the method's
+        kernel fuses them (one rank, fp32 rows on the CPU: the blocked layout, or a GGUF weight
+        of one type for up to quant_few_rows() rows); None elsewhere."""
         if tp_world_size() != 1 or x.dtype != torch.float32 or x.dim() != 2:
             return None
-        if isinstance(self.quantized, QuantizedProjection):
-            parts = self.quantized.parts
-            if len(parts) != 1 or not 0 < x.shape[0] <= quant_linear.quant_few_rows():
-                return None
-            return quant_linear.quant_linear_argmax(x, parts[0], self.vocab_size)
-        if self.quantized is not None or self.blocked_weight is None:
-            return None
-        return cpu_linear.linear_argmax(x, self.blocked_weight, self.vocab_size)
+        return self.method.greedy_argmax(x, self.vocab_size)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [..., vocab]; out (a buffer for them, one rank only) may receive them."""

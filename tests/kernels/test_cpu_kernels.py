@@ -272,6 +272,7 @@ def test_linear_refuses_what_it_would_misread() -> None:
 def test_model_linears_use_the_blocked_layout(tmp_path) -> None:
     """After loading, every fp32 CPU linear layer is re-laid for the kernel and its original
     weight freed (except the output projection tied to the embedding)."""
+    from gpu_worker.layers.cpu_linear import BlockedLinearMethod, SwiGLUPairsLinearMethod
     from gpu_worker.layers.linear import Linear
     from tests.tiny_models import make_tiny_model
     from tests.worker.runner_utils import make_runner
@@ -280,10 +281,14 @@ def test_model_linears_use_the_blocked_layout(tmp_path) -> None:
     runner, _ = make_runner(model_dir, kv_cache_memory="4MiB")
     mlps = [layer.mlp for layer in runner.model.model.layers]
     fused = cpu_linear.fused_swiglu_pays()
-    assert all((mlp.fused_gate_up is not None) == fused for mlp in mlps)
+    assert all(
+        isinstance(mlp.gate_up_proj.method, SwiGLUPairsLinearMethod) == fused for mlp in mlps
+    )
     gate_ups = {id(mlp.gate_up_proj) for mlp in mlps} if fused else set()
     linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
-    assert linears and all(m.blocked_weight is not None for m in linears if id(m) not in gate_ups)
+    assert linears and all(
+        isinstance(m.method, BlockedLinearMethod) for m in linears if id(m) not in gate_ups
+    )
     assert all(m.weight is None for m in linears if m is not runner.model.lm_head)
     assert runner.model.lm_head.weight is runner.model.model.embed_tokens.weight
 

@@ -174,7 +174,7 @@ def test_rotary_matches_torch(tokens, head_dim, dtype, table_dtype, device):
     positions = torch.randint(0, 64, (tokens,), generator=gen)
     cos, sin = rope.cos_sin(positions, table_dtype)
     qkv = _rand(gen, tokens, (heads + 2 * kv_heads) * head_dim).to(dtype).to(device)
-    # q and k as LlamaAttention rotates them: one strided view of the qkv rows.
+    # q and k as SelfAttention rotates them: one strided view of the qkv rows.
     qk = qkv[:, : (heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)
     before = qkv.clone()
     expected = rope.apply(qk.float().cpu(), cos.float(), sin.float())
@@ -260,7 +260,7 @@ def test_silu_and_mul_column_blocks_and_leading_dims(device, monkeypatch):
 
 @cuda_only("the layers take the Triton kernels only for CUDA tensors")
 def test_layers_use_kernels_on_cuda():
-    from gpu_worker.models.llama import _silu_and_mul
+    from gpu_worker.layers.activation import silu_and_mul
 
     gen = torch.Generator().manual_seed(5)
     dtype = torch.bfloat16
@@ -286,4 +286,4 @@ def test_layers_use_kernels_on_cuda():
     )
 
     y = _rand(gen, 5, 400, scale=3.0).to(dtype)
-    torch.testing.assert_close(_silu_and_mul(y.cuda()).cpu(), _silu_and_mul(y))
+    torch.testing.assert_close(silu_and_mul(y.cuda()).cpu(), silu_and_mul(y))

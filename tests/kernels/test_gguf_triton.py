@@ -126,29 +126,34 @@ def test_a_linear_and_an_embedding_on_device_planes(device: torch.device) -> Non
     """The layers the loader fills on CUDA: a projection of mixed-type parts (Q4_K q and k
     rows, Q6_K v rows, as Q4_K_M files hold them) and a quantized embedding table."""
     from gpu_worker.layers.linear import Embedding, Linear
+    from gpu_worker.layers.quant_linear import GGUFLinearMethod, GGUFTritonLinearMethod
 
     k = 256
     (qk, qk_w), (v, v_w) = quantized(GGMLType.Q4_K, 64, k, 1), quantized(GGMLType.Q6_K, 32, k, 2)
     linear = Linear(k, 96)
-    linear.use_quantized(
-        [
-            pack_device(GGMLType.Q4_K, qk[:40], 40, k, device),
-            pack_device(GGMLType.Q4_K, qk[40:], 24, k, device),
-            pack_device(GGMLType.Q6_K, v, 32, k, device),
-        ]
+    linear.use_method(
+        GGUFTritonLinearMethod(
+            [
+                pack_device(GGMLType.Q4_K, qk[:40], 40, k, device),
+                pack_device(GGMLType.Q4_K, qk[40:], 24, k, device),
+                pack_device(GGMLType.Q6_K, v, 32, k, device),
+            ]
+        )
     )
-    assert linear.weight is None and linear.quantized is not None
-    assert [(p.qtype, p.out_features) for p in linear.quantized.parts] == [
+    assert linear.weight is None and isinstance(linear.method, GGUFLinearMethod)
+    assert [(p.qtype, p.out_features) for p in linear.method.parts] == [
         (GGMLType.Q4_K, 64),
         (GGMLType.Q6_K, 32),
     ]
     weight = torch.cat([qk_w, v_w])
-    assert torch.equal(linear.quantized.dequantize().cpu(), weight)
+    assert torch.equal(linear.method.dequantize().cpu(), weight)
     x, bias = torch.randn(2, 3, k), torch.randn(96)
     _assert_close(linear.project(x.to(device), bias.to(device)), _reference(x, weight, bias))
     with pytest.raises(ValueError, match="does not fit"):
-        Linear(k, 95).use_quantized([pack_device(GGMLType.Q6_K, v, 32, k, device)])
+        Linear(k, 95).use_method(
+            GGUFTritonLinearMethod([pack_device(GGMLType.Q6_K, v, 32, k, device)])
+        )
     table = Embedding(64, k)
-    table.use_quantized(pack_device(GGMLType.Q4_K, qk, 64, k, device))
+    table.use_method(GGUFTritonLinearMethod([pack_device(GGMLType.Q4_K, qk, 64, k, device)]))
     ids = torch.tensor([[63, 0, 5]])
     assert torch.equal(table(ids.to(device)).cpu(), qk_w[ids])

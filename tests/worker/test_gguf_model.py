@@ -22,6 +22,7 @@ from config.default_model import gguf_cache_dir
 from config.gguf_convert import GGUF_LINK, dense_tensor, hf_tensor_name
 from config.gguf_tensors import read_gguf_tensors
 from gpu_worker.layers.linear import Linear
+from gpu_worker.layers.quant_linear import GGUFLinearMethod, GGUFTritonLinearMethod
 from gpu_worker.loader import gguf_weights
 from kernels.gguf_device import DeviceQuantWeight
 from protocol.sampling_params import SamplingParams
@@ -94,15 +95,16 @@ def test_fp32_quantized_equals_the_dequantized_model(
     )
     monkeypatch.undo()  # the dense model below loads as usual
     linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
-    kept = [m for m in linears if m.quantized is not None]
+    kept = [m for m in linears if isinstance(m.method, GGUFLinearMethod)]
     assert len(kept) == len(linears) - 2  # the two gate_up projections hold an F16 part
-    parts = [p for m in kept for p in m.quantized.parts]
+    parts = [p for m in kept for p in m.method.parts]
     assert all(isinstance(p, DeviceQuantWeight) == triton for p in parts)
     assert all(p.qs.device.type == device for p in parts if triton)
-    assert isinstance(runner.model.model.embed_tokens.quantized, DeviceQuantWeight) == triton
+    assert isinstance(runner.model.model.embed_tokens.method, GGUFTritonLinearMethod) == triton
     dense_runner, dense = _runner(gguf_model, device, dtype="float32")
     assert not any(
-        isinstance(m, Linear) and m.quantized is not None for m in dense_runner.model.modules()
+        isinstance(m, Linear) and isinstance(m.method, GGUFLinearMethod)
+        for m in dense_runner.model.modules()
     )
     # Decode batches of 3, 2 and 1 (graphs padded), and prefill chunks of 9 tokens; under the
     # interpreter (about 1 ms a program) two prompts and 4 tokens: chunks of 9 and 3 rows, then
@@ -117,7 +119,7 @@ def test_fp32_quantized_equals_the_dequantized_model(
 def test_bf16_quantized_logprobs_within_tolerance_of_fp32(gguf_model):
     _, fp32 = _runner(gguf_model, dtype="float32")
     runner, bf16 = _runner(gguf_model, quantization="gguf")
-    assert runner.model.lm_head.quantized is not None
+    assert isinstance(runner.model.lm_head.method, GGUFLinearMethod)
     assert next(runner.model.parameters()).dtype == torch.bfloat16
     assert_first_logprobs_close(bf16, fp32, PROMPTS)
 

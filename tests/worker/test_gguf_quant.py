@@ -23,7 +23,9 @@ from config.gguf_convert import GGUF_LINK, dense_tensor
 from config.gguf_tensors import read_gguf_tensors
 from config.model_arch import ModelArchConfig
 from engine_core.resolve import resolved_config
+from gpu_worker.layers.cpu_linear import BlockedLinearMethod, SwiGLUPairsLinearMethod
 from gpu_worker.layers.linear import Linear
+from gpu_worker.layers.quant_linear import GGUFLinearMethod
 from gpu_worker.loader.model_loader import load_model
 from gpu_worker.models.weights import WeightLoadError
 from kernels import cpu_binding
@@ -126,27 +128,29 @@ def test_default_model_holds_the_dequantized_weights():
     config = _resolved()
     model = load_model(config.model_path, config.arch, torch.float32, CPU, "gguf")
     linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
-    assert all(m.quantized is not None and m.weight is None for m in linears.values())
-    assert [p.qtype for p in linears["lm_head"].quantized.parts] == [GGMLType.Q8_0]
-    assert {p.qtype for m in linears.values() for p in m.quantized.parts} == {
+    assert all(
+        isinstance(m.method, GGUFLinearMethod) and m.weight is None for m in linears.values()
+    )
+    assert [p.qtype for p in linears["lm_head"].method.parts] == [GGMLType.Q8_0]
+    assert {p.qtype for m in linears.values() for p in m.method.parts} == {
         GGMLType.Q4_1,
         GGMLType.Q8_0,
     }
     # One packed weight per fused projection: q, k and v rows are whole 32-column blocks.
-    assert all(len(m.quantized.parts) == 1 for m in linears.values())
+    assert all(len(m.method.parts) == 1 for m in linears.values())
     fp32 = load_file(Path(config.model_path) / "model.safetensors")
     embedding = fp32["model.embed_tokens.weight"]
     table = model.model.embed_tokens
-    assert table.weight is None and table.quantized is linears["lm_head"].quantized.parts[0]
+    assert table.weight is None and table.method.parts[0] is linears["lm_head"].method.parts[0]
     ids = torch.tensor([[0, 49151, 7], [31, 32, 12345]])
     assert torch.equal(table(ids), embedding[ids])
-    assert torch.equal(linears["lm_head"].quantized.dequantize(), embedding)
+    assert torch.equal(linears["lm_head"].method.dequantize(), embedding)
     layer = "model.layers.7"
     qkv = torch.cat([fp32[f"{layer}.self_attn.{p}_proj.weight"] for p in "qkv"])
-    assert torch.equal(linears[f"{layer}.self_attn.qkv_proj"].quantized.dequantize(), qkv)
+    assert torch.equal(linears[f"{layer}.self_attn.qkv_proj"].method.dequantize(), qkv)
     gate_up = torch.cat([fp32[f"{layer}.mlp.{p}_proj.weight"] for p in ("gate", "up")])
-    assert torch.equal(linears[f"{layer}.mlp.gate_up_proj"].quantized.dequantize(), gate_up)
-    down = linears[f"{layer}.mlp.down_proj"].quantized.dequantize()
+    assert torch.equal(linears[f"{layer}.mlp.gate_up_proj"].method.dequantize(), gate_up)
+    down = linears[f"{layer}.mlp.down_proj"].method.dequantize()
     assert torch.equal(down, fp32[f"{layer}.mlp.down_proj.weight"])
 
 
@@ -241,17 +245,17 @@ def mixed(request, tmp_path_factory):
 def test_mixed_types_keep_their_blocks_per_part(mixed):
     model, _, fused = mixed
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
-    assert [(p.qtype, p.out_features) for p in attn.qkv_proj.quantized.parts] == [
+    assert [(p.qtype, p.out_features) for p in attn.qkv_proj.method.parts] == [
         (GGMLType.Q4_K, 384),
         (GGMLType.Q6_K, 128),
     ]  # q and k merged, v its own
-    assert [p.qtype for p in attn.o_proj.quantized.parts] == [GGMLType.Q5_K]
-    assert [p.qtype for p in mlp.down_proj.quantized.parts] == [GGMLType.Q5_1]
+    assert [p.qtype for p in attn.o_proj.method.parts] == [GGMLType.Q5_K]
+    assert [p.qtype for p in mlp.down_proj.method.parts] == [GGMLType.Q5_1]
     # The F32 gate/up weight takes the fused SwiGLU layout where that pays, else the blocked one.
-    assert mlp.gate_up_proj.quantized is None
-    assert (mlp.fused_gate_up is not None) == fused
-    assert (mlp.gate_up_proj.blocked_weight is not None) == (not fused)
-    assert [p.qtype for p in model.lm_head.quantized.parts] == [GGMLType.Q6_K]
+    assert not isinstance(mlp.gate_up_proj.method, GGUFLinearMethod)
+    assert isinstance(mlp.gate_up_proj.method, SwiGLUPairsLinearMethod) == fused
+    assert isinstance(mlp.gate_up_proj.method, BlockedLinearMethod) == (not fused)
+    assert [p.qtype for p in model.lm_head.method.parts] == [GGMLType.Q6_K]
 
 
 def test_mixed_types_equal_the_dequantized_model(mixed):
@@ -259,8 +263,8 @@ def test_mixed_types_equal_the_dequantized_model(mixed):
     ours = dict(model.named_modules())
     x = torch.randn(5, 512)
     for name, ref in reference.named_modules():
-        if isinstance(ref, Linear) and ours[name].quantized is not None:
-            assert torch.equal(ours[name].quantized.dequantize(), ref.weight), name
+        if isinstance(ref, Linear) and isinstance(ours[name].method, GGUFLinearMethod):
+            assert torch.equal(ours[name].method.dequantize(), ref.weight), name
             inputs = x[:, : ref.weight.shape[1]]
             torch.testing.assert_close(ours[name](inputs), ref(inputs), rtol=1e-5, atol=1e-4)
     ids = torch.arange(512).reshape(2, 256)
@@ -273,7 +277,8 @@ def test_float32_dtype_keeps_the_dequantized_model():
     """--dtype float32 on the default model: fp32 weights as before, transformers' tokens."""
     runner, driver = make_runner(None, dtype="float32", max_model_len=512, kv_cache_memory="64MiB")
     assert not any(
-        isinstance(m, Linear) and m.quantized is not None for m in runner.model.modules()
+        isinstance(m, Linear) and isinstance(m.method, GGUFLinearMethod)
+        for m in runner.model.modules()
     )
     ids = prompt_ids()
     prompts = {r: ids[r] for r in ("p0", "p9", "p13")}

@@ -14,6 +14,7 @@ import torch
 from config.gguf_convert import GGUF_LINK
 from config.model_arch import ModelArchConfig
 from gpu_worker.layers.linear import Linear
+from gpu_worker.layers.quant_linear import GGUFLinearMethod
 from gpu_worker.loader import gguf_weights, packed_cache
 from gpu_worker.loader.model_loader import load_model
 from gpu_worker.loader.packed_cache import cache_file
@@ -50,9 +51,9 @@ def _load(model_dir):
 
 def _packed(model) -> dict[str, list[tuple]]:
     return {
-        name: [(p.qtype, p.out_features, p.data) for p in m.quantized.parts]
+        name: [(p.qtype, p.out_features, p.data) for p in m.method.parts]
         for name, m in model.named_modules()
-        if isinstance(m, Linear) and m.quantized is not None
+        if isinstance(m, Linear) and isinstance(m.method, GGUFLinearMethod)
     }
 
 
@@ -80,7 +81,7 @@ def test_second_load_maps_what_the_first_packed(model_dir, monkeypatch):
     assert _same(first, _packed(second))
     x = torch.randn(3, 256)
     layer = second.model.layers[0].self_attn.o_proj
-    torch.testing.assert_close(layer(x), x @ layer.quantized.dequantize().T, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(layer(x), x @ layer.method.dequantize().T, rtol=1e-5, atol=1e-4)
 
 
 def test_changed_file_or_code_is_packed_again(model_dir, monkeypatch):

@@ -1,0 +1,19 @@
+"""The gated MLP's activation: silu(gate) * up."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels import activation, cpu_binding
+
+
+def silu_and_mul(y: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for y = [..., gate | up]: one fused pass in fp32 on the CPU and, with
+    Triton, on CUDA."""
+    if cpu_binding.applies(y):
+        return activation.silu_and_mul_cpu(y)
+    if y.device.type == "cuda" and activation.fits(y):
+        return activation.silu_and_mul(y)
+    gate, up = y.chunk(2, dim=-1)
+    return F.silu(gate) * up

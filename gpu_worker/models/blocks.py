@@ -1,0 +1,170 @@
+"""The decoder's building blocks that model families share: the attention block, the gated MLP,
+the pre-norm decoder layer and the model body. Module names are the Hugging Face checkpoints'
+(self_attn.qkv_proj, mlp.gate_up_proj, input_layernorm, ...), so weights load by name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from config.model_arch import ModelArchConfig
+from gpu_worker.layers.activation import silu_and_mul
+from gpu_worker.layers.attention import Attention
+from gpu_worker.layers.cpu_linear import SwiGLUPairsLinearMethod
+from gpu_worker.layers.norm import RMSNorm
+from gpu_worker.layers.rotary import RotaryEmbedding
+from gpu_worker.layers.thread_split_mlp import ThreadSplitMLP
+from gpu_worker.parallel.group import tp_all_reduce
+from gpu_worker.parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    divide,
+)
+
+
+class SelfAttention(nn.Module):
+    """Self-attention with a fused QKV projection, optional RMSNorm on each head of q and k
+    (qk_norm), rotary embeddings and grouped-query attention.
+
+    Under tensor parallelism each rank owns num_heads / TP query heads and num_kv_heads / TP KV
+    heads: its qkv_proj rows are [its q heads, its k heads, its v heads], and o_proj sums the
+    ranks' partial outputs.
+    """
+
+    def __init__(
+        self, cfg: ModelArchConfig, *, qkv_bias: bool, o_bias: bool, qk_norm: bool = False
+    ) -> None:
+        super().__init__()
+        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.num_heads = divide(heads, "num_attention_heads")
+        self.num_kv_heads = divide(kv_heads, "num_key_value_heads")
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qk_norm = qk_norm
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size, (heads + 2 * kv_heads) * cfg.head_dim, bias=qkv_bias
+        )
+        self.o_proj = RowParallelLinear(heads * cfg.head_dim, cfg.hidden_size, bias=o_bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+
+    def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
+        """Rows of this rank's qkv_proj holding q, k or v: (start, size)."""
+        return {
+            "q": (0, self.q_size),
+            "k": (self.q_size, self.kv_size),
+            "v": (self.q_size + self.kv_size, self.kv_size),
+        }[str(shard_id)]
+
+    def forward(
+        self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        tokens, heads, kv_heads = qkv.shape[0], self.num_heads, self.num_kv_heads
+        v = qkv[:, self.q_size + self.kv_size :].view(tokens, kv_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(qkv[:, : self.q_size].reshape(tokens, heads, self.head_dim))
+            k = self.k_norm(
+                qkv[:, self.q_size : self.q_size + self.kv_size].reshape(
+                    tokens, kv_heads, self.head_dim
+                )
+            )
+            q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        else:
+            # q and k rotate together: one set of ops instead of two.
+            qk = qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, self.head_dim)
+            q, k = rotary.apply_(qk, cos, sin).split([heads, kv_heads], dim=1)
+        out = self.attn(q, k, v)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU feed-forward, down(silu(x @ gate^T) * (x @ up^T)), gate and up one projection.
+
+    Under tensor parallelism each rank owns intermediate_size / TP columns of gate and of up and
+    the matching rows of down; the ranks' partial outputs are summed. On the CPU it may take a
+    layout of both projections together (use_fused_swiglu, use_thread_split).
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.intermediate = divide(intermediate_size, "intermediate_size")
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, 2 * intermediate_size)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+        self.thread_split: ThreadSplitMLP | None = None
+
+    def use_fused_swiglu(self) -> bool:
+        """CPU fp32 with 512-bit vectors: gate/up weights blocked in pairs for the fused
+        SwiGLU kernel, which never writes the [tokens, 2I] intermediate. False where it does not
+        apply or pay (then the children take the plain blocked layout)."""
+        weight = self.gate_up_proj.weight
+        if weight is None or not SwiGLUPairsLinearMethod.applies(weight):
+            return False
+        self.gate_up_proj.use_method(SwiGLUPairsLinearMethod(weight))
+        return True
+
+    def use_thread_split(self, splits: int) -> None:
+        """CPU layout without the C kernels: both projections split across `splits` threads
+        (ThreadSplitMLP), where the intermediate size divides evenly; the projections then
+        hold no weight of their own."""
+        gate_up, down = self.gate_up_proj.weight, self.down_proj.weight
+        if gate_up is None or down is None or self.intermediate % splits:
+            return
+        self.thread_split = ThreadSplitMLP(gate_up, down, splits)
+        self.gate_up_proj.weight = None
+        self.down_proj.weight = None
+
+    def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
+        """Rows of this rank's gate_up_proj holding gate (0) or up (1): (start, size)."""
+        return int(shard_id) * self.intermediate, self.intermediate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.thread_split is not None:
+            return tp_all_reduce(self.thread_split(x))
+        activated = self.gate_up_proj.method.silu_and_mul(x)
+        if activated is None:
+            activated = silu_and_mul(self.gate_up_proj(x))
+        return self.down_proj(activated)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks; the residual add is fused into the next norm."""
+
+    def __init__(self, cfg: ModelArchConfig, self_attn: SelfAttention) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = self_attn
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rotary: RotaryEmbedding,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm.forward_with_residual(x, residual)
+        x = self.self_attn(x, rotary, cos, sin)
+        x, residual = self.post_attention_layernorm.forward_with_residual(x, residual)
+        return self.mlp(x), residual
+
+
+class DecoderModel(nn.Module):
+    """The body: token embedding, decoder layers and final norm."""
+
+    def __init__(self, cfg: ModelArchConfig, layers: Iterable[DecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -1,0 +1,84 @@
+"""The decoder-only causal LM that model families share; a family says what differs."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import cast
+
+import torch
+from torch import nn
+
+from config.model_arch import ModelArchConfig
+from gpu_worker.layers.attention import Attention
+from gpu_worker.layers.rotary import RotaryEmbedding
+from gpu_worker.models.blocks import DecoderLayer, DecoderModel, SelfAttention
+from gpu_worker.models.fused_decode import FusedDecode
+from gpu_worker.models.weights import StackedShard, load_named_weights
+from gpu_worker.parallel.layers import ParallelLMHead
+
+
+class DecoderForCausalLM(nn.Module, ABC):
+    """Embedding, pre-norm decoder layers (attention block, gated MLP), final norm and output
+    projection; forward() returns hidden states, compute_logits() the logits. A family
+    subclasses it with its attention block (biases, q/k norms)."""
+
+    # Checkpoint tensors loaded as slices of the fused projections.
+    stacked_shards = (
+        StackedShard("qkv_proj", "q_proj", "q"),
+        StackedShard("qkv_proj", "k_proj", "k"),
+        StackedShard("qkv_proj", "v_proj", "v"),
+        StackedShard("gate_up_proj", "gate_proj", 0),
+        StackedShard("gate_up_proj", "up_proj", 1),
+    )
+
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = DecoderModel(
+            cfg,
+            (DecoderLayer(cfg, self.attention_block(cfg)) for _ in range(cfg.num_hidden_layers)),
+        )
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
+        self.fused_decode = FusedDecode(self)
+
+    @abstractmethod
+    def attention_block(self, cfg: ModelArchConfig) -> SelfAttention:
+        """One layer's attention block as this family configures it."""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        if (fused := self.fused_decode.run(x, cos, sin)) is not None:
+            return fused
+        residual: torch.Tensor | None = None
+        for layer in self.model.layers:
+            x, residual = layer(x, residual, self.rotary, cos, sin)
+        assert residual is not None  # a model has at least one layer
+        x, _ = self.model.norm.forward_with_residual(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [N, vocab] in fp32 for the given hidden states [N, hidden]; out, a reused
+        [N, vocab] fp32 buffer, receives them where the kernels can write into it (CPU)."""
+        return self.lm_head(hidden, out).float()
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The argmax token of each row of hidden [N, hidden] without the logits, or None where
+        no kernel fuses the output projection with the argmax (then: compute_logits)."""
+        return self.lm_head.greedy_tokens(hidden)
+
+    def attention_layers(self) -> list[Attention]:
+        """Attention modules in layer order, for binding KV caches."""
+        return [cast(DecoderLayer, layer).self_attn.attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (source file, HF name, tensor) into the fused parameters."""
+        tied = self.cfg.tie_word_embeddings
+        skip = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if tied else ())
+        load_named_weights(self, weights, self.stacked_shards, skip)
