@@ -53,6 +53,6 @@ class DenseLinearMethod(EmbeddingMethod):
 
 
 def _weight(layer: Linear | Embedding) -> torch.Tensor:
-    if layer.weight is None:
+    if layer.weight is None:  # a thread-split MLP holds its projections' weights itself
         raise RuntimeError(f"{type(layer).__name__}'s dense weight was re-laid by its parent")
     return layer.weight
