@@ -169,3 +169,32 @@ def test_the_checks_see_a_wrong_import(monkeypatch, tmp_path):
     assert ("frontend.llm", 3, False) in found
     assert ("engine_core.scheduler", 5, True) in found
     assert _layer("frontend.llm") < _layer("kernels.fake")
+
+
+def test_folders_import_one_way():
+    """No folder imports a folder that imports it back, type-only imports included (a reader
+    follows those too); the one exception is the `engine bench` command's dispatch into bench/."""
+    edges = {
+        (name.split(".")[0], target.split(".")[0])
+        for name in MODULES
+        for target, _, _ in _imports(name)
+        if name.split(".")[0] != target.split(".")[0]
+        and not (name == ENTRY_POINT and target.split(".")[0] == "bench")
+    }
+    both_ways = sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges and a < b)
+    assert not both_ways, "folders that import each other: " + "; ".join(both_ways)
+
+
+MAX_LINES = 600
+
+
+def test_no_python_file_over_600_lines():
+    """Small files with one idea each: no module of the engine, bench/ or scripts/ over 600
+    lines (tests excluded)."""
+    paths = [*MODULES.values(), *sorted((ROOT / "scripts").rglob("*.py"))]
+    long = sorted(
+        f"{path.relative_to(ROOT)}: {n}"
+        for path in paths
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    )
+    assert not long, "over 600 lines: " + ", ".join(long)
