@@ -26,9 +26,7 @@ LAYERS = (
     "gpu_worker",
     "kernels",
 )
-LEAF_PACKAGES = ("config", "metrics", "ipc")
-# Message types that cross a process boundary, beside each folder's protocol.py.
-PROTOCOL_MODULES = {"protocol.sampling_params", "executor.worker_messages"}
+LEAF_PACKAGES = ("config", "protocol", "metrics", "ipc")
 ENTRY_POINT = "serve.cli"  # the `engine` command: dispatches to bench/ too
 
 
