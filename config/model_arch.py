@@ -117,13 +117,26 @@ class ModelArchConfig:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
 
 
+# Model types whose config turns the window on with use_sliding_window (off when absent) and
+# keeps the first max_window_layers layers (28 when absent) full, as transformers' configs do.
+_SWITCHED_WINDOW_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+
+
 def _sliding_window(cfg: dict[str, Any]) -> int | None:
-    """The window of a model whose config turns a sliding window on: Mistral's sliding_window,
-    Qwen2's with use_sliding_window, or layer_types naming sliding_attention (transformers 5)."""
+    """The window of a model whose config puts at least one layer in it, decided as transformers
+    does: Mistral's sliding_window slides every layer; Qwen2's and Qwen3's only when
+    use_sliding_window, then the layers from max_window_layers on; layer_types, where given,
+    names each layer's kind (transformers 5)."""
     window = cfg.get("sliding_window")
+    if not window:
+        return None
+    switched = cfg.get("model_type") in _SWITCHED_WINDOW_TYPES
+    if not cfg.get("use_sliding_window", not switched):
+        return None
     layer_types = cfg.get("layer_types")
     if layer_types is not None:
         used = "sliding_attention" in layer_types
     else:
-        used = cfg.get("use_sliding_window", True)
-    return int(window) if window and used else None
+        first_windowed = int(cfg.get("max_window_layers", 28 if switched else 0))
+        used = int(cfg["num_hidden_layers"]) > first_windowed
+    return int(window) if used else None

@@ -4,6 +4,7 @@ that needs a capability no backend has is refused at resolve time, naming backen
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -113,3 +114,38 @@ def test_a_model_whose_window_is_shorter_than_max_model_len_is_refused(tmp_path)
         resolved_config(model=str(model), device="cpu")
     config = resolved_config(model=str(model), device="cpu", max_model_len=64)
     assert config.arch is not None and config.arch.sliding_window == 64
+
+
+def _qwen2_with_window(path, **window_keys):
+    """A tiny Qwen2 whose config.json is written the way Qwen2.5's is: a sliding_window with or
+    without use_sliding_window, and no layer_types."""
+    model = make_tiny_model(path, "qwen2")
+    config_path = model / "config.json"
+    cfg = json.loads(config_path.read_text())
+    for key in ("use_sliding_window", "layer_types", "max_window_layers"):
+        cfg.pop(key, None)
+    config_path.write_text(json.dumps({**cfg, "sliding_window": 64, **window_keys}))
+    return model
+
+
+def test_a_qwen2_window_without_use_sliding_window_is_off(tmp_path):
+    model = _qwen2_with_window(tmp_path / "qwen2")
+    config = resolved_config(model=str(model), device="cpu")
+    assert config.arch is not None and config.arch.sliding_window is None
+
+
+def test_a_qwen2_window_turned_on_is_refused_beyond_it(tmp_path):
+    model = _qwen2_with_window(tmp_path / "qwen2", use_sliding_window=True, max_window_layers=1)
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("sliding-window attention is not supported by the torch attention"),
+    ):
+        resolved_config(model=str(model), device="cpu")
+    config = resolved_config(model=str(model), device="cpu", max_model_len=64)
+    assert config.arch is not None and config.arch.sliding_window == 64
+
+
+def test_qwen2_layers_below_max_window_layers_attend_to_the_whole_context(tmp_path):
+    model = _qwen2_with_window(tmp_path / "qwen2", use_sliding_window=True)  # 28 full layers
+    config = resolved_config(model=str(model), device="cpu")
+    assert config.arch is not None and config.arch.sliding_window is None
