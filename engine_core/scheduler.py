@@ -251,9 +251,9 @@ class Scheduler:
                 blocks = kv.allocate_slots(req, n)
                 if blocks is None:
                     preempted = True
-                    blocks, returned, taken_back = self._preempt_for(req, n, i - 1, scheduled)
+                    blocks, returned, num_before = self._preempt_for(req, n, i - 1, scheduled)
                     budget += returned
-                    i -= taken_back
+                    i -= num_before
                     num_running = len(running)
                     if blocks is None:  # req itself was preempted
                         break
@@ -270,27 +270,30 @@ class Scheduler:
 
         Returns req's new blocks (None: req itself was preempted), the tokens of the requests
         taken back (scheduled earlier this step: only the priority policy picks those), and how
-        many were taken back.
+        many running requests before req were preempted (req's index moves down by as many).
         """
         running = self.running
-        returned = taken_back = 0
+        returned = num_before = 0
         while True:
             victim, vi = self._pick_victim()
             del running[vi]
             if vi < index:
                 returned += self._take_back(victim, scheduled)
-                taken_back += 1
+                num_before += 1
                 index -= 1
             self._preempt(victim)
             if victim is req:
-                return None, returned, taken_back
+                return None, returned, num_before
             blocks = self.kv.allocate_slots(req, n)
             if blocks is not None:
-                return blocks, returned, taken_back
+                return blocks, returned, num_before
 
     def _take_back(self, req: Request, scheduled: list[Scheduled]) -> int:
-        """Drop the record of a request scheduled earlier this step; returns its tokens."""
-        j = next(j for j, (scheduled_req, *_) in enumerate(scheduled) if scheduled_req is req)
+        """Drop the record of a request scheduled earlier this step; returns its tokens (0 when
+        it sat this step out: in flight and constrained or length-capped, or owed nothing)."""
+        j = next((j for j, record in enumerate(scheduled) if record[0] is req), None)
+        if j is None:
+            return 0
         _, n, _, _, _ = scheduled.pop(j)
         # Records are not advanced yet: num_computed_tokens is still the step's start.
         self.kv.uncache_uncomputed_blocks(req)

@@ -159,6 +159,32 @@ def test_a_stop_token_costs_one_thrown_away_step() -> None:
     assert not runner.rows and sched.kv.num_free_blocks == 64
 
 
+def test_priority_victim_sitting_the_step_out_is_preempted_with_nothing_to_take_back() -> None:
+    # low started first and has its last token in flight, so it sits the step out; high,
+    # after it, needs a block, and the priority policy preempts low, which has no record.
+    sched = make_scheduler(num_blocks=2, block_size=8, policy="priority", async_scheduling=True)
+    runner = FakeRunner(sched, sample=lambda req_id, n: 5)
+    sched.add_request(make_request("low", 8, priority=9, max_tokens=1, arrival_time=1.0))
+    in_flight = [runner.execute(so1 := sched.schedule())]
+    sched.add_request(make_request("high", 8, priority=0, max_tokens=4, arrival_time=2.0))
+    in_flight.append(runner.execute(so2 := sched.schedule()))
+    assert list(so2.num_scheduled_tokens) == ["high"] and sched.kv.num_free_blocks == 0
+    so3 = sched.schedule()
+    assert so3.num_scheduled_tokens == {"high": 1} and so3.finished_req_ids == ["low"]
+    assert so3.total_num_scheduled_tokens == 1
+    assert sched.requests["low"].status == RequestStatus.PREEMPTED
+    in_flight.append(runner.execute(so3))
+    tokens: dict[str, list[int]] = {}
+    for so, out in zip((so1, so2, so3), in_flight):
+        for o in sched.update_from_output(so, out):
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert tokens == {"high": [5, 5]}  # low's token in flight was thrown away
+    done = _drive(sched, runner, overlapped=True)
+    assert done["low"] == ([5], "LENGTH")  # recomputed once high finished
+    assert tokens["high"] + done["high"][0] == [5] * 4 and done["high"][1] == "LENGTH"
+    assert sched.kv.num_free_blocks == 2
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_random_aborts_with_steps_in_flight_return_every_block(seed: int) -> None:
     rng = random.Random(100 + seed)
