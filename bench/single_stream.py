@@ -31,7 +31,6 @@ from config.args import engine_kwargs
 from engine_core.resolve import resolved_config
 from gpu_worker.layers.linear import Linear
 from gpu_worker.model_runner import ModelRunner
-from gpu_worker.models.blocks import GatedMLP
 from protocol.sampling_params import SamplingParams
 from protocol.step import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -115,13 +114,8 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     held = {id(m.weight) for m in linears if m.weight is not None}
     # Norms and biases; each Linear's W counts below, as its method holds it.
     tensors = [p for p in model.parameters() if p is not embedding and id(p) not in held]
-    split = sum(
-        m.thread_split.nbytes
-        for m in model.modules()
-        if isinstance(m, GatedMLP) and m.thread_split is not None
-    )
     linear_bytes = sum(m.method.nbytes(m) for m in linears)
-    return linear_bytes + split + sum(t.numel() * t.element_size() for t in tensors)
+    return linear_bytes + sum(t.numel() * t.element_size() for t in tensors)
 
 
 def decode_kv_bytes(model: torch.nn.Module, context: float) -> float:

@@ -47,6 +47,7 @@ class BlockedLinearMethod(LinearMethod):
         bias: torch.Tensor | None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        # x is fp32: this layout is chosen only for fp32 weights, whose model runs in fp32.
         return linear.linear(x, self.weight, bias, out)
 
     def nbytes(self, layer: Linear) -> int:
@@ -97,7 +98,7 @@ class SwiGLUPairsLinearMethod(LinearMethod):
     def nbytes(self, layer: Linear) -> int:
         return self.weight.numel() * self.weight.element_size()
 
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return linear.swiglu(x, self.weight)
 
     def cpu_kernel_weight(self) -> tuple[int, torch.Tensor] | None:

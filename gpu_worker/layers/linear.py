@@ -13,8 +13,9 @@ class Linear(nn.Module):
     """y = x @ W^T (+ b); W is [out_features, in_features] as in Hugging Face checkpoints.
 
     One LinearMethod holds W and applies it: dense (the `weight` parameter the loader fills)
-    until a loader gives the layer another (use_method: GGUF-quantized parts) or W is re-laid
-    for its device after loading (process_weights_after_loading: the CPU's layouts).
+    until a loader gives the layer another (use_method: GGUF-quantized parts, the CPU's
+    layouts) or the method re-lays W for its device after loading
+    (process_weights_after_loading).
     """
 
     weight: nn.Parameter | None
@@ -29,15 +30,15 @@ class Linear(nn.Module):
     def use_method(self, method: LinearMethod, keep_weight: bool = False) -> None:
         """Apply W through method from now on; the dense weight is dropped unless keep_weight
         (a weight tied to the embedding stays)."""
-        _check_fits(method, self.out_features, self.in_features)
+        _check_fits(method, "weight", (self.out_features, self.in_features))
         self.method = method
         if not keep_weight:
             self.weight = None
 
-    def process_weights_after_loading(self, threads: int, keep_weight: bool) -> None:
-        """Re-lay the loaded W for its device where the method has a better layout there
-        (matmuls on `threads` CPU threads); keep_weight as in use_method."""
-        method = self.method.process_weights_after_loading(self, threads)
+    def process_weights_after_loading(self, keep_weight: bool) -> None:
+        """Re-lay the loaded W for its device where the method has a better layout there;
+        keep_weight as in use_method."""
+        method = self.method.process_weights_after_loading(self)
         if method is not self.method:
             self.use_method(method, keep_weight)
 
@@ -59,6 +60,7 @@ class Embedding(nn.Module):
     model's dtype as they are looked up."""
 
     weight: nn.Parameter | None
+    dtype: torch.dtype  # the model's dtype, what a quantized table's lookups return
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
@@ -66,12 +68,14 @@ class Embedding(nn.Module):
         dense = DenseLinearMethod(embedding_dim, num_embeddings)
         dense.create_weights(self)
         self.method: EmbeddingMethod = dense
-        self.dtype = torch.get_default_dtype()  # the model's dtype: what lookups return
 
     def use_method(self, method: EmbeddingMethod) -> None:
         """Look rows up through method from now on and drop the dense table (a tied output
         projection keeps its own reference)."""
-        _check_fits(method, self.num_embeddings, self.embedding_dim)
+        _check_fits(method, "table", (self.num_embeddings, self.embedding_dim))
+        method.check_table()
+        assert self.weight is not None  # the dense table, until a method replaces it
+        self.dtype = self.weight.dtype
         self.method = method
         self.weight = None
 
@@ -79,9 +83,8 @@ class Embedding(nn.Module):
         return self.method.embedding(self, ids)
 
 
-def _check_fits(method: LinearMethod, out_features: int, in_features: int) -> None:
-    if (method.out_features, method.in_features) != (out_features, in_features):
+def _check_fits(method: LinearMethod, what: str, shape: tuple[int, int]) -> None:
+    if (method.out_features, method.in_features) != shape:
         raise ValueError(
-            f"{type(method).__name__}'s weight [{method.out_features}, {method.in_features}] "
-            f"does not fit [{out_features}, {in_features}]"
+            f"quantized {what} [{method.out_features}, {method.in_features}] does not fit {shape}"
         )

@@ -44,10 +44,11 @@ class LinearMethod(ABC):
         contiguous fp32 buffer of the result's shape, receives the result where a C kernel
         writes it; callers use the return either way."""
 
-    def process_weights_after_loading(self, layer: Linear, threads: int) -> LinearMethod:
-        """The method that applies the loaded W on its device from now on, matmuls running on
-        `threads` CPU threads: self where W stays as it is, else a new method holding W re-laid
-        (the layer then drops its dense weight unless another module shares it)."""
+    def process_weights_after_loading(self, layer: Linear) -> LinearMethod:
+        """The method that applies the loaded W on its device from now on (called on every
+        device once the checkpoint is loaded): self where W stays as it is, else a new method
+        holding W re-laid (the layer then drops its dense weight unless another module shares
+        it). The CPU's layouts of dense weights are chosen by gpu_worker/loader/cpu_layout.py."""
         return self
 
     @abstractmethod
@@ -81,3 +82,8 @@ class EmbeddingMethod(LinearMethod):
     def embedding(self, layer: Embedding, ids: torch.Tensor) -> torch.Tensor:
         """Rows ids (int64, any shape, each below num_embeddings) of W as
         [*ids.shape, embedding_dim] in the layer's dtype."""
+
+    def check_table(self) -> None:
+        """Raise ValueError where W cannot be looked up as one token table (checked once, as
+        an Embedding takes the method)."""
+        return None

@@ -101,10 +101,9 @@ class GGUFLinearMethod(EmbeddingMethod, Generic[Part]):
             start = end
         return out.view(*x.shape[:-1], self.out_features)
 
-    def _table(self) -> Part:
+    def check_table(self) -> None:
         if len(self.parts) != 1:
             raise ValueError(f"an embedding table is one quantized weight, not {len(self.parts)}")
-        return self.parts[0]
 
 
 class GGUFCpuLinearMethod(GGUFLinearMethod[QuantizedWeight]):
@@ -126,7 +125,7 @@ class GGUFCpuLinearMethod(GGUFLinearMethod[QuantizedWeight]):
         return torch.cat([quant_linear.quant_dequantize(p) for p in self.parts])
 
     def embedding(self, layer: Embedding, ids: torch.Tensor) -> torch.Tensor:
-        return quant_linear.quant_rows(self._table(), ids)
+        return quant_linear.quant_rows(self.parts[0], ids)
 
     def greedy_argmax(self, x: torch.Tensor, vocab: int) -> torch.Tensor | None:
         # The fused argmax reads one packed weight, for the few-rows path's rows only.
@@ -164,4 +163,4 @@ class GGUFTritonLinearMethod(GGUFLinearMethod[DeviceQuantWeight]):
         return torch.cat([self._kernels.dequantize(p) for p in self.parts])
 
     def embedding(self, layer: Embedding, ids: torch.Tensor) -> torch.Tensor:
-        return self._kernels.dequantize(self._table(), ids, layer.dtype)
+        return self._kernels.dequantize(self.parts[0], ids, layer.dtype)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 
 from gpu_worker.layers.activation import silu_and_mul
+from gpu_worker.layers.linear import Linear
+from gpu_worker.layers.linear_method import LinearMethod
 
 # Rows of one MLP pass on the CPU. Bigger steps go through in slices: the intermediate
 # activations of 8192 rows are ~100 MB, which glibc maps fresh (and the kernel zeroes) on every
@@ -31,11 +33,6 @@ class ThreadSplitMLP:
         self.gate_up = torch.cat([gate, up], dim=-1).transpose(0, 1).contiguous()
         self.down = down.detach().t().reshape(splits, -1, hidden).contiguous()
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the split weights."""
-        return sum(t.numel() * t.element_size() for t in (self.gate_up, self.down))
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's MLP output for x [T, H] (before the sum over ranks)."""
         if x.shape[0] <= _MLP_ROWS:
@@ -48,3 +45,25 @@ class ThreadSplitMLP:
     def _slice(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.bmm(x.unsqueeze(0).expand(self.gate_up.shape[0], -1, -1), self.gate_up)
         return torch.bmm(silu_and_mul(y), self.down).sum(dim=0)
+
+
+class ThreadSplitPart(LinearMethod):
+    """One projection of a thread-split MLP: its W lives re-laid in the ThreadSplitMLP, which
+    applies both projections together, so the projection alone refuses to run."""
+
+    def __init__(self, layer: Linear, held: torch.Tensor) -> None:
+        """held: the ThreadSplitMLP's tensor holding layer's W."""
+        super().__init__(layer.in_features, layer.out_features)
+        self.held = held
+
+    def apply(
+        self,
+        layer: Linear,
+        x: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        raise RuntimeError("a thread-split MLP's projection runs only inside its MLP")
+
+    def nbytes(self, layer: Linear) -> int:
+        return self.held.numel() * self.held.element_size()

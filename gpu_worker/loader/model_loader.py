@@ -15,7 +15,7 @@ from torch import nn
 
 from config.gguf_convert import GGUF_LINK
 from config.model_arch import ModelArchConfig
-from gpu_worker.loader.cpu_layout import use_cpu_layout
+from gpu_worker.loader.cpu_layout import process_weights_after_loading
 from gpu_worker.loader.gguf_weights import load_gguf_weights
 from gpu_worker.models.registry import model_class
 from gpu_worker.models.weights import WeightLoadError
@@ -101,8 +101,7 @@ def load_model(
         load_gguf_weights(model, Path(model_dir) / GGUF_LINK)
     else:
         model.load_weights(iter_safetensors(model_dir))
-    if device.type == "cpu":
-        use_cpu_layout(model, torch.get_num_threads())
+    process_weights_after_loading(model, device, torch.get_num_threads())
     logger.info(
         "model loaded in %.2f s (load format %s, %s on %s)",
         time.perf_counter() - began,

@@ -10,13 +10,17 @@ import torch
 from torch import nn
 
 from config.model_arch import ModelArchConfig
-from gpu_worker.layers.activation import silu_and_mul
 from gpu_worker.layers.attention import Attention
 from gpu_worker.layers.cpu_linear import SwiGLUPairsLinearMethod
 from gpu_worker.layers.norm import RMSNorm
 from gpu_worker.layers.rotary import RotaryEmbedding
-from gpu_worker.layers.thread_split_mlp import ThreadSplitMLP
-from gpu_worker.parallel.group import tp_all_reduce
+from gpu_worker.layers.thread_split_mlp import ThreadSplitMLP, ThreadSplitPart
+from gpu_worker.models.mlp_layout import (
+    FusedSwiGLUMLP,
+    MLPLayout,
+    PlainMLP,
+    ThreadSplitMLPLayout,
+)
 from gpu_worker.parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -89,7 +93,7 @@ class GatedMLP(nn.Module):
 
     Under tensor parallelism each rank owns intermediate_size / TP columns of gate and of up and
     the matching rows of down; the ranks' partial outputs are summed. On the CPU it may take a
-    layout of both projections together (use_fused_swiglu, use_thread_split).
+    layout of both projections together (use_fused_swiglu, use_thread_split): its `layout`.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
@@ -97,7 +101,7 @@ class GatedMLP(nn.Module):
         self.intermediate = divide(intermediate_size, "intermediate_size")
         self.gate_up_proj = ColumnParallelLinear(hidden_size, 2 * intermediate_size)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
-        self.thread_split: ThreadSplitMLP | None = None
+        self.layout: MLPLayout = PlainMLP()
 
     def use_fused_swiglu(self) -> bool:
         """CPU fp32 with 512-bit vectors: gate/up weights blocked in pairs for the fused
@@ -106,42 +110,41 @@ class GatedMLP(nn.Module):
         weight = self.gate_up_proj.weight
         if weight is None or not SwiGLUPairsLinearMethod.applies(weight):
             return False
-        self.gate_up_proj.use_method(SwiGLUPairsLinearMethod(weight))
+        pairs = SwiGLUPairsLinearMethod(weight)
+        self.gate_up_proj.use_method(pairs)
+        self.layout = FusedSwiGLUMLP(pairs)
         return True
 
     def use_thread_split(self, splits: int) -> None:
         """CPU layout without the C kernels: both projections split across `splits` threads
-        (ThreadSplitMLP), where the intermediate size divides evenly; the projections then
-        hold no weight of their own."""
+        (ThreadSplitMLP), where the intermediate size divides evenly; the projections' methods
+        then only count the bytes it holds for them (ThreadSplitPart)."""
         gate_up, down = self.gate_up_proj.weight, self.down_proj.weight
         if gate_up is None or down is None or self.intermediate % splits:
             return
-        self.thread_split = ThreadSplitMLP(gate_up, down, splits)
-        self.gate_up_proj.weight = None
-        self.down_proj.weight = None
+        split = ThreadSplitMLP(gate_up, down, splits)
+        self.gate_up_proj.use_method(ThreadSplitPart(self.gate_up_proj, split.gate_up))
+        self.down_proj.use_method(ThreadSplitPart(self.down_proj, split.down))
+        self.layout = ThreadSplitMLPLayout(split)
 
     def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
         """Rows of this rank's gate_up_proj holding gate (0) or up (1): (start, size)."""
         return int(shard_id) * self.intermediate, self.intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.thread_split is not None:
-            return tp_all_reduce(self.thread_split(x))
-        activated = self.gate_up_proj.method.silu_and_mul(x)
-        if activated is None:
-            activated = silu_and_mul(self.gate_up_proj(x))
-        return self.down_proj(activated)
+        return self.layout.forward(self.gate_up_proj, self.down_proj, x)
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks; the residual add is fused into the next norm."""
 
-    def __init__(self, cfg: ModelArchConfig, self_attn: SelfAttention) -> None:
+    def __init__(self, cfg: ModelArchConfig, self_attn: SelfAttention, mlp: nn.Module) -> None:
+        """mlp: the feed-forward block, x [T, H] to [T, H] (GatedMLP unless the family says)."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = self_attn
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = mlp
 
     def forward(
         self,

@@ -12,7 +12,7 @@ from torch import nn
 from config.model_arch import ModelArchConfig
 from gpu_worker.layers.attention import Attention
 from gpu_worker.layers.rotary import RotaryEmbedding
-from gpu_worker.models.blocks import DecoderLayer, DecoderModel, SelfAttention
+from gpu_worker.models.blocks import DecoderLayer, DecoderModel, GatedMLP, SelfAttention
 from gpu_worker.models.fused_decode import FusedDecode
 from gpu_worker.models.weights import StackedShard, load_named_weights
 from gpu_worker.parallel.layers import ParallelLMHead
@@ -21,7 +21,8 @@ from gpu_worker.parallel.layers import ParallelLMHead
 class DecoderForCausalLM(nn.Module, ABC):
     """Embedding, pre-norm decoder layers (attention block, gated MLP), final norm and output
     projection; forward() returns hidden states, compute_logits() the logits. A family
-    subclasses it with its attention block (biases, q/k norms)."""
+    subclasses it with its attention block (biases, q/k norms) and, where it differs from the
+    gated MLP, its feed-forward block (mlp_block)."""
 
     # Checkpoint tensors loaded as slices of the fused projections.
     stacked_shards = (
@@ -37,7 +38,10 @@ class DecoderForCausalLM(nn.Module, ABC):
         self.cfg = cfg
         self.model = DecoderModel(
             cfg,
-            (DecoderLayer(cfg, self.attention_block(cfg)) for _ in range(cfg.num_hidden_layers)),
+            (
+                DecoderLayer(cfg, self.attention_block(cfg), self.mlp_block(cfg))
+                for _ in range(cfg.num_hidden_layers)
+            ),
         )
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
@@ -50,6 +54,11 @@ class DecoderForCausalLM(nn.Module, ABC):
     @abstractmethod
     def attention_block(self, cfg: ModelArchConfig) -> SelfAttention:
         """One layer's attention block as this family configures it."""
+
+    def mlp_block(self, cfg: ModelArchConfig) -> nn.Module:
+        """One layer's feed-forward block, x [T, hidden] to [T, hidden]: the gated MLP unless
+        the family has another (a mixture of experts)."""
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)

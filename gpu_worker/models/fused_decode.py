@@ -19,7 +19,7 @@ from torch import nn
 from gpu_worker.attention.cpu_backend import CpuAttnMetadata
 from gpu_worker.forward_context import get_attn_metadata
 from gpu_worker.layers.linear import Linear
-from gpu_worker.models.blocks import DecoderLayer
+from gpu_worker.models.blocks import DecoderLayer, GatedMLP
 from gpu_worker.parallel.group import tp_world_size
 from kernels import cpu_binding
 from kernels.decode_stack import (
@@ -45,7 +45,8 @@ def _weight(linear: Linear) -> StackWeight | None:
 def _layer(layer: DecoderLayer) -> StackLayer | None:
     attn, mlp = layer.self_attn, layer.mlp
     if (
-        attn.qk_norm
+        not isinstance(mlp, GatedMLP)  # the kernel computes the gated MLP only
+        or attn.qk_norm
         or attn.attn.head_dim not in HEAD_DIMS
         or attn.attn.kv_cache.dim() != 5
         or attn.attn.num_heads % attn.attn.num_kv_heads

@@ -18,7 +18,9 @@ from gpu_worker.layers.dense_linear import DenseLinearMethod
 from gpu_worker.layers.linear import Embedding, Linear
 from gpu_worker.layers.linear_method import LinearMethod
 from gpu_worker.layers.quant_linear import GGUFCpuLinearMethod
+from gpu_worker.loader.cpu_layout import use_cpu_linear_layout
 from gpu_worker.models.blocks import GatedMLP
+from gpu_worker.models.mlp_layout import ThreadSplitMLPLayout
 from kernels import cpu_binding
 from kernels.decode_stack import F32_BLOCKED, F32_PAIRS
 from kernels.gguf_quant import pack
@@ -89,7 +91,7 @@ def test_every_method_applies_w(method: type[LinearMethod], rows: int) -> None:
     )
     assert relaid.nbytes(layer) > 0
     if method is not DenseLinearMethod:  # re-laid once only
-        assert relaid.process_weights_after_loading(layer, 4) is relaid
+        assert relaid.process_weights_after_loading(layer) is relaid
 
 
 @c_kernels
@@ -125,17 +127,17 @@ def test_dense_weights_are_relaid_for_the_cpu(monkeypatch) -> None:
     another module shares stays held, and the split layout uses it for many rows."""
     weight = torch.randn(N, K)
     layer = _linear(weight)
-    layer.process_weights_after_loading(threads=4, keep_weight=False)
+    use_cpu_linear_layout(layer, threads=4, keep_weight=False)
     expected = BlockedLinearMethod if cpu_binding.available() else SplitLinearMethod
     assert type(layer.method) is expected and layer.weight is None
     monkeypatch.setattr(cpu_binding, "available", lambda: False)
     tied = _linear(weight)
-    tied.process_weights_after_loading(threads=4, keep_weight=True)
+    use_cpu_linear_layout(tied, threads=4, keep_weight=True)
     assert isinstance(tied.method, SplitLinearMethod) and tied.weight is not None
     x = torch.randn(300, K)
     torch.testing.assert_close(tied(x), F.linear(x, weight, tied.bias), rtol=1e-5, atol=1e-5)
     odd = _linear(weight[:30])
-    odd.process_weights_after_loading(threads=4, keep_weight=False)
+    use_cpu_linear_layout(odd, threads=4, keep_weight=False)
     assert isinstance(odd.method, DenseLinearMethod) and odd.weight is not None  # 30 % 4
 
 
@@ -159,7 +161,7 @@ def test_gated_mlp_layouts_agree(layout: str, monkeypatch) -> None:
         assert isinstance(mlp.gate_up_proj.method, SwiGLUPairsLinearMethod)
     elif layout == "thread-split":
         mlp.use_thread_split(4)
-        assert mlp.thread_split is not None and mlp.gate_up_proj.weight is None
+        assert isinstance(mlp.layout, ThreadSplitMLPLayout) and mlp.gate_up_proj.weight is None
     torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-5)
 
 
