@@ -317,7 +317,7 @@ def build_app(
     if not http.disable_fastapi_docs:
         app.router.add_get("/openapi.json", openapi)
         app.router.add_get("/docs", docs)
-    app.router.add_get("/metrics", metrics)  # open without an API key (OPEN_PATHS)
+    app.router.add_get("/metrics", metrics)  # open without an API key (middlewares.OPEN_PATHS)
     admin_routes.register(app, admin or AdminState())
     app.on_response_prepare.append(middlewares.mark_server)
     app.on_startup.append(middlewares.limit_expect_on_every_route)

@@ -36,7 +36,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     client_index: int = 0
 
 
-# The wire form of gpu_worker's LogprobsLists (same fields): the engine core process sends large
+# The wire form of protocol.step.LogprobsLists (same fields): the engine core process sends large
 # ones as arrays in extra frames, so a client decodes lists or read-only numpy arrays.
 class Logprobs(msgspec.Struct, array_like=True, gc=False):
     """Per position: [sampled, top-1, ..., top-K] ids and logprobs, and the sampled token's rank."""

@@ -43,3 +43,17 @@ class ChildSettings:
     stop_file: str  # where the launcher writes its StopOrder before SIGTERM
     shutdown_timeout: float
     chat_template_file: str | None  # --chat-template's text, written to a file (it may be long)
+
+    def argv(self) -> list[str]:
+        """The flags every child takes alike; the chat template is left to the caller (an API
+        server's comes with its other chat flags, ChatOptions.argv)."""
+        return [
+            "--config",
+            self.config,
+            "--parent-pid",
+            str(self.parent_pid),
+            "--stop-file",
+            self.stop_file,
+            "--shutdown-timeout",
+            str(self.shutdown_timeout),
+        ]

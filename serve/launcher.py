@@ -46,7 +46,7 @@ from serve.child import Child, ChildSettings, LaunchError, StartUpInterrupted
 from serve.data_parallel_plan import DataParallelPlan
 from serve.dp_rendezvous import FirstHost, HeadlessHost, RendezvousError
 from serve.engine_core_tier import start_engine_cores
-from serve.readiness import POLL_S, await_ready, await_ready_files
+from serve.readiness import POLL_S, StartUpCheck, await_ready, await_ready_files
 from serve.supervision import check_children, stop_tiers
 from serve.tokenizer_tier import start_tokenizer
 
@@ -197,7 +197,7 @@ class Launcher:
         self,
         deadline: float,
         timeout: float,
-        check: Callable[[list[Child], float, float], None],
+        check: StartUpCheck,
     ) -> None:
         """Wait until headless hosts registered every rank this host does not run."""
         assert self._first_host is not None
@@ -218,7 +218,7 @@ class Launcher:
                 )
             check([], deadline, timeout)
 
-    def _register(self, timeout: float, check: Callable[[list[Child], float, float], None]) -> None:
+    def _register(self, timeout: float, check: StartUpCheck) -> None:
         """A headless host: register this host's ready engine cores with the first host."""
         self._headless_host = HeadlessHost(
             self._ctx, self.dp.address, self.dp.rpc_port, key_from_env()
