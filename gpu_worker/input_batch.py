@@ -90,9 +90,14 @@ class InputPreparer:
         # caching allocator makes new ones cheap and they stay per step.
         self._reuse_out = device.type == "cpu"
         self._out: tuple[tuple[int, int, int, int], PreparedInputs] | None = None
-        # Set once CUDA graphs are captured: decode steps they cover write their inputs into
-        # the graphs' buffers (gpu_worker/decode_inputs.py).
-        self.graph_inputs: DecodeInputs | None = None
+        # Set once CUDA graphs are captured (use_graph_inputs).
+        self._graph_inputs: DecodeInputs | None = None
+
+    def use_graph_inputs(self, inputs: DecodeInputs) -> None:
+        """From now on, decode steps the CUDA graphs cover write their inputs into the graphs'
+        persistent buffers (gpu_worker/decode_inputs.py); the one way to hand them in, called
+        once the graphs are captured (earlier steps, warm-up's included, run eagerly)."""
+        self._graph_inputs = inputs
 
     def _slots(self, req_ids: list[str]) -> np.ndarray:
         version, last_ids, last_slots = self._last_slots
@@ -139,7 +144,7 @@ class InputPreparer:
 
         slots, qsl, sample_rows = self.h2d.copy(slots_np, qsl_np, sample_rows_np)
         out = None
-        graph = self.graph_inputs
+        graph = self._graph_inputs
         in_graph_buffers = (
             graph is not None and max_query_len == 1 and graph.padded_size(num_reqs) > 0
         )

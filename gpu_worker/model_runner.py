@@ -159,8 +159,14 @@ class ModelRunner:
         kernel compile; only a backend whose kernels compile at first launch needs it."""
         if not self.backend.compiles_kernels:
             return
-        limits, num_blocks = self.dummy_limits, self.kv_caches[0].shape[1]
-        warm_up(self.execute_model, limits, self.config.max_model_len, num_blocks, self.device)
+        warm_up(
+            self.execute_model,
+            self.dummy_limits,
+            self.config.max_model_len,
+            self.kv_caches[0].shape[1],
+            self.device,
+            self.backend.warm_up_context_len,
+        )
 
     def capture_model(self) -> None:
         """Capture the decode steps' CUDA graphs (config.cuda_graph_capture_sizes(): none on
@@ -180,13 +186,13 @@ class ModelRunner:
             self.model,
             self.backend,
             inputs,
-            self.arch.num_key_value_heads // self.config.parallel.tensor_parallel_size,
+            self.model.attention_layers()[0].num_kv_heads,  # this rank's, as its KV cache holds
             self.config.max_model_len,
             self.device,
         )
         graphs.capture()
         self.graphs = graphs
-        self.inputs.graph_inputs = inputs
+        self.inputs.use_graph_inputs(inputs)
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and wait for its output."""

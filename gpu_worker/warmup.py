@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from config.engine import EngineConfig
-from kernels.paged_decode import SPLIT_MIN_SEQ_LEN
 from protocol.sampling_params import SamplingParams
 from protocol.step import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -144,13 +143,15 @@ def warm_up(
     max_model_len: int,
     num_blocks: int,
     device: torch.device,
+    long_context: int,
 ) -> None:
     """Run every step shape of warm_up_shapes() once through execute, over a KV cache of
-    num_blocks blocks, and wait for the device; logs the steps and the time they took."""
+    num_blocks blocks, and wait for the device; logs the steps and the time they took.
+    long_context: the context length from which attention takes another path (the backend's
+    warm_up_context_len; 0: none)."""
     start = time.perf_counter()
-    # The split-context decode kernels run from SPLIT_MIN_SEQ_LEN (kernels/paged_decode).
     groups = warm_up_shapes(
-        limits.max_num_seqs, limits.max_num_batched_tokens, max_model_len, SPLIT_MIN_SEQ_LEN
+        limits.max_num_seqs, limits.max_num_batched_tokens, max_model_len, long_context
     )
     steps = sum(run_dummy(execute, limits, lens, decodes, num_blocks) for lens, decodes in groups)
     if device.type == "cuda":
@@ -164,7 +165,8 @@ def warm_up_shapes(
     """(prompt lengths, decode steps) of each warm-up group: prefill chunks of every query
     length class the kernels tile differently (powers of two up to 128, and a full budget; a
     mixed step compiles as the chunk of its longest query), decode batches of 1, 2, 4, 8, then
-    multiples of 8 up to max_num_seqs, and one long context (the split-context decode path)."""
+    multiples of 8 up to max_num_seqs, and one decode at the long_context length where the
+    attention backend takes another path from there (0: none)."""
     cap = min(budget, max_model_len - 1)
     groups: list[tuple[list[int], int]] = [
         ([q], 0) for q in (1, 2, 4, 8, 16, 32, 64, 128, cap) if q <= cap

@@ -5,7 +5,8 @@ A step goes through a backend in two calls: the runner builds the step's metadat
 (build), then every attention layer hands it q, k, v and its own KV cache (forward). What a
 backend runs (dtypes, head sizes, block sizes, attention features, KV-cache dtypes) is data in
 config/attention.py's table, so that the configuration refuses a model no backend runs before
-any process imports gpu_worker/; each backend class points to its entry (support).
+any process imports gpu_worker/; each backend class points to its entry (support), and
+selection (select.py) asks that entry whether the class runs a configuration.
 """
 
 from __future__ import annotations
@@ -30,14 +31,17 @@ class AttentionBackend(ABC, Generic[Metadata]):
     Subclasses declare, as class attributes, their name and their entry of the capability table
     (support: support.backend == name), whether build() needs the step's host arrays
     (plans_on_host), whether their kernels compile at a shape's first launch (compiles_kernels:
-    the runner then warms every step shape up before serving) and whether a decode step of
-    theirs can be captured in a CUDA graph (supports_cuda_graphs).
+    the runner then warms every step shape up before serving), the context length from which
+    forward() takes another kernel path that warm-up must also compile (warm_up_context_len; 0:
+    none) and whether a decode step of theirs can be captured in a CUDA graph
+    (supports_cuda_graphs).
     """
 
     name: ClassVar[str]
     support: ClassVar[AttentionSupport]
     plans_on_host: ClassVar[bool] = False
     compiles_kernels: ClassVar[bool] = False
+    warm_up_context_len: ClassVar[int] = 0
     supports_cuda_graphs: ClassVar[bool] = False
 
     @staticmethod
@@ -79,7 +83,9 @@ class AttentionBackend(ABC, Generic[Metadata]):
         """The metadata a captured decode graph holds (asked only when supports_cuda_graphs):
         it must read the persistent buffers themselves, never copies, since the graph replays
         with new values written into them and nothing is rebuilt at replay. By default build()
-        over the buffers, right for a backend whose build() keeps the device batch's tensors."""
+        over the buffers, right for a backend whose build() keeps the device batch's tensors (as
+        every backend here does); a backend whose metadata is not build() over the buffers
+        (one that plans on the host or copies them) overrides it."""
         return self.build(None, buffers, device)
 
     def uses_split_decode(self, meta: DeviceBatch, num_kv_heads: int, device: torch.device) -> bool:

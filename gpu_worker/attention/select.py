@@ -6,7 +6,12 @@ from typing import Any
 
 import torch
 
-from config.attention import PLAIN_ATTENTION, AttentionFeatures, attention_backends_for
+from config.attention import (
+    ATTENTION_BACKENDS,
+    PLAIN_ATTENTION,
+    AttentionFeatures,
+    attention_backends_for,
+)
 from gpu_worker.attention.backend import AttentionBackend
 
 
@@ -17,17 +22,28 @@ def attention_backend(
     block_size: int = 16,
     features: AttentionFeatures = PLAIN_ATTENTION,
 ) -> AttentionBackend[Any]:
-    """The first backend of config.attention.ATTENTION_BACKENDS for the device type that runs
-    this dtype, head size, block size and features, and whose code is available here: Triton
-    kernels on CUDA; on the CPU the C kernels (fp32, head_dim 64 or 128, block_size a multiple
-    of 16) when they build here, else vectorized torch ops. Raises ConfigError when no backend
-    runs them (resolve() refuses such a config first)."""
+    """The first of the device type's backends, in config.attention.ATTENTION_BACKENDS' order,
+    whose class's support runs this dtype, head size, block size and features and whose code is
+    available here: Triton kernels on CUDA; on the CPU the C kernels (fp32, head_dim 64 or 128,
+    block_size a multiple of 16) when they build here, else vectorized torch ops. Raises
+    ConfigError naming each backend's reason when none runs them (resolve() refuses such a
+    config first)."""
     dtype_name = str(dtype).removeprefix("torch.")
-    names = attention_backends_for(device.type, block_size, head_dim, dtype_name, features)
-    for name in names:
-        backend = backend_class(name)
-        if backend.available():
-            return backend()
+    table = ATTENTION_BACKENDS.get(device.type, ())
+    classes = [backend_class(support.backend) for support in table]
+    runs = [
+        cls
+        for cls in classes
+        if cls.support.refusal(block_size, head_dim, dtype_name, features) is None
+    ]
+    if not runs:
+        # Raises ConfigError in the configuration's words, naming each backend's reason.
+        attention_backends_for(device.type, block_size, head_dim, dtype_name, features)
+        raise AssertionError("a backend class's support differs from its table entry")
+    for cls in runs:
+        if cls.available():
+            return cls()
+    names = [cls.name for cls in runs]
     raise AssertionError(f"none of the attention backends {names} is usable on {device.type}")
 
 

@@ -10,7 +10,7 @@ from config.attention import attention_support
 from gpu_worker.attention.backend import AttentionBackend
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from kernels.paged_attention import paged_attention
-from kernels.paged_decode import paged_decode_split, use_split_decode
+from kernels.paged_decode import SPLIT_MIN_SEQ_LEN, paged_decode_split, use_split_decode
 from kernels.write_kv import write_kv
 
 # The interpreter (CPU tensors, tests) has no SMs: decide as on an H100 so tests take GPU paths.
@@ -32,6 +32,8 @@ class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
     name = "triton"
     support = attention_support(name)
     compiles_kernels = True
+    # The split-context decode kernels run from this context length.
+    warm_up_context_len = SPLIT_MIN_SEQ_LEN
     supports_cuda_graphs = True  # build() keeps the device batch's tensors
 
     @staticmethod

@@ -76,7 +76,7 @@ def test_decode_steps_through_the_graph_buffers_compute_the_same(tiny):
     _, plain = make_runner(tiny, max_model_len=128)
     runner, buffered = make_runner(tiny, max_model_len=128)
     inputs = DecodeInputs([1, 2, 4], runner.states.block_table.shape[1], runner.device)
-    runner.inputs.graph_inputs = inputs
+    runner.inputs.use_graph_inputs(inputs)
     assert buffered.run(prompts, GREEDY, 6, chunk=9) == plain.run(prompts, GREEDY, 6, chunk=9)
     # The last decode step wrote its three requests' rows.
     assert (inputs.slot_mapping[:3] >= 0).all() and (inputs.seq_lens[:3] > 1).all()
