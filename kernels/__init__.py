@@ -12,6 +12,8 @@ side by side, and kernels/cpu/<op>.c the C source of its CPU kernel. In an op's 
 An op keeps the parts it has: linear, quant_linear and argmax are C only, paged_decode and
 gguf_matmul Triton only. Where the caller chooses (an attention backend, a layer), the Triton
 launcher has the op's plain name and the C binding the same name ending in _cpu.
+An op whose choice depends on the tensors' layout, not only their device (grammar_bitmask),
+dispatches under its plain name.
 
 The ops: paged_attention, paged_decode (split-K decode), write_kv; activation (SwiGLU's
 silu_and_mul), rms_norm, rotary; linear (the CPU path's blocked GEMMs, with its fused argmax and

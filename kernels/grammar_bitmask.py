@@ -8,14 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu_library import load
-
-
-def _kernel():
-    lib = load()
-    if lib is None:
-        return None
-    return lib.apply_token_bitmask_f32
+from kernels import cpu_binding
 
 
 def _check(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
@@ -30,10 +23,11 @@ def _check(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> N
         )
 
 
-def apply_token_bitmask_reference(
+def apply_token_bitmask_torch(
     logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor
 ) -> None:
-    """The torch version: unpack the bits and fill the forbidden logits with -inf."""
+    """The torch version, on any device: unpack the bits and fill the forbidden logits with
+    -inf."""
     _check(logits, bitmask, rows)
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(bitmask.shape[0], -1)
@@ -42,16 +36,17 @@ def apply_token_bitmask_reference(
     logits.index_copy_(0, rows, picked)
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
-    """Forbid, in place, the tokens each row's bitmask leaves out (logits [N, V], bitmask
-    [R, ceil(V/32)] int32, rows [R] int64, all on the logits' device)."""
+def apply_token_bitmask_cpu(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor
+) -> None:
+    """The C kernel (kernels/cpu/grammar_bitmask.c): fp32 CPU logits whose rows are packed, a
+    packed bitmask; ValueError for any other layout."""
     _check(logits, bitmask, rows)
-    fn = _kernel() if logits.is_cpu and logits.dtype == torch.float32 else None
-    if fn is None or logits.stride(1) != 1 or not bitmask.is_contiguous():
-        apply_token_bitmask_reference(logits, bitmask, rows)
-        return
+    cpu_binding.check_cpu(logits, "logits")
+    if logits.stride(1) != 1 or not bitmask.is_contiguous():
+        raise ValueError("logits rows and the bitmask must be packed")
     rows = rows.contiguous()
-    fn(
+    cpu_binding.library().apply_token_bitmask_f32(
         logits.data_ptr(),
         logits.stride(0),
         bitmask.data_ptr(),
@@ -61,3 +56,18 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch
         logits.shape[1],
         torch.get_num_threads(),
     )
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """Forbid, in place, the tokens each row's bitmask leaves out (logits [N, V], bitmask
+    [R, ceil(V/32)] int32, rows [R] int64, all on the logits' device): the C kernel where it
+    takes this layout, else torch ops."""
+    if (
+        cpu_binding.applies(logits)
+        and logits.stride(1) == 1
+        and bitmask.is_contiguous()
+        and bitmask.is_cpu
+    ):
+        apply_token_bitmask_cpu(logits, bitmask, rows)
+    else:
+        apply_token_bitmask_torch(logits, bitmask, rows)

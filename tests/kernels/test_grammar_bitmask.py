@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import cpu_binding
-from kernels.grammar_bitmask import apply_token_bitmask, apply_token_bitmask_reference
+from kernels.grammar_bitmask import apply_token_bitmask, apply_token_bitmask_torch
 
 
 def _bitmask(rows: int, vocab: int, seed: int) -> torch.Tensor:
@@ -28,7 +28,7 @@ def test_kernel_matches_reference(num_logits, rows, vocab):
     bitmask = _bitmask(rows, vocab, seed=vocab)
     index = torch.randperm(num_logits)[:rows]
     expected, got = logits.clone(), logits.clone()
-    apply_token_bitmask_reference(expected, bitmask, index)
+    apply_token_bitmask_torch(expected, bitmask, index)
     apply_token_bitmask(got, bitmask, index)
     assert torch.equal(expected, got)
     untouched = torch.ones(num_logits, dtype=torch.bool)
@@ -41,7 +41,7 @@ def test_reference_allows_exactly_the_set_bits():
     bitmask = torch.zeros(1, 2, dtype=torch.int32)
     bitmask[0, 0] = (1 << 3) | -(1 << 31)  # bit 31 is the sign bit
     bitmask[0, 1] = 1 << 4  # token 36
-    apply_token_bitmask_reference(logits, bitmask, torch.tensor([1]))
+    apply_token_bitmask_torch(logits, bitmask, torch.tensor([1]))
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [3, 31, 36]
     assert torch.isfinite(logits[0]).all()
 
