@@ -290,7 +290,7 @@ class LLM:
                     self.engine.abort_requests(to_abort)
                 for delta in deltas:
                     output = delta.request.owner
-                    output.add(delta)
+                    delta.apply_to(output)
                     index = order[output.request_id]
                     if output.finished and results[index] is None:
                         results[index] = output

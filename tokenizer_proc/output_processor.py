@@ -18,7 +18,7 @@ import msgspec
 from protocol.engine_core import EngineCoreOutput, FinishReason, Logprobs
 from protocol.sampling_params import SamplingParams
 from tokenizer_proc.detokenizer import IncrementalDetokenizer, convert_logprobs
-from tokenizer_proc.request_output import PromptLogprobs, SampleLogprobs
+from tokenizer_proc.request_output import PromptLogprobs, RequestOutput, SampleLogprobs
 
 if TYPE_CHECKING:  # transformers takes seconds to import
     from transformers import PreTrainedTokenizerBase
@@ -81,6 +81,20 @@ class SequenceDelta:
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
     # EngineCoreOutput.prefill_chunks ([Unix time, tokens] each), on the sequence's first delta.
     prefill_chunks: list[tuple[float, int]] = field(default_factory=list)
+
+    def apply_to(self, output: RequestOutput) -> None:
+        """Append what this delta added to its completion of output (which is cumulative)."""
+        completion = output.outputs[self.index]
+        completion.text += self.text
+        completion.token_ids.extend(self.token_ids)
+        if completion.logprobs is not None and self.logprobs is not None:
+            completion.logprobs.extend(self.logprobs)
+        completion.cumulative_logprob = self.cumulative_logprob
+        completion.finish_reason, completion.stop_reason = self.finish_reason, self.stop_reason
+        if self.prompt_logprobs is not None:
+            output.prompt_logprobs = self.prompt_logprobs
+        output.num_cached_tokens = self.request.num_cached_tokens
+        output.finished = self.request.finished
 
 
 class OutputProcessor:

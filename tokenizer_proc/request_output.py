@@ -4,12 +4,8 @@ gathered from the output pipeline's deltas; Logprob, one token's entry in their 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import msgspec
-
-if TYPE_CHECKING:
-    from tokenizer_proc.output_processor import SequenceDelta
 
 
 class Logprob(msgspec.Struct, array_like=True, gc=False):
@@ -79,17 +75,3 @@ class RequestOutput:
             ],
             False,
         )
-
-    def add(self, delta: SequenceDelta) -> None:
-        """Append what one engine step added to one completion (the output is cumulative)."""
-        completion = self.outputs[delta.index]
-        completion.text += delta.text
-        completion.token_ids.extend(delta.token_ids)
-        if completion.logprobs is not None and delta.logprobs is not None:
-            completion.logprobs.extend(delta.logprobs)
-        completion.cumulative_logprob = delta.cumulative_logprob
-        completion.finish_reason, completion.stop_reason = delta.finish_reason, delta.stop_reason
-        if delta.prompt_logprobs is not None:
-            self.prompt_logprobs = delta.prompt_logprobs
-        self.num_cached_tokens = delta.request.num_cached_tokens
-        self.finished = delta.request.finished

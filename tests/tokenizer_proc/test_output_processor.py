@@ -39,7 +39,7 @@ class BothEntryPoints:
         """Feed one step to both; the engine ids to abort, which both must agree on."""
         offline_deltas, offline_abort = self.offline.process_outputs(outputs)
         for delta in offline_deltas:
-            delta.request.owner.add(delta)
+            delta.apply_to(delta.request.owner)
         sent, server_abort = self.server.process(outputs)
         assert offline_abort == server_abort
         assert all(owner == OWNER for owner, _ in sent)
