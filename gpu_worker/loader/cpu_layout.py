@@ -18,16 +18,16 @@ from kernels import cpu_binding
 
 def process_weights_after_loading(model: nn.Module, device: torch.device, threads: int) -> None:
     """Let every Linear's method re-lay its loaded W for the device, then on the CPU give the
-    weights the CPU's layouts (use_cpu_layout, matmuls on `threads` threads)."""
+    weights the CPU's layouts (_use_cpu_layout, matmuls on `threads` threads)."""
     shared = _shared_weights(model)
     for module in model.modules():
         if isinstance(module, Linear):
             module.process_weights_after_loading(keep_weight=shared(module))
     if device.type == "cpu":
-        use_cpu_layout(model, threads)
+        _use_cpu_layout(model, threads, shared)
 
 
-def use_cpu_layout(model: nn.Module, threads: int) -> None:
+def _use_cpu_layout(model: nn.Module, threads: int, shared: Callable[[Linear], bool]) -> None:
     """Re-lay every weight of a loaded model for fast CPU matmuls on `threads` threads, freeing
     the dense copies no other module shares.
 
@@ -35,7 +35,6 @@ def use_cpu_layout(model: nn.Module, threads: int) -> None:
     other dense Linear the blocked layout; without them, each MLP splits across the threads
     where it divides evenly, and the other dense Linears take the split layout."""
     c_kernels = cpu_binding.available() and next(model.parameters()).dtype == torch.float32
-    shared = _shared_weights(model)
     for module in model.modules():  # parents first: an MLP may re-lay its projections itself
         if isinstance(module, GatedMLP):
             if c_kernels:
