@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,9 @@ class ModelArchConfig:
     bos_token_id: int | None
     # How many last tokens the windowed layers attend to (None: every layer sees the whole context).
     sliding_window: int | None = None
+    # The whole config.json, for what only one family reads (a mixture of experts' routing, MLA's
+    # ranks): each family parses its own fields in its own file (gpu_worker/models/).
+    hf_config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelArchConfig:
@@ -89,6 +92,7 @@ class ModelArchConfig:
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             sliding_window=_sliding_window(cfg),
+            hf_config=dict(cfg),
         )
 
     @classmethod

@@ -27,9 +27,14 @@ def make_tiny_model(path: Path, arch: str = "llama", **overrides) -> Path:
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+        "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
+        "deepseek_v2": (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM),
+        "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM),
     }[arch]
     kwargs = {**TINY, "eos_token_id": 2, "bos_token_id": 1, "rope_theta": 10000.0, **overrides}
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3_moe"):
         kwargs.setdefault("head_dim", 16)
     torch.manual_seed(0)
     model = model_cls(cfg_cls(**kwargs)).to(torch.float32)

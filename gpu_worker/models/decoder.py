@@ -39,8 +39,8 @@ class DecoderForCausalLM(nn.Module, ABC):
         self.model = DecoderModel(
             cfg,
             (
-                DecoderLayer(cfg, self.attention_block(cfg), self.mlp_block(cfg))
-                for _ in range(cfg.num_hidden_layers)
+                DecoderLayer(cfg, self.attention_block(cfg, i), self.mlp_block(cfg, i))
+                for i in range(cfg.num_hidden_layers)
             ),
         )
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
@@ -52,12 +52,12 @@ class DecoderForCausalLM(nn.Module, ABC):
         self.fused_decode = FusedDecode(self)
 
     @abstractmethod
-    def attention_block(self, cfg: ModelArchConfig) -> SelfAttention:
-        """One layer's attention block as this family configures it."""
+    def attention_block(self, cfg: ModelArchConfig, layer_idx: int) -> SelfAttention:
+        """Layer layer_idx's attention block as this family configures it."""
 
-    def mlp_block(self, cfg: ModelArchConfig) -> nn.Module:
-        """One layer's feed-forward block, x [T, hidden] to [T, hidden]: the gated MLP unless
-        the family has another (a mixture of experts)."""
+    def mlp_block(self, cfg: ModelArchConfig, layer_idx: int) -> nn.Module:
+        """Layer layer_idx's feed-forward block, x [T, hidden] to [T, hidden]: the gated MLP
+        unless the family has another (a mixture of experts, gpu_worker/layers/fused_moe.py)."""
         return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -9,5 +9,5 @@ from gpu_worker.models.decoder import DecoderForCausalLM
 
 
 class LlamaForCausalLM(DecoderForCausalLM):
-    def attention_block(self, cfg: ModelArchConfig) -> SelfAttention:
+    def attention_block(self, cfg: ModelArchConfig, layer_idx: int) -> SelfAttention:
         return SelfAttention(cfg, qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias)

@@ -8,5 +8,5 @@ from gpu_worker.models.decoder import DecoderForCausalLM
 
 
 class Qwen2ForCausalLM(DecoderForCausalLM):
-    def attention_block(self, cfg: ModelArchConfig) -> SelfAttention:
+    def attention_block(self, cfg: ModelArchConfig, layer_idx: int) -> SelfAttention:
         return SelfAttention(cfg, qkv_bias=True, o_bias=False)

@@ -8,7 +8,7 @@ from gpu_worker.models.decoder import DecoderForCausalLM
 
 
 class Qwen3ForCausalLM(DecoderForCausalLM):
-    def attention_block(self, cfg: ModelArchConfig) -> SelfAttention:
+    def attention_block(self, cfg: ModelArchConfig, layer_idx: int) -> SelfAttention:
         return SelfAttention(
             cfg, qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias, qk_norm=True
         )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from gpu_worker.layers.fused_moe import FusedMoE
 from gpu_worker.parallel.group import tp_rank, tp_world_size
 
 
@@ -19,6 +21,26 @@ class StackedShard(NamedTuple):
     shard_id: str | int
 
 
+class ExpertShard(NamedTuple):
+    """Checkpoint tensor `<moe>.experts.<e>.<original>.weight` (and .bias) is expert e's
+    `tensor` (gate, up or down: FusedMoE.load_expert) of the FusedMoE module at <moe>.experts."""
+
+    original: str
+    tensor: str
+
+
+# The per-expert projections as Qwen-MoE, DeepSeek and most checkpoints name them.
+GATED_EXPERTS = (
+    ExpertShard("gate_proj", "gate"),
+    ExpertShard("up_proj", "up"),
+    ExpertShard("down_proj", "down"),
+)
+
+_EXPERT_NAME = re.compile(
+    r"^(?P<moe>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<kind>weight|bias)$"
+)
+
+
 class WeightLoadError(ValueError):
     """A checkpoint does not fit the model; the message names the file and the tensor."""
 
@@ -28,18 +50,41 @@ def load_named_weights(
     weights: Iterable[tuple[str, str, torch.Tensor]],
     stacked: Iterable[StackedShard],
     skip: tuple[str, ...] = (),
+    experts: Iterable[ExpertShard] = (),
 ) -> None:
     """Copy every (file, name, tensor) into model; refuse unknown, misshapen or missing tensors.
 
-    A parameter split across tensor-parallel ranks (tp_dim set) receives this rank's slice.
+    A parameter split across tensor-parallel ranks (tp_dim set) receives this rank's slice; an
+    expert's tensor (experts: how the checkpoint names them) goes to its FusedMoE module.
     """
     params = dict(model.named_parameters())
     stacked = tuple(stacked)
-    pending = {name: _expected_shards(name, stacked) for name in params}
+    expert_tensors = {e.original: e.tensor for e in experts}
+    moe_modules = {n: m for n, m in model.named_modules() if isinstance(m, FusedMoE)}
+    pending = {
+        name: _expected_shards(name, stacked)
+        for name in params
+        if name.rsplit(".", 1)[0] not in moe_modules
+    }
     sources: dict[str, None] = {}
     for source, name, tensor in weights:
         sources.setdefault(source)
         if name.endswith(skip):
+            continue
+        if (match := _EXPERT_NAME.match(name)) and match["proj"] in expert_tensors:
+            moe = moe_modules.get(match["moe"])
+            if moe is None:
+                raise WeightLoadError(
+                    f"{source}: tensor {name!r} does not belong to this model "
+                    f"({type(model).__name__})"
+                )
+            suffix = "_bias" if match["kind"] == "bias" else ""
+            try:
+                moe.load_expert(
+                    expert_tensors[match["proj"]] + suffix, int(match["expert"]), tensor
+                )
+            except ValueError as e:
+                raise WeightLoadError(f"{source}: tensor {name!r}: {e}") from None
             continue
         shard = next((s for s in stacked if f".{s.original}." in name), None)
         target = name.replace(f".{shard.original}.", f".{shard.fused}.") if shard else name
@@ -65,7 +110,7 @@ def load_named_weights(
     # Name what is missing as the checkpoint would (k_proj, not the fused qkv_proj).
     missing = sorted(
         _checkpoint_name(n, shard_id, stacked) for n, left in pending.items() for shard_id in left
-    )
+    ) + [f"{n}.{left}" for n, moe in moe_modules.items() for left in moe.missing()]
     if missing:
         shown = ", ".join(missing[:5]) + (
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""

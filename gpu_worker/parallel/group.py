@@ -14,6 +14,9 @@ import torch.distributed as dist
 
 _rank = 0
 _world_size = 1
+# --enable-expert-parallel: mixture-of-experts layers place whole experts on the ranks of this
+# group instead of splitting every expert's intermediate dimension.
+_expert_parallel = False
 
 
 def init_tensor_parallel(
@@ -39,6 +42,17 @@ def destroy_tensor_parallel() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _rank, _world_size = 0, 1
+
+
+def set_expert_parallel(enabled: bool) -> None:
+    """Whether the MoE layers built from now on place whole experts on the ranks."""
+    global _expert_parallel
+    _expert_parallel = enabled
+
+
+def expert_parallel() -> bool:
+    """Whether MoE layers place whole experts on the ranks (set_expert_parallel)."""
+    return _expert_parallel
 
 
 def tp_rank() -> int:

@@ -1,0 +1,79 @@
+"""Which experts each token goes to, and with what weight: the router of a mixture of experts.
+
+One MoERouting says how a family routes (Mixtral and Qwen3-MoE: softmax, top-k, renormalised;
+gpt-oss: top-k of the logits, softmax over them, the same; DeepSeek-V3: sigmoid scores, a
+correction bias that only steers the choice, top-k within the best groups, renormalised and
+scaled); select_experts() applies it to a step's router logits in a few batched ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class MoERouting:
+    """How router logits [T, E] become each token's top_k experts and their weights."""
+
+    top_k: int
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    # Divide each token's chosen weights by their sum.
+    renormalize: bool = True
+    # Grouped top-k (DeepSeek): experts in num_groups equal groups, a token picks among the
+    # experts of its topk_groups best groups; a group's score is its best expert's ("max", V2)
+    # or the sum of its best two ("top2_sum", V3, bias included).
+    num_groups: int = 1
+    topk_groups: int = 1
+    group_score: Literal["max", "top2_sum"] = "max"
+    # Every chosen weight is multiplied by it (after renormalising).
+    routed_scaling_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"num_experts_per_tok must be at least 1, not {self.top_k}")
+        if self.num_groups < 1 or not 1 <= self.topk_groups <= self.num_groups:
+            raise ValueError(
+                f"topk_group ({self.topk_groups}) must be between 1 and n_group ({self.num_groups})"
+            )
+
+
+def select_experts(
+    router_logits: torch.Tensor,
+    routing: MoERouting,
+    correction_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, top_k] fp32, expert ids [T, top_k] int64) for router_logits [T, E].
+
+    correction_bias [E] (DeepSeek-V3's e_score_correction_bias) is added to the scores for
+    choosing only; the weights are the unbiased scores of the chosen experts.
+    """
+    logits = router_logits.float()
+    scores = logits.softmax(dim=-1) if routing.scoring == "softmax" else logits.sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if routing.num_groups > 1:
+        choice = _mask_to_best_groups(choice, routing)
+    ids = choice.topk(routing.top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if routing.renormalize and routing.top_k > 1:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if routing.routed_scaling_factor != 1.0:
+        weights = weights * routing.routed_scaling_factor
+    return weights, ids
+
+
+def _mask_to_best_groups(choice: torch.Tensor, routing: MoERouting) -> torch.Tensor:
+    """choice with the experts outside each token's topk_groups best groups set to -inf."""
+    tokens, experts = choice.shape
+    if experts % routing.num_groups:
+        raise ValueError(f"n_routed_experts ({experts}) is not divisible by n_group")
+    grouped = choice.view(tokens, routing.num_groups, experts // routing.num_groups)
+    if routing.group_score == "top2_sum":
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    else:
+        group_scores = grouped.amax(dim=-1)
+    best = group_scores.topk(routing.topk_groups, dim=-1).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(tokens, experts)
