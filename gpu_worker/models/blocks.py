@@ -39,8 +39,16 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(
-        self, cfg: ModelArchConfig, *, qkv_bias: bool, o_bias: bool, qk_norm: bool = False
+        self,
+        cfg: ModelArchConfig,
+        *,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool = False,
+        sliding_window: int | None = None,
+        sinks: bool = False,
     ) -> None:
+        """sliding_window, sinks: this layer's (gpu_worker/layers/attention.py's Attention)."""
         super().__init__()
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.num_heads = divide(heads, "num_attention_heads")
@@ -56,7 +64,14 @@ class SelfAttention(nn.Module):
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        self.attn = Attention(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.head_dim**-0.5,
+            sliding_window=sliding_window,
+            sinks=sinks,
+        )
 
     def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
         """Rows of this rank's qkv_proj holding q, k or v: (start, size)."""
