@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 # Rope scaling types the model code implements; anything else is refused at load time.
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 
 
 @dataclass(frozen=True, slots=True)

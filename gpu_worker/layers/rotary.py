@@ -30,21 +30,77 @@ def _llama3(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
     return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
 
 
+def _yarn(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """YaRN's (as transformers' _compute_yarn_parameters): frequencies that turn fewer than
+    beta_slow times over the original context divided by `factor`, those turning more than
+    beta_fast times kept, a linear ramp over the dimensions between. The cos/sin scale that
+    goes with it is yarn_attention_factor's."""
+    dim, theta = 2 * inv_freq.numel(), float(scaling["rope_theta"])
+    factor = _yarn_factor(scaling)
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+    old_len = float(scaling["original_max_position_embeddings"])
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp  # the share of the unscaled frequency
+    return inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
+
+
+def _yarn_factor(scaling: dict[str, Any]) -> float:
+    factor = scaling.get("factor")
+    if factor is None:  # DeepSeek-V3 style: the ratio of the new context to the original
+        factor = scaling["max_position_embeddings"] / scaling["original_max_position_embeddings"]
+    return float(factor)
+
+
+def yarn_attention_factor(scaling: dict[str, Any]) -> float:
+    """The factor YaRN multiplies cos and sin by (transformers' attention_factor): the config's
+    attention_factor, else 0.1 * ln(factor) + 1 (or the ratio of that with mscale over that with
+    mscale_all_dim, where both are given), 1 for factor <= 1."""
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = _yarn_factor(scaling)
+
+    def mscale(scale: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(float(scaling["mscale"])) / mscale(float(scaling["mscale_all_dim"]))
+    return mscale()
+
+
 # The rope_scaling variants (config.json's rope_type): the default frequencies rescaled.
 ROPE_SCALINGS: dict[str, Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]] = {
     "linear": _linear,
     "llama3": _llama3,
+    "yarn": _yarn,
 }
+
+
+def _rope_type(scaling: dict[str, Any]) -> str:
+    return str(scaling.get("rope_type", scaling.get("type")))
 
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     if scaling is None:
         return inv_freq
-    rescale = ROPE_SCALINGS.get(str(scaling.get("rope_type", scaling.get("type"))))
+    rescale = ROPE_SCALINGS.get(_rope_type(scaling))
     if rescale is None:
         raise ValueError(f"unsupported rope scaling {scaling!r}")
-    return rescale(inv_freq, scaling)
+    if float(scaling.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"rope scaling {scaling!r}: partial_rotary_factor is not supported")
+    # YaRN's ramp reads the base and the context length (RotaryEmbedding adds the latter).
+    return rescale(inv_freq, {**scaling, "rope_theta": theta})
 
 
 class RotaryEmbedding(nn.Module):
@@ -54,14 +110,20 @@ class RotaryEmbedding(nn.Module):
         self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None = None
     ) -> None:
         super().__init__()
+        if scaling is not None:
+            scaling = {**scaling, "max_position_embeddings": max_positions}
         freqs = torch.outer(
             torch.arange(max_positions, dtype=torch.float64), _inv_freq(head_dim, theta, scaling)
         )
         emb = torch.cat([freqs, freqs], dim=-1)
         self.half = head_dim // 2
-        sin = emb.sin()
+        # YaRN scales cos and sin (so q.k by its square); the kernels take the tables as they are.
+        magnitude = 1.0
+        if scaling is not None and _rope_type(scaling) == "yarn":
+            magnitude = yarn_attention_factor(scaling)
+        cos, sin = emb.cos() * magnitude, emb.sin() * magnitude
         sin[:, : self.half] *= -1  # folds rotate-half's negation into the table
-        self.register_buffer("cos", emb.cos().float(), persistent=False)
+        self.register_buffer("cos", cos.float(), persistent=False)
         self.register_buffer("sin", sin.float(), persistent=False)
 
     def cos_sin(
