@@ -16,7 +16,7 @@ from torch import nn
 
 from gpu_worker.layers.moe_routing import MoERouting, select_experts
 from gpu_worker.parallel.group import expert_parallel, tp_all_reduce, tp_rank, tp_world_size
-from kernels.fused_moe import ACTIVATIONS, fused_experts_torch
+from kernels.fused_moe import ACTIVATIONS, fused_experts
 
 # The checkpoint tensors of one expert, as load_expert names them.
 EXPERT_TENSORS = ("gate", "up", "down")
@@ -157,7 +157,7 @@ class FusedMoE(nn.Module):
         b2 = self.w2_bias
         if b2 is not None and self.tp_split > 1 and tp_rank() != 0:
             b2 = None  # each expert's output bias once over the ranks' sum
-        out = fused_experts_torch(
+        out = fused_experts(
             x,
             self.w13_weight,
             self.w2_weight,

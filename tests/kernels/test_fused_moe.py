@@ -1,0 +1,205 @@
+"""The fused MoE kernels (kernels/fused_moe.py): the Triton path (CUDA, or the interpreter here)
+and the batched torch path against a per-token reference written here, one token and one of its
+experts at a time in fp32, and moe_align's layout on its own.
+
+Grids stay tiny (the interpreter costs about a millisecond per program): hidden 64, intermediate
+32, 8 experts, so one program covers a block's whole output width.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.fused_moe import (
+    fused_experts,
+    fused_experts_torch,
+    fused_experts_triton,
+    moe_align,
+    padded_capacity,
+)
+from tests.kernels.paged_inputs import TOLERANCE
+
+HIDDEN, INTER, EXPERTS = 64, 32, 8
+
+
+def reference(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    activation: str = "silu",
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+    limit: float | None = None,
+) -> torch.Tensor:
+    """sum_j weights[t, j] * expert_{ids[t, j]}(x[t]), token by token, in fp32."""
+    x, w13, w2 = x.float().cpu(), w13.float().cpu(), w2.float().cpu()
+    inter = w2.shape[2]
+    out = torch.zeros(x.shape)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if expert_map is not None:
+                e = int(expert_map[e])
+                if e < 0:
+                    continue
+            gate = w13[e, :inter] @ x[t]
+            up = w13[e, inter:] @ x[t]
+            if b13 is not None:
+                gate = gate + b13[e, :inter].float().cpu()
+                up = up + b13[e, inter:].float().cpu()
+            if activation == "silu":
+                h = F.silu(gate) * up
+            else:
+                if limit is not None:
+                    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+                h = (up + 1) * gate * torch.sigmoid(1.702 * gate)
+            y = w2[e] @ h
+            if b2 is not None:
+                y = y + b2[e].float().cpu()
+            out[t] += float(weights[t, j]) * y
+    return out
+
+
+def _inputs(
+    tokens: int,
+    top_k: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    experts: int = EXPERTS,
+    seed: int = 0,
+) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, HIDDEN, generator=gen)
+    w13 = torch.randn(experts, 2 * INTER, HIDDEN, generator=gen) / HIDDEN**0.5
+    w2 = torch.randn(experts, HIDDEN, INTER, generator=gen) / INTER**0.5
+    logits = torch.randn(tokens, experts, generator=gen)
+    weights, ids = logits.softmax(dim=-1).topk(top_k, dim=-1)
+    return (
+        x.to(device, dtype),
+        w13.to(device, dtype),
+        w2.to(device, dtype),
+        weights.to(device),
+        ids.to(device),
+    )
+
+
+def _check(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert actual.dtype == dtype
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(actual.float().cpu(), expected, rtol=tol, atol=tol)
+
+
+IMPLS = {"triton": fused_experts_triton, "torch": fused_experts_torch}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("top_k", [1, 2, 4])
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_matches_per_token_reference(
+    impl: str, top_k: int, tokens: int, device: torch.device
+) -> None:
+    x, w13, w2, weights, ids = _inputs(tokens, top_k, device, torch.float32)
+    out = IMPLS[impl](x, w13, w2, weights, ids)
+    _check(out, reference(x, w13, w2, weights, ids), torch.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_every_token_on_one_expert_over_several_blocks(impl: str, device: torch.device) -> None:
+    """20 tokens all send their first choice to expert 3: 20 rows of one expert fill two blocks
+    of 16, the second part padding; the other experts are empty or nearly."""
+    x, w13, w2, weights, ids = _inputs(20, 2, device, torch.float32)
+    ids[:, 0] = 3
+    ids[:, 1] = torch.where(ids[:, 1] == 3, 5, ids[:, 1])
+    kwargs = {"block_m": 16} if impl == "triton" else {}
+    out = IMPLS[impl](x, w13, w2, weights, ids, **kwargs)
+    _check(out, reference(x, w13, w2, weights, ids), torch.float32)
+
+
+def test_larger_blocks(device: torch.device) -> None:
+    """Blocks of 32 rows with several experts each spanning one partly filled block."""
+    x, w13, w2, weights, ids = _inputs(24, 2, device, torch.float32, seed=3)
+    out = fused_experts_triton(x, w13, w2, weights, ids, block_m=32)
+    _check(out, reference(x, w13, w2, weights, ids), torch.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_biases_and_clamped_swiglu(impl: str, device: torch.device) -> None:
+    """gpt-oss's experts: biases on both projections, (up + 1) * gate * sigmoid(1.702 gate) with
+    gate and up clamped; the limit is small enough that the clamps bite."""
+    x, w13, w2, weights, ids = _inputs(6, 2, device, torch.float32, seed=1)
+    x = x * 4
+    gen = torch.Generator().manual_seed(2)
+    b13 = torch.randn(EXPERTS, 2 * INTER, generator=gen).to(device)
+    b2 = torch.randn(EXPERTS, HIDDEN, generator=gen).to(device)
+    limit = 1.5
+    kwargs = {"activation": "swigluoai", "b13": b13, "b2": b2, "swiglu_limit": limit}
+    out = IMPLS[impl](x, w13, w2, weights, ids, **kwargs)
+    expected = reference(x, w13, w2, weights, ids, "swigluoai", b13, b2, None, limit)
+    _check(out, expected, torch.float32)
+    unclamped = reference(x, w13, w2, weights, ids, "swigluoai", b13, b2, None, None)
+    assert not torch.allclose(expected, unclamped, atol=1e-3), "the clamp must matter here"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_expert_map_leaves_other_ranks_experts_out(impl: str, device: torch.device) -> None:
+    """Expert parallelism: this rank holds global experts 4..7 as local 0..3; pairs routed to
+    0..3 contribute nothing here, and a token whose experts all live elsewhere gets zeros."""
+    x, w13, w2, weights, ids = _inputs(9, 2, device, torch.float32, seed=4)
+    ids[0] = torch.tensor([0, 2])  # both on another rank
+    local_w13, local_w2 = w13[4:].contiguous(), w2[4:].contiguous()
+    expert_map = torch.tensor([-1, -1, -1, -1, 0, 1, 2, 3], device=device)
+    out = IMPLS[impl](x, local_w13, local_w2, weights, ids, expert_map=expert_map)
+    expected = reference(x, w13, w2, weights, ids, expert_map=torch.tensor([-1] * 4 + [4, 5, 6, 7]))
+    _check(out, expected, torch.float32)
+    assert torch.all(out[0] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit(dtype: torch.dtype, device: torch.device) -> None:
+    """16-bit weights and activations (upcast after loading, fp32 accumulators); the reference
+    runs in fp32 from the same rounded inputs, and the kernel rounds h to 16 bits between the
+    GEMMs, so the tolerance is that of the dtype."""
+    x, w13, w2, weights, ids = _inputs(5, 2, device, dtype, seed=5)
+    out = fused_experts_triton(x, w13, w2, weights, ids)
+    _check(out, reference(x, w13, w2, weights, ids), dtype)
+
+
+def test_no_tokens(device: torch.device) -> None:
+    x, w13, w2, weights, ids = _inputs(0, 2, device, torch.float32)
+    assert fused_experts_triton(x, w13, w2, weights, ids).shape == (0, HIDDEN)
+
+
+def test_align_layout() -> None:
+    """Every local pair once, each block one expert's pairs in their original order, padding
+    rows the pair count, unused blocks -1, and the row count the shapes-only bound."""
+    gen = torch.Generator().manual_seed(6)
+    tokens, top_k, block_m = 13, 3, 16
+    ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:top_k] for _ in range(tokens)])
+    expert_map = torch.tensor([0, 1, -1, 2, 3, -1, 4, 5])
+    sorted_pairs, block_experts = moe_align(ids, 6, block_m, expert_map)
+    assert sorted_pairs.numel() == padded_capacity(tokens * top_k, 6, block_m)
+    assert block_experts.numel() * block_m == sorted_pairs.numel()
+    local = expert_map[ids.reshape(-1)]
+    seen: list[int] = []
+    for b, expert in enumerate(block_experts.tolist()):
+        rows = sorted_pairs[b * block_m : (b + 1) * block_m].tolist()
+        pairs = [p for p in rows if p < tokens * top_k]
+        if expert < 0:
+            assert not pairs
+            continue
+        assert pairs, "a block is only laid out for an expert with pairs"
+        assert all(int(local[p]) == expert for p in pairs)
+        assert pairs == sorted(pairs)
+        assert rows[: len(pairs)] == pairs, "padding only after an expert's pairs"
+        seen += pairs
+    assert sorted(seen) == [p for p in range(tokens * top_k) if local[p] >= 0]
+
+
+def test_dispatcher_on_this_device(device: torch.device) -> None:
+    x, w13, w2, weights, ids = _inputs(3, 2, device, torch.float32, seed=7)
+    _check(fused_experts(x, w13, w2, weights, ids), reference(x, w13, w2, weights, ids), x.dtype)
