@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import threading
 import time
@@ -70,6 +71,7 @@ class EngineCore:
         # frozen, the collector's full passes no longer walk it during the busy loop.
         gc.collect()
         gc.freeze()
+        _unfreeze_at_exit()
 
     def _structured_output(self):
         """The structured-output manager, made with the first constrained request (so that an
@@ -179,3 +181,17 @@ class EngineCore:
         if self.scheduler.structured_output is not None:
             self.scheduler.structured_output.shutdown()
         self.executor.shutdown()
+
+
+_unfreeze_registered = False
+
+
+def _unfreeze_at_exit() -> None:
+    """Hand frozen objects back to the collector when the interpreter exits: the final
+    collection never visits the permanent generation, so cycles frozen at start-up (Triton's
+    IR objects among them) would outlive their extension modules, and nanobind would print
+    dozens of "leaked instance" lines on every exit."""
+    global _unfreeze_registered
+    if not _unfreeze_registered:
+        atexit.register(gc.unfreeze)
+        _unfreeze_registered = True
