@@ -26,6 +26,9 @@ EXPERT_BIASES = ("gate_bias", "up_bias", "down_bias")
 class FusedMoE(nn.Module):
     """forward(x [T, H], router_logits [T, E]) -> [T, H], summed over the ranks."""
 
+    # Global expert id -> this rank's local one, -1 for other ranks' (expert parallelism only).
+    expert_map: torch.Tensor | None
+
     def __init__(
         self,
         num_experts: int,
