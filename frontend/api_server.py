@@ -407,7 +407,7 @@ async def run_api_server(args: argparse.Namespace) -> int:
     obs = config.observability
     app = build_app(
         ctx,
-        api_key=args.api_key or os.environ.get("ENGINE_API_KEY"),
+        api_key=args.api_key or os.environ.get("ENGINE_API_KEY") or os.environ.get("VLLM_API_KEY"),
         max_body=args.max_request_body,
         engine_alive=lambda: args.engine_pid is None or pid_alive(args.engine_pid),
         unavailable=lambda: starting(args.serving_file) or client.unavailable(),

@@ -100,7 +100,11 @@ class _SamplingFields(_Request, kw_only=True):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Annotations only, on every endpoint: accepted and ignored, as vLLM does.
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's extra field: log probabilities of the prompt tokens (-1: the whole vocabulary).
@@ -208,10 +212,6 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     parallel_tool_calls: bool = True
     # vLLM's default for chat: the template writes the special tokens itself.
     add_special_tokens: bool = False
-    # Annotations only: accepted and ignored, as vLLM does.
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    service_tier: str | None = None
     # Declared only to be refused with a reason.
     functions: Any = None
     function_call: Any = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from config.args import add_engine_args, engine_kwargs
@@ -68,7 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.api_server_count,
         args.host,
         args.port,
-        "\n".join(args.api_key) if args.api_key else None,
+        "\n".join(args.api_key) if args.api_key else os.environ.get("VLLM_API_KEY") or None,
         args.max_request_body,
         chat,
         disable_ui=args.disable_ui,
@@ -133,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="KEY",
         help="require 'Authorization: Bearer KEY' with one of these keys on the "
-        "/v1 routes and a few others (default: from $ENGINE_API_KEY, keys "
-        "one per line; docs/serve.md names the open routes)",
+        "/v1 routes and a few others (default: $VLLM_API_KEY, keys one per line; a key on "
+        "the command line shows in `ps` to every user of the machine, the variable does not; "
+        "docs/serve.md names the open routes)",
     )
     http.add_argument(
         "--api-server-count",

@@ -1,6 +1,7 @@
 """vLLM's request fields on both completion endpoints, against one `engine serve` of the tiny
 model with --enable-prompt-tokens-details: bad_words, allowed_token_ids, truncate_prompt_tokens,
-return_token_ids, request_id, cached tokens in usage, continuous usage stats, beam search, and
+return_token_ids, request_id, cached tokens in usage, continuous usage stats, beam search,
+annotation fields (metadata, user, store, service_tier), the API key from $VLLM_API_KEY, and
 what is refused (priority under fcfs, suffix, best_of)."""
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ def server(tiny_model):
             "256",
             "--served-model-name",
             MODEL,
-            "--api-key",
-            API_KEY,
             "--enable-prompt-tokens-details",
-        ]
+        ],
+        # The key from vLLM's variable, not the command line (where `ps` shows it).
+        env={"VLLM_API_KEY": API_KEY},
     )
     assert srv.ready and srv.api_url, srv.stderr
     yield srv
@@ -250,3 +251,26 @@ def test_beam_search_over_http(server):
         },
     ).json()
     assert len(chat["choices"]) == 2 and chat["usage"]["completion_tokens"] == 6
+
+
+ANNOTATIONS = {"metadata": {"k": "v"}, "user": "u", "store": False, "service_tier": "auto"}
+
+
+def test_annotation_fields_accepted_on_both_endpoints(server):
+    """Fields that only annotate a request are accepted everywhere chat accepts them."""
+    assert complete(server, **ANNOTATIONS)["choices"][0]["text"]
+    r = post(
+        server,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **ANNOTATIONS},
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_api_key_from_vllm_variable(server):
+    """The server took its key from $VLLM_API_KEY: no key or a wrong one is a 401."""
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    url = server.api_url + "/v1/completions"
+    assert requests.post(url, json=body, timeout=60).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-key"}
+    assert requests.post(url, json=body, headers=wrong, timeout=60).status_code == 401
