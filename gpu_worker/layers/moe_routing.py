@@ -57,7 +57,8 @@ def select_experts(
         choice = _mask_to_best_groups(choice, routing)
     ids = choice.topk(routing.top_k, dim=-1).indices
     weights = scores.gather(1, ids)
-    if routing.renormalize and routing.top_k > 1:
+    # top_k 1 too: Mixtral's (and transformers') renormalised top-1 weight is 1.
+    if routing.renormalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     if routing.routed_scaling_factor != 1.0:
         weights = weights * routing.routed_scaling_factor

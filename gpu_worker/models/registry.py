@@ -5,14 +5,18 @@ from __future__ import annotations
 from torch import nn
 
 from gpu_worker.models.llama import LlamaForCausalLM
+from gpu_worker.models.mixtral import MixtralForCausalLM
 from gpu_worker.models.qwen2 import Qwen2ForCausalLM
 from gpu_worker.models.qwen3 import Qwen3ForCausalLM
+from gpu_worker.models.qwen3_moe import Qwen3MoeForCausalLM
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

@@ -110,7 +110,11 @@ def load_named_weights(
     # Name what is missing as the checkpoint would (k_proj, not the fused qkv_proj).
     missing = sorted(
         _checkpoint_name(n, shard_id, stacked) for n, left in pending.items() for shard_id in left
-    ) + [f"{n}.{left}" for n, moe in moe_modules.items() for left in moe.missing()]
+    ) + [
+        _expert_checkpoint_name(n, left, expert_tensors)
+        for n, moe in moe_modules.items()
+        for left in moe.missing()
+    ]
     if missing:
         shown = ", ".join(missing[:5]) + (
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -144,6 +148,16 @@ def _rank_slice(
     start = tp_rank() * per_rank
     size = max(0, min(per_rank, tensor.shape[dim] - start))
     return tensor.narrow(dim, start, size), dest.narrow(dim, 0, size)
+
+
+def _expert_checkpoint_name(moe: str, missing: str, expert_tensors: dict[str, str]) -> str:
+    """FusedMoE.missing()'s '<e>.<tensor>' as the checkpoint names it
+    ('<moe>.<e>.<original>.weight' or .bias)."""
+    expert, tensor = missing.split(".", 1)
+    kind = "bias" if tensor.endswith("_bias") else "weight"
+    originals = {t: o for o, t in expert_tensors.items()}
+    original = originals.get(tensor.removesuffix("_bias"), tensor)
+    return f"{moe}.{expert}.{original}.{kind}"
 
 
 def _expected_shards(param_name: str, stacked: tuple[StackedShard, ...]) -> set[str | int | None]:

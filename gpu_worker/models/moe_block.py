@@ -1,0 +1,80 @@
+"""The sparse feed-forward block Qwen3-MoE and Mixtral share: a router (`gate`, a linear map
+hidden -> one logit per expert, no bias) and the experts (FusedMoE at `experts`), plus the
+readers of the config.json fields both families parse and of transformers 5's stacked expert
+tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpu_worker.layers.fused_moe import FusedMoE
+from gpu_worker.layers.linear import Linear
+from gpu_worker.layers.moe_routing import MoERouting
+
+
+class SparseMoeBlock(nn.Module):
+    """x [T, H] -> the weighted sum of each token's top-k experts' gated MLPs [T, H]. The
+    router is replicated on every rank (each computes every token's choice); the experts split
+    as FusedMoE says (the intermediate dimension, or whole experts per rank)."""
+
+    def __init__(
+        self, hidden_size: int, num_experts: int, intermediate_size: int, routing: MoERouting
+    ) -> None:
+        super().__init__()
+        self.gate = Linear(hidden_size, num_experts)
+        self.experts = FusedMoE(num_experts, hidden_size, intermediate_size, routing)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, self.gate(x))
+
+
+def config_int(cfg: Mapping[str, Any], *names: str, minimum: int = 0) -> int:
+    """The integer config.json gives under the first of names present; ValueError naming
+    config.json and the field when none is, or it is not an integer >= minimum."""
+    name = next((n for n in names if cfg.get(n) is not None), None)
+    if name is None:
+        raise ValueError(
+            f"config.json: missing field {names[0]!r} ({cfg.get('architectures', ['?'])[0]} "
+            f"needs it)"
+        )
+    value = cfg[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"config.json: field {name!r} must be an integer >= {minimum}, not {value!r}"
+        )
+    return value
+
+
+def require_silu(cfg: Mapping[str, Any]) -> None:
+    """The experts compute SwiGLU (silu(gate) * up); refuse another hidden_act."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(
+            f"config.json: hidden_act {act!r} is not supported for the experts (only 'silu')"
+        )
+
+
+def unstack_experts(
+    weights: Iterable[tuple[str, str, torch.Tensor]], gate: str, up: str, down: str
+) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """Checkpoint tensors with transformers 5's stacked expert layout
+    (`<moe>.experts.gate_up_proj` [E, 2I, H], `<moe>.experts.down_proj` [E, H, I], as
+    save_pretrained(save_original_format=False) writes them) split into the per-expert tensors
+    `<moe>.experts.<e>.<gate|up|down>.weight` the original checkpoints have; every other
+    tensor passes through unchanged."""
+    for source, name, tensor in weights:
+        prefix, _, leaf = name.rpartition(".experts.")
+        if leaf == "gate_up_proj" and tensor.dim() == 3:
+            inter = tensor.shape[1] // 2
+            for e in range(tensor.shape[0]):
+                yield source, f"{prefix}.experts.{e}.{gate}.weight", tensor[e, :inter]
+                yield source, f"{prefix}.experts.{e}.{up}.weight", tensor[e, inter:]
+        elif leaf == "down_proj" and tensor.dim() == 3:
+            for e in range(tensor.shape[0]):
+                yield source, f"{prefix}.experts.{e}.{down}.weight", tensor[e]
+        else:
+            yield source, name, tensor
