@@ -218,6 +218,15 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
             dict(type=int, help="devices per model (default 1)"),
         ),
         (
+            "--enable-expert-parallel",
+            "enable_expert_parallel",
+            dict(
+                action="store_true",
+                help="mixture-of-experts layers place whole experts on the tensor-parallel "
+                "ranks instead of splitting each expert (default off; no effect on dense models)",
+            ),
+        ),
+        (
             "--distributed-executor-backend",
             "distributed_executor_backend",
             dict(

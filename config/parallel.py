@@ -16,6 +16,10 @@ class ParallelConfig:
     """How many devices share the model."""
 
     tensor_parallel_size: int = 1
+    # Mixture-of-experts layers place whole experts on the tensor-parallel ranks (E / TP each)
+    # instead of splitting every expert's intermediate dimension; dense layers are unchanged,
+    # and with one rank (or a dense model) it changes nothing, as in vLLM.
+    enable_expert_parallel: bool = False
     # 'uni': the worker runs in the engine core's process; 'mp': one worker process per rank;
     # 'ray': one Ray actor per rank, on the nodes of a Ray cluster. None picks 'mp' when
     # tensor_parallel_size > 1, else 'uni'.

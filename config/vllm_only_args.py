@@ -71,7 +71,6 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "max_loras": (True, (), "there are no LoRA adapters"),
     "max_lora_rank": (True, (), "there are no LoRA adapters"),
     "speculative_config": (True, (), "there is no speculative decoding"),
-    "enable_expert_parallel": (False, (), "the engine runs dense models (no MoE)"),
     "compilation_config": (
         True,
         (),

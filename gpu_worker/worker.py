@@ -7,7 +7,11 @@ import torch
 from config.engine import EngineConfig
 from gpu_worker.async_output import AsyncOutput, ReadyOutput
 from gpu_worker.model_runner import ModelRunner
-from gpu_worker.parallel.group import destroy_tensor_parallel, init_tensor_parallel
+from gpu_worker.parallel.group import (
+    destroy_tensor_parallel,
+    init_tensor_parallel,
+    set_expert_parallel,
+)
 from protocol.step import ModelRunnerOutput, SchedulerOutput
 
 
@@ -28,6 +32,8 @@ class Worker:
         if world_size > 1 and not distributed_init_method:
             raise ValueError("tensor_parallel_size > 1 needs a distributed_init_method")
         init_tensor_parallel(rank, world_size, distributed_init_method, self.device)
+        # Before the model is built: its MoE layers read it to place their experts.
+        set_expert_parallel(config.parallel.enable_expert_parallel)
         # Every rank seeds alike, so the ranks' samplers draw the same tokens from the same logits.
         torch.manual_seed(config.model.seed)
         self.runner = ModelRunner(config, self.device)
