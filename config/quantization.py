@@ -8,6 +8,12 @@ from collections.abc import Callable
 from config.errors import ConfigError
 from config.load import LoadConfig
 from config.model import ModelConfig
+from config.model_arch import ModelArchConfig
+
+# Quantized checkpoint formats (config.json's quantization_config.quant_method) the loader reads,
+# and the architectures it reads them for. Each is dequantized at load to the model's dtype (no
+# kernel here computes in them): MXFP4, gpt-oss's experts (gpu_worker/loader/mxfp4.py).
+CHECKPOINT_QUANTIZATIONS = {"mxfp4": ("GptOssForCausalLM",)}
 
 
 def resolve_quantization(
@@ -69,3 +75,25 @@ def resolve_quantization(
             "available here (no C compiler, or ENGINE_CPU_KERNELS=0)"
         )
     return "gguf"
+
+
+def check_checkpoint_quantization(arch: ModelArchConfig, source: str = "config.json") -> None:
+    """Refuse a checkpoint whose config.json says its weights are quantized in a format the
+    loader does not read for its architecture (they would not load as dense weights); accepts
+    gpt-oss's MXFP4 experts, which are dequantized at load."""
+    qc = arch.hf_config.get("quantization_config")
+    if qc is None:
+        return
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    readers = CHECKPOINT_QUANTIZATIONS.get(str(method))
+    known = "; ".join(f"{m} for {', '.join(a)}" for m, a in CHECKPOINT_QUANTIZATIONS.items())
+    if readers is None:
+        raise ConfigError(
+            f"{source}: quantization_config quant_method {method!r} is not supported "
+            f"(quantized checkpoints read: {known}, dequantized at load)"
+        )
+    if arch.architecture not in readers:
+        raise ConfigError(
+            f"{source}: quantization_config quant_method {method!r} is read only for "
+            f"{', '.join(readers)}, not {arch.architecture}"
+        )
