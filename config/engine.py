@@ -19,7 +19,7 @@ from config.model import ModelConfig
 from config.model_arch import ModelArchConfig
 from config.observability import ObservabilityConfig
 from config.parallel import ParallelConfig
-from config.quantization import resolve_quantization
+from config.quantization import check_checkpoint_quantization, resolve_quantization
 from config.scheduler import SchedulerConfig, default_async_scheduling, default_batched_tokens
 from config.vllm_only_args import ENGINE_ONLY, refusals
 
@@ -53,6 +53,7 @@ class EngineConfig:
         self.model_path = str(resolve_model_path(self.model.model))
         self.arch = ModelArchConfig.from_model_dir(self.model_path)
         self.device_type = self.device.resolved()
+        check_checkpoint_quantization(self.arch, f"{self.model_path}/config.json")
         self.model.quantization = resolve_quantization(
             self.model,
             self.load,
