@@ -1,7 +1,9 @@
 """A mixture-of-experts layer split over two ranks (gloo, CPU) equals the whole layer on one:
 tensor parallelism (every expert's intermediate dimension halved) and expert parallelism
 (--enable-expert-parallel: four whole experts a rank), with and without biases; and the flag's
-way from the command line and LLM(...) keywords to the worker.
+way from the command line and LLM(...) keywords to the worker. End to end, a tiny Qwen3-MoE's
+greedy tokens through the multiprocess executor at TP=2, with and without expert parallelism,
+equal one rank's.
 
 Each rank is a spawned process that builds the layer, loads every expert's checkpoint-shaped
 tensors by global id (the layer keeps its own part) and runs the same tokens.
@@ -10,6 +12,7 @@ tensors by global id (the layer keeps its own part) and runs the same tokens.
 from __future__ import annotations
 
 import multiprocessing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,3 +142,54 @@ def test_worker_sets_expert_parallel_before_building_the_model() -> None:
         assert group.expert_parallel()
     finally:
         group.set_expert_parallel(False)
+
+
+def test_qwen3_moe_greedy_tokens_at_tp2_and_expert_parallel_equal_one_rank(
+    tmp_path: Path,
+) -> None:
+    """End to end through the multiprocess executor: a tiny Qwen3-MoE (8 experts, top-2, the
+    router scaled up so the choice of experts matters) gives one rank's greedy tokens at TP=2
+    and at TP=2 with --enable-expert-parallel."""
+    from safetensors.torch import load_file, save_file
+
+    from engine_core.resolve import resolved_config
+    from executor.multiproc import MultiprocExecutor
+    from protocol.sampling_params import SamplingParams
+    from tests.tiny_models import make_tiny_model
+    from tests.worker.driver import StepDriver
+    from tests.worker.runner_utils import make_runner
+
+    model_dir = make_tiny_model(
+        tmp_path,
+        "qwen3_moe",
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    )
+    weights = load_file(model_dir / "model.safetensors")
+    for name, t in weights.items():
+        if name.endswith(".gate.weight"):
+            weights[name] = 20.0 * t
+    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+
+    greedy = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6)
+    gen = torch.Generator().manual_seed(7)
+    prompts = {f"len{n}": torch.randint(3, 512, (n,), generator=gen).tolist() for n in (1, 9, 30)}
+    _, driver = make_runner(model_dir, kv_cache_memory="4MiB")
+    expected = driver.run(prompts, greedy, 6, chunk=16)
+    for expert_parallel in (False, True):
+        config = resolved_config(
+            model=str(model_dir),
+            device="cpu",
+            kv_cache_memory="4MiB",
+            tensor_parallel_size=2,
+            enable_expert_parallel=expert_parallel,
+        )
+        executor = MultiprocExecutor(config, num_threads=1)
+        try:
+            num_blocks = executor.initialize()
+            tp_driver = StepDriver(executor, num_blocks, config.cache.block_size)
+            assert tp_driver.run(prompts, greedy, 6, chunk=16) == expected, expert_parallel
+        finally:
+            executor.shutdown()
