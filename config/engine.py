@@ -11,6 +11,7 @@ import msgspec
 
 from config.attention import AttentionFeatures, attention_backends_for
 from config.cache import CacheConfig
+from config.checkpoint import check_checkpoint
 from config.device import DeviceConfig
 from config.errors import ConfigError
 from config.generation_config import check_generation_config, default_sampling_params
@@ -63,6 +64,7 @@ class EngineConfig:
         )
         if self.model.quantization == "gguf":
             self.load.load_format = "gguf"  # the loader reads the GGUF file itself
+        check_checkpoint(self.model_path, self.arch, self.load.load_format)
         self.torch_dtype_name = _resolve_dtype(
             self.model.dtype, self.arch.torch_dtype, self.device_type
         )

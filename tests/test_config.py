@@ -309,8 +309,10 @@ def test_async_scheduling_defaults_on_with_a_gpu_off_on_the_cpu(tiny):
 
 
 def _model_with_head_dim(directory: Path, head_dim: int) -> Path:
-    """A config.json alone (resolve() reads no weights) for a Llama with this head size."""
+    """A config.json and an empty weights file (resolve() checks the file is there and reads
+    none) for a Llama with this head size."""
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / "model.safetensors").write_bytes(b"")
     (directory / "config.json").write_text(
         json.dumps(
             {

@@ -16,6 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from config.checkpoint import SUPPORTED_ARCHITECTURES
+from config.errors import ConfigError
 from config.model_arch import SUPPORTED_ROPE_TYPES
 from engine_core.resolve import resolved_config
 from gpu_worker.model_runner import ModelRunner
@@ -101,14 +103,27 @@ def test_config_without_architectures(model_dir):
 
 
 def test_unknown_architecture_is_named_with_the_supported_ones(model_dir):
+    # Refused when the configuration resolves, before any process would start.
     _edit_config(model_dir, architectures=["GPTNeoXForCausalLM"])
     with pytest.raises(
-        ValueError,
-        match=_esc(model_dir / "config.json") + ".*'GPTNeoXForCausalLM' is not supported",
+        ConfigError, match="model model: architecture 'GPTNeoXForCausalLM' is not supported"
     ) as info:
-        _load(model_dir)
+        resolved_config(model=str(model_dir), device="cpu")
     for name in ARCHITECTURES:
         assert name in str(info.value)
+
+
+def test_registry_and_configuration_list_the_same_architectures():
+    assert sorted(ARCHITECTURES) == sorted(SUPPORTED_ARCHITECTURES)
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq", "fp8", "mxfp4"])
+def test_unknown_quant_method_is_refused_at_resolve(model_dir, method):
+    # mxfp4 is gpt-oss's alone; the others have no loader yet.
+    _edit_config(model_dir, quantization_config={"quant_method": method, "bits": 4})
+    refusal = "read only for GptOssForCausalLM" if method == "mxfp4" else "not supported"
+    with pytest.raises(ConfigError, match=f"quant_method '{method}' is {refusal}"):
+        resolved_config(model=str(model_dir), device="cpu")
 
 
 @pytest.mark.parametrize(
@@ -150,9 +165,13 @@ def test_unsupported_rope_scaling_type(model_dir, kind, rope):
 
 
 def test_no_safetensors_files(model_dir):
+    # Refused when the configuration resolves, naming what was found instead.
     (model_dir / "model.safetensors").unlink()
-    with pytest.raises(WeightLoadError, match=_esc(model_dir) + r": no \*\.safetensors weights"):
-        _load(model_dir)
+    (model_dir / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(
+        ConfigError, match=r"no \*\.safetensors weights in .*found pytorch_model\.bin"
+    ):
+        resolved_config(model=str(model_dir), device="cpu")
 
 
 def _shard(model_dir: Path) -> dict[str, str]:
