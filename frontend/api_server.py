@@ -36,6 +36,7 @@ from frontend.admin_routes import AdminState, ServerInfoResponse, count_load
 from frontend.chat_args import ChatOptions, add_chat_args
 from frontend.cors import CorsPolicy, cors_middleware
 from frontend.errors import ApiError, bad_request, error_response, from_decode_error
+from frontend.harmony_prompt import render_prompt
 from frontend.http_options import HttpOptions, add_http_args
 from frontend.json_limits import check_depth, check_int64
 from frontend.openai_protocol import (
@@ -55,6 +56,7 @@ from frontend.server_state import CTX, STATE, ServerState
 from frontend.serving import REQUEST_ID, ServingContext, json_response
 from frontend.serving_chat import chat_messages, create_chat_completion, template_kwargs
 from frontend.serving_completions import create_completion
+from frontend.serving_harmony import harmony_chat_for
 from frontend.ui import routes as ui
 from ipc.process import EXIT_REQUESTS_CUT, StopOrder, pid_alive, start_child_process
 from metrics.exposition import render_metrics
@@ -214,10 +216,17 @@ def _tokenize(
     """/tokenize's token ids and (with return_token_strs) their strings."""
     from tokenizer_proc.tokenizer import apply_chat_template
 
+    tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
     if messages is None:
         ids = ctx.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
+    elif ctx.harmony is not None:  # gpt-oss: as chat completions renders it
+        if req.continue_final_message or req.chat_template or req.chat_template_kwargs:
+            raise ValueError(
+                "continue_final_message, chat_template and chat_template_kwargs are not "
+                "supported for gpt-oss (its prompt is rendered by openai-harmony)"
+            )
+        ids = render_prompt(ctx.harmony.encoding, messages, tools, None, req.add_generation_prompt)
     else:
-        tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
         ids = apply_chat_template(
             ctx.tokenizer,
             messages,
@@ -385,6 +394,8 @@ async def run_api_server(args: argparse.Namespace) -> int:
     client = connect.result()
     ready = client.ready[0]
     chat = ChatOptions.from_args(args)
+    # gpt-oss: chat prompts and answers go through openai-harmony (loaded here, before serving).
+    harmony = harmony_chat_for(config.arch.model_type, tokenizer) if config.arch else None
     ctx = ServingContext(
         ready.model_name,
         ready.max_model_len,
@@ -398,6 +409,7 @@ async def run_api_server(args: argparse.Namespace) -> int:
         chat.auto_tool_parser,
         served_model_names=tuple(config.model.served_model_names),
         enable_prompt_tokens_details=chat.enable_prompt_tokens_details,
+        harmony=harmony,
     )
     info = ServerInfoResponse(
         version=_version(),

@@ -167,6 +167,9 @@ class ChatMessage(_Request, kw_only=True):
     name: str | None = None
     tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's reasoning, as vLLM takes it (reasoning_content: its older name).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class FunctionDefinition(_Request, kw_only=True, omit_defaults=True):
@@ -210,6 +213,10 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     top_logprobs: int | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # "low", "medium" or "high": gpt-oss's system message; another model's template gets it
+    # as a variable. include_reasoning false drops the reasoning from the answer.
+    reasoning_effort: str | None = None
+    include_reasoning: bool = True
     # vLLM's default for chat: the template writes the special tokens itself.
     add_special_tokens: bool = False
     # Declared only to be refused with a reason.
@@ -327,6 +334,10 @@ class ChatResponseMessage(_Response, kw_only=True):
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+    # A reasoning model's reasoning apart from its answer (gpt-oss's analysis channel), under
+    # vLLM's name and its older one, as vLLM answers both.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class DeltaFunctionCall(_Response, kw_only=True, omit_defaults=True):
@@ -347,6 +358,8 @@ class ChatDelta(_Response, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning: str | None = None  # and reasoning_content, the same text (vLLM sends both)
+    reasoning_content: str | None = None
 
 
 class ChatChoice(_Response, kw_only=True):

@@ -28,6 +28,8 @@ from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
 if TYPE_CHECKING:  # transformers takes seconds to import
     from transformers import PreTrainedTokenizerBase
 
+    from frontend.serving_harmony import HarmonyChat
+
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -52,6 +54,8 @@ class ServingContext:
     enable_prompt_tokens_details: bool = False
     # --served-model-name's names, model_name first: a request's model may be any of them.
     served_model_names: tuple[str, ...] = ()
+    # A gpt-oss model's chat format (openai-harmony): chat prompts and answers go through it.
+    harmony: HarmonyChat | None = None
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name and model not in self.served_model_names:

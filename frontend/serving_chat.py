@@ -13,6 +13,7 @@ import msgspec
 from aiohttp import web
 
 from frontend.errors import bad_request
+from frontend.harmony_prompt import REASONING_EFFORTS
 from frontend.openai_protocol import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -46,6 +47,15 @@ from frontend.serving_beam_search import (
     run_beam_search,
     single_events,
 )
+from frontend.serving_harmony import (
+    HarmonyChoice,
+    check_request,
+    harmony_message,
+    prompt_token_ids,
+    refuse_constraint,
+    tools_for_prompt,
+    with_stop_tokens,
+)
 from frontend.tool_parsers.openai_calls import StreamedCalls, finish_reason, message_calls
 from frontend.tool_parsers.tool_choice import ToolChoice, resolve_tool_choice
 from protocol.sampling_params import SamplingParams
@@ -72,6 +82,9 @@ def chat_messages(messages: list[ChatMessage], field: str = "messages") -> list[
             raise bad_request("only assistant messages carry tool_calls", f"{where}.tool_calls")
         if m.tool_call_id is not None and m.role != "tool":
             raise bad_request("only tool messages carry tool_call_id", f"{where}.tool_call_id")
+        for name in ("reasoning", "reasoning_content"):
+            if getattr(m, name) is not None and m.role != "assistant":
+                raise bad_request(f"only assistant messages carry {name}", f"{where}.{name}")
         content: Any = m.content
         if isinstance(content, list):
             parts = []
@@ -85,7 +98,7 @@ def chat_messages(messages: list[ChatMessage], field: str = "messages") -> list[
                 parts.append({"type": "text", "text": part.text})
             content = parts
         msg: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
-        for name in ("name", "tool_call_id", "tool_calls"):
+        for name in ("name", "tool_call_id", "tool_calls", "reasoning", "reasoning_content"):
             if getattr(m, name) is not None:
                 msg[name] = msgspec.to_builtins(getattr(m, name))
         out.append(msg)
@@ -136,13 +149,25 @@ async def create_chat_completion(
     parameters and the tokenizer process's request (which renders the chat template), submit
     it, then stream the answer's chunks or gather them into one response."""
     messages = _validated_messages(ctx, req)
-    tools = resolve_tool_choice(
-        req.tools, req.tool_choice, req.parallel_tool_calls, ctx.tool_parser
-    )
+    if ctx.harmony is not None:  # gpt-oss: harmony reads its calls (serving_harmony)
+        check_request(req)
+        harmony_tools = tools_for_prompt(req)
+        tools = ToolChoice(harmony_tools, parallel=req.parallel_tool_calls)
+    else:
+        tools = resolve_tool_choice(
+            req.tools, req.tool_choice, req.parallel_tool_calls, ctx.tool_parser
+        )
     params = await _sampling_params(req, tools)
     if req.use_beam_search:
         return await _beam_search(ctx, req, http_request, messages, _max_tokens(req))
-    request = _generate_request(ctx, req, http_request, messages, params, tools)
+    if ctx.harmony is not None:
+        refuse_constraint(params.structured_outputs)
+        prompt = await prompt_token_ids(ctx.harmony, req, messages, harmony_tools)
+        request = _generate_request(
+            ctx, req, http_request, None, with_stop_tokens(params, ctx.harmony), tools, prompt
+        )
+    else:
+        request = _generate_request(ctx, req, http_request, messages, params, tools)
     answer = _ChatAnswer(ctx, req, tools, request.request_id)
     deltas = merged_deltas(ctx, [request])
     if req.stream:
@@ -167,6 +192,12 @@ def _validated_messages(ctx: ServingContext, req: ChatCompletionRequest) -> list
             "add_generation_prompt and continue_final_message are mutually "
             "exclusive; set add_generation_prompt to false",
             "continue_final_message",
+        )
+    if req.reasoning_effort not in (None, *REASONING_EFFORTS):
+        raise bad_request(
+            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got "
+            f"{req.reasoning_effort!r}",
+            "reasoning_effort",
         )
     return messages
 
@@ -202,14 +233,20 @@ def _generate_request(
     ctx: ServingContext,
     req: ChatCompletionRequest,
     http_request: web.Request,
-    messages: list[dict[str, Any]],
+    messages: list[dict[str, Any]] | None,
     params: SamplingParams,
     tools: ToolChoice,
+    prompt_token_ids: list[int] | None = None,
 ) -> GenerateRequest:
-    """What the tokenizer process receives: the messages and what its chat template needs."""
+    """What the tokenizer process receives: the messages and what its chat template needs, or
+    the prompt rendered here (gpt-oss)."""
+    kwargs = req.chat_template_kwargs
+    if req.reasoning_effort is not None and "reasoning_effort" not in (kwargs or {}):
+        kwargs = {**(kwargs or {}), "reasoning_effort": req.reasoning_effort}  # as vLLM passes it
     return GenerateRequest(
         request_id("chatcmpl", http_request, req.request_id),
         params,
+        prompt_token_ids=prompt_token_ids,
         messages=messages,
         add_generation_prompt=req.add_generation_prompt,
         continue_final_message=req.continue_final_message,
@@ -219,7 +256,7 @@ def _generate_request(
         priority=req.priority,
         arrival_time=time.time(),
         tools=tools.tools,
-        chat_template_kwargs=template_kwargs(req.chat_template_kwargs),
+        chat_template_kwargs=template_kwargs(kwargs) if messages is not None else None,
         add_special_tokens=req.add_special_tokens,
         return_prompt_token_ids=bool(req.return_token_ids),
     )
@@ -260,6 +297,7 @@ class _ChatAnswer:
         self.prompt_ids: list[int] | None = None  # with return_token_ids: once known
         # Streaming: each choice's tool-call parser (None: its text is content).
         self._calls: dict[int, StreamedCalls | None] = {}
+        self._harmony: dict[int, HarmonyChoice] = {}  # streaming gpt-oss: each choice's reader
 
     def _account(self, delta: RequestDelta) -> None:
         self.prompt_tokens = delta.num_prompt_tokens
@@ -319,6 +357,8 @@ class _ChatAnswer:
     def _stream_choices(self, delta: RequestDelta) -> list[ChatStreamChoice]:
         """One engine delta as chunk choices: its text, or its content and call pieces."""
         logprobs = _logprobs(delta.logprobs or [], self.k) if self.k is not None else None
+        if self.ctx.harmony is not None:
+            return self._harmony_choices(delta, logprobs)
         if delta.index not in self._calls:
             parser = self.tools.new_parser()
             self._calls[delta.index] = (
@@ -344,6 +384,27 @@ class _ChatAnswer:
             out[0].logprobs = logprobs
             out[0].token_ids = self._token_ids(delta.token_ids)
             out[-1].finish_reason = finish_reason(delta.finish_reason, calls.called)
+            out[-1].stop_reason = delta.stop_reason
+        return out
+
+    def _harmony_choices(
+        self, delta: RequestDelta, logprobs: ChatChoiceLogprobs | None
+    ) -> list[ChatStreamChoice]:
+        """One engine delta of a gpt-oss answer: its reasoning, content and call pieces."""
+        assert self.ctx.harmony is not None
+        choice = self._harmony.get(delta.index)
+        if choice is None:
+            choice = self._harmony[delta.index] = HarmonyChoice(
+                self.ctx.harmony, self.tools.parallel, self.req.include_reasoning
+            )
+        pieces = choice.deltas(delta.token_ids, delta.finished)
+        if not pieces and (delta.finished or logprobs is not None or self.req.return_token_ids):
+            pieces = [ChatDelta()]
+        out = [ChatStreamChoice(index=delta.index, delta=piece) for piece in pieces]
+        if out:
+            out[0].logprobs = logprobs
+            out[0].token_ids = self._token_ids(delta.token_ids)
+            out[-1].finish_reason = finish_reason(delta.finish_reason, choice.called)
             out[-1].stop_reason = delta.stop_reason
         return out
 
@@ -386,7 +447,16 @@ class _ChatAnswer:
         reason = gathered.finish_reason
         message = ChatResponseMessage(role=self.role, content=text)
         parser = self.tools.new_parser(eager=False)
-        if parser is not None:
+        if self.ctx.harmony is not None:
+            message = harmony_message(
+                self.ctx.harmony,
+                gathered.token_ids,
+                self.role,
+                self.tools.parallel,
+                self.req.include_reasoning,
+            )
+            reason = finish_reason(reason, message.tool_calls is not None)
+        elif parser is not None:
             extracted = parser.extract(text)
             message.content = extracted.content
             message.tool_calls = message_calls(extracted, self.tools.parallel)

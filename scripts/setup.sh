@@ -29,3 +29,11 @@ if [ -n "$extras" ]; then
             >/dev/null) || echo "warning: apt-get install chromium failed; the browser test will skip"
     fi
 fi
+# gpt-oss's chat format (openai-harmony) needs o200k_base.tiktoken, which it downloads from a
+# host this machine may not reach; a gpt-oss checkpoint's tokenizer holds it too (the engine
+# derives it there). The harmony tests build their tokenizer from the file: write it from npm's
+# tiktoken package (sha256-checked); without it they skip.
+if [ -n "$extras" ] && command -v npm >/dev/null 2>&1; then
+    python3 scripts/harmony_vocab.py ||
+        echo "warning: scripts/harmony_vocab.py failed; the harmony tests will skip"
+fi
