@@ -1,10 +1,13 @@
-"""`engine bench device`: decode of a Llama-3-8B-shaped model against the memory-bandwidth limit.
+"""`engine bench device`: decode of a Llama-3-8B-shaped model (or another shape of SHAPES, such as
+Qwen3-30B-A3B's mixture of experts) against the memory-bandwidth limit.
 
 Batch-1 and batch-64 decode (by default) with dummy weights, driven through EngineCore with token
 ids (no tokenizer), with and without async scheduling. A decode step reads every weight once and
 each request's KV cache, so bytes per step / step time / bandwidth says how close a step comes to
-the memory's limit. The bandwidth is a large device copy measured in the same run, or the GPU's
-nominal figure when that is higher.
+the memory's limit. A mixture-of-experts step reads only the experts its tokens are routed to
+(bench/moe_bytes.py counts them from the routing, or estimates them for uniform routing). The
+bandwidth is a large device copy measured in the same run, or the GPU's nominal figure when that
+is higher.
 
 The `engine` command imports this module for its flags, so heavy imports (torch, numpy) wait for
 the run, as in bench/serve.py.
@@ -13,6 +16,7 @@ the run, as in bench/serve.py.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -23,12 +27,15 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.moe_bytes import experts_hit_per_layer, moe_step_bytes
 from config.args import context_length, engine_kwargs
 
 logger = logging.getLogger(__name__)
 
-# Llama 3.1 8B (its rope scaling reaches the 32k contexts a later run asks for) and a 2-layer,
-# hidden-256 Llama with the C kernels' head size, small enough for CI on a CPU.
+# Llama 3.1 8B (its rope scaling reaches the 32k contexts a later run asks for), a 2-layer,
+# hidden-256 Llama with the C kernels' head size, small enough for CI on a CPU, Qwen3-30B-A3B
+# (48 layers, 128 experts of 768, top-8; 61 GB in bf16) and a 2-layer MoE of the small shape.
+_QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
 SHAPES: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(
         hidden_size=4096,
@@ -61,6 +68,42 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_theta=500000.0,
         max_position_embeddings=131072,
         rms_norm_eps=1e-5,
+        torch_dtype="float32",
+    ),
+    "qwen3-30b-a3b": dict(
+        **_QWEN3_MOE,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=151936,
+        rope_theta=1000000.0,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        torch_dtype="bfloat16",
+    ),
+    "small-moe": dict(
+        **_QWEN3_MOE,
+        hidden_size=256,
+        intermediate_size=1024,
+        moe_intermediate_size=256,
+        num_experts=16,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=32000,
+        rope_theta=1000000.0,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
         torch_dtype="float32",
     ),
 }
@@ -113,6 +156,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"),
         help="run the shape with GGUF weights of this type kept quantized (random codes in a "
         "GGUF file written for the run) instead of dummy dense weights",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one engine only: CUDA graphs (where the device has them) and async scheduling "
+        "on, and no offline-mixed run",
     )
     parser.add_argument("--output-json", help="also write the figures to this file")
 
@@ -334,21 +383,27 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
             # Only what the largest batch needs: two engines never hold a device's worth each.
             engine_args["num_gpu_blocks_override"] = blocks_needed
         # Graphs exist on CUDA only; --enforce-eager keeps to the eager runs.
-        graph_modes = (True, False) if device_type == "cuda" else (True,)
+        graph_modes: tuple[bool, ...] = (True, False) if device_type == "cuda" else (True,)
         if engine_args.pop("enforce_eager", False):
             graph_modes = (True,)
+        async_modes: tuple[bool, ...] = (False, True)
+        if args.quick:  # graphs where there are any, async on
+            graph_modes, async_modes = graph_modes[-1:], (True,)
+        experts_hit: dict[int, tuple[list[float], str]] = {}
         for eager in graph_modes:
-            for async_scheduling in (False, True):
+            for async_scheduling in async_modes:
                 config = engine_config_from_kwargs(
                     **engine_args, async_scheduling=async_scheduling, enforce_eager=eager
                 )
                 engine_runs, engine_mixed = _runs_of_one_engine(
-                    config, args, rng, bandwidth, blocks_needed, quantized_bytes
+                    config, args, rng, bandwidth, blocks_needed, quantized_bytes, experts_hit
                 )
                 runs += engine_runs
-                mixed.append(engine_mixed)
+                if engine_mixed is not None:
+                    mixed.append(engine_mixed)
     assert config.arch is not None
     dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
+    moe = moe_step_bytes(config.arch, dtype_bytes) if quantized_bytes is None else None
     return {
         "workload": "device",
         "machine": machine_info(),
@@ -361,7 +416,11 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
         "block_size": block_size,
         "context_len": args.context_len,
         "output_len": args.output_len,
-        "weight_bytes_per_step": quantized_bytes or weight_bytes_per_step(config.arch, dtype_bytes),
+        # A mixture of experts' varies with the experts a step hits: each run gives its own.
+        "weight_bytes_per_step": None
+        if moe is not None
+        else quantized_bytes or weight_bytes_per_step(config.arch, dtype_bytes),
+        "moe": None if moe is None else moe.summary(),
         "kv_bytes_per_token": config.arch.kv_elements_per_token * dtype_bytes,
         "bandwidth_gb_s": {
             "measured_copy": round(measured / 1e9, 1),
@@ -408,9 +467,12 @@ def _runs_of_one_engine(
     bandwidth: float,
     blocks_needed: int,
     quantized_bytes: int | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every batch size, then offline-mixed, on one EngineCore, which is shut down and freed
-    afterwards. quantized_bytes: the weight bytes a step reads when they are GGUF blocks."""
+    experts_hit: dict[int, tuple[list[float], str]] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Every batch size, then offline-mixed (not with --quick), on one EngineCore, which is
+    shut down and freed afterwards. quantized_bytes: the weight bytes a step reads when they
+    are GGUF blocks. experts_hit: a mixture of experts' counts by batch size, kept across
+    engines (the dummy weights are the same in each)."""
     import gc
 
     import torch
@@ -428,8 +490,27 @@ def _runs_of_one_engine(
         dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
         weights = quantized_bytes or weight_bytes_per_step(config.arch, dtype_bytes)
         kv_per_token = config.arch.kv_elements_per_token * dtype_bytes
-        runs = [
-            _measure(
+        moe = moe_step_bytes(config.arch, dtype_bytes) if quantized_bytes is None else None
+        runs = []
+        for batch in args.batch_sizes:
+            extra: dict[str, Any] = {}
+            if moe is not None:
+                hit, source = experts_hit_per_layer(
+                    core,
+                    moe,
+                    batch,
+                    functools.partial(
+                        _decode_run, core, f"experts-{batch}", batch, args.context_len, 4, rng
+                    ),
+                    {} if experts_hit is None else experts_hit,
+                )
+                weights = moe.weight_bytes(hit)
+                extra = {
+                    "weight_bytes_per_step": weights,
+                    "experts_hit_per_layer": round(sum(hit) / len(hit), 2),
+                    "experts_hit_from": source,
+                }
+            run = _measure(
                 core,
                 config.scheduler.async_scheduling,
                 batch,
@@ -439,9 +520,8 @@ def _runs_of_one_engine(
                 kv_per_token,
                 bandwidth,
             )
-            for batch in args.batch_sizes
-        ]
-        return runs, _offline_mixed(core, rng)
+            runs.append(run | extra)
+        return runs, None if args.quick else _offline_mixed(core, rng)
     finally:
         core.shutdown()
         del core

@@ -3,7 +3,7 @@
 # triton and transformers but not msgspec, pyzmq, gguf or xgrammar: those travel as wheels in
 # .whl/ (docs/device.md says how to fetch them).
 #
-#   bash scripts/device_check.sh [tests|tier] [bench] [bench-long] [profile] [gguf] [serve]
+#   bash scripts/device_check.sh [tests|tier] [bench] [bench-long] [moe] [profile] [gguf] [serve]
 #   (default: tests bench profile)
 #
 # Figures and logs go to $OUT (or ./device-out).
@@ -45,6 +45,15 @@ for stage in $stages; do
         python3 -m serve.cli bench device --batch-sizes 1 --context-len 32k --output-len 32 \
             --output-json "$OUT/bench_32k.json" 2>"$OUT/bench_32k.err" | tail -40 || rc=1
         tail -5 "$OUT/bench_32k.err"
+        ;;
+    moe)
+        # Qwen3-30B-A3B's shape (48 layers, 128 experts, top-8; 61 GB of dummy bf16 weights):
+        # batch 1 and 64, graphs and async on (--quick: one engine), the experts each step
+        # reads counted from its routing (docs/device.md).
+        python3 -m serve.cli bench device --shape qwen3-30b-a3b --quick --batch-sizes 1,64 \
+            --context-len 128 --output-len 32 --output-json "$OUT/bench_moe.json" \
+            2>"$OUT/bench_moe.err" | tail -40 || rc=1
+        tail -5 "$OUT/bench_moe.err"
         ;;
     gguf)
         # The Triton GGUF matmul on the 8B shape's projections against bf16 cuBLAS.
