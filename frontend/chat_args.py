@@ -11,6 +11,12 @@ from dataclasses import dataclass
 
 from frontend.tool_parsers import TOOL_PARSERS
 
+# vLLM's --tool-call-parser for gpt-oss: its calls are harmony messages, which openai-harmony
+# reads (frontend/serving_harmony.py); valid only for a gpt-oss model.
+HARMONY_TOOL_PARSER = "openai"
+HARMONY_MODEL_TYPES = frozenset({"gpt_oss"})  # config.json model_types whose chat is harmony
+PARSER_NAMES = sorted([*TOOL_PARSERS, HARMONY_TOOL_PARSER])
+
 
 def add_chat_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Add the chat flags to parser."""
@@ -33,7 +39,7 @@ def add_chat_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
     )
     parser.add_argument(
         "--tool-call-parser",
-        choices=sorted(TOOL_PARSERS),
+        choices=PARSER_NAMES,
         help="how the model writes tool calls (with --enable-auto-tool-choice)",
     )
     parser.add_argument(
@@ -62,7 +68,7 @@ class ChatOptions:
         if args.enable_auto_tool_choice and args.tool_call_parser is None:
             raise ValueError(
                 "--enable-auto-tool-choice needs --tool-call-parser (one of "
-                f"{', '.join(sorted(TOOL_PARSERS))})"
+                f"{', '.join(PARSER_NAMES)})"
             )
         return cls(
             load_chat_template(args.chat_template),
@@ -70,6 +76,22 @@ class ChatOptions:
             args.tool_call_parser if args.enable_auto_tool_choice else None,
             args.enable_prompt_tokens_details,
         )
+
+    def check_model_type(self, model_type: str) -> None:
+        """ValueError when --tool-call-parser cannot read this model's calls: 'openai'
+        (harmony) for a model that is not gpt-oss, another parser for gpt-oss."""
+        harmony = model_type in HARMONY_MODEL_TYPES
+        parser = self.auto_tool_parser
+        if parser == HARMONY_TOOL_PARSER and not harmony:
+            raise ValueError(
+                f"--tool-call-parser {parser} reads gpt-oss's harmony tool calls; this "
+                f"model's model_type is {model_type!r}"
+            )
+        if parser not in (None, HARMONY_TOOL_PARSER) and harmony:
+            raise ValueError(
+                "gpt-oss writes its tool calls as harmony messages, which --tool-call-parser "
+                f"{parser} cannot read: pass {HARMONY_TOOL_PARSER} (vLLM's name) or leave it out"
+            )
 
     def argv(self, chat_template_file: str | None) -> list[str]:
         """The flags for a child's command line, the template given as a file."""

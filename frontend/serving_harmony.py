@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from frontend.chat_args import HARMONY_MODEL_TYPES
 from frontend.errors import bad_request
 from frontend.harmony_output import HarmonyOutput, HarmonyPiece, gather
 from frontend.harmony_prompt import render_prompt
@@ -36,8 +37,6 @@ from protocol.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from openai_harmony import HarmonyEncoding
     from transformers import PreTrainedTokenizerBase
-
-HARMONY_MODEL_TYPES = frozenset({"gpt_oss"})
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,9 @@ class Launcher:
         deadline = time.monotonic() + timeout
         try:
             self.config = resolved_config(**self.engine_args)
-        except (ConfigError, OSError, RuntimeError) as e:  # a model that is not there
+            assert self.config.arch is not None
+            self.api.chat.check_model_type(self.config.arch.model_type)  # gpt-oss: harmony
+        except (ConfigError, OSError, RuntimeError, ValueError) as e:  # no model, or bad flags
             raise LaunchError(str(e)) from None
         if self.dp.remote:  # first, so that a port in use fails before the model loads
             self._first_host = self._rendezvous(timeout)

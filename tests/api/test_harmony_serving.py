@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from frontend.chat_args import ChatOptions
 from frontend.errors import ApiError
 from frontend.openai_protocol import ChatCompletionRequest, ChatMessage
 from frontend.serving import ServingContext
@@ -167,6 +168,17 @@ def test_what_harmony_cannot_serve_is_refused(fields, param):
         check_request(_request(**fields))
     assert e.value.status == 400 and e.value.param == param
     assert "not supported for gpt-oss" in e.value.message
+
+
+def test_the_tool_parser_flag_must_fit_the_model():
+    """--tool-call-parser openai (vLLM's for gpt-oss) only for gpt-oss; gpt-oss no other."""
+    ChatOptions(auto_tool_parser="openai").check_model_type("gpt_oss")
+    ChatOptions().check_model_type("gpt_oss")
+    ChatOptions(auto_tool_parser="hermes").check_model_type("qwen3")
+    with pytest.raises(ValueError, match="reads gpt-oss's harmony tool calls"):
+        ChatOptions(auto_tool_parser="openai").check_model_type("llama")
+    with pytest.raises(ValueError, match="--tool-call-parser hermes cannot read"):
+        ChatOptions(auto_tool_parser="hermes").check_model_type("gpt_oss")
 
 
 def test_a_grammar_is_refused():
