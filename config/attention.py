@@ -26,7 +26,10 @@ class AttentionFeatures:
         """What the model needs at this context length: a sliding window only where a sequence
         can outgrow it (within the window, full causal attention computes the same)."""
         window = arch.sliding_window
-        return cls(sliding_window=window is not None and window < max_model_len)
+        return cls(
+            sliding_window=window is not None and window < max_model_len,
+            mla=arch.kv_latent_dim is not None,
+        )
 
 
 PLAIN_ATTENTION = AttentionFeatures()
@@ -52,6 +55,7 @@ class AttentionSupport:
     sliding_window: bool = False
     logits_soft_cap: bool = False
     sinks: bool = False
+    # Runs multi-head latent attention over a latent cache, and only that (no per-head K/V).
     mla: bool = False
     kv_cache_dtypes: tuple[str, ...] = ("auto",)
 
@@ -75,13 +79,21 @@ class AttentionSupport:
         for name, words in _FEATURE_WORDS.items():
             if getattr(features, name) and not getattr(self, name):
                 return words, ""
+        if self.mla and not features.mla:
+            # A latent cache holds no per-head keys and values.
+            return "per-head keys and values (a model without MLA)", ""
         return None
 
 
 # Each device type's attention backends, most preferred first: gpu_worker/attention/select.py
 # takes the first that runs a configuration (and whose code is usable there), and
 # EngineConfig.resolve() refuses a configuration none of them runs. Derived from the kernels;
-# none implements a sliding window, soft-capping, sinks, MLA or a KV cache of another dtype:
+# none implements a sliding window, soft-capping, sinks or a KV cache of another dtype. MLA models
+# run on the MLA backend alone: gpu_worker/attention/mla_backend.py, the latent cache in plain
+# torch ops (plans on the host, so no CUDA graphs), on both device types; it runs any head and
+# block size.
+_MLA_TORCH = AttentionSupport("mla_torch", mla=True)
+
 ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
     "cuda": (
         # kernels/paged_attention.py and write_kv.py (Triton).
@@ -95,6 +107,7 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
             head_dims=(16, 32, 64, 128, 256),
             dtypes=("float16", "bfloat16", "float32"),
         ),
+        _MLA_TORCH,
     ),
     "cpu": (
         # kernels/cpu/paged_attention.c: compiled for these head sizes, 16 positions a step.
@@ -103,6 +116,7 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
         ),
         # gpu_worker/attention/torch_backend.py: gathers K/V into plain torch ops; runs anything.
         AttentionSupport("torch"),
+        _MLA_TORCH,
     ),
 }
 
@@ -138,6 +152,8 @@ def attention_backends_for(
         return names
     reasons = []
     for support in table:
+        if support.mla and not features.mla:
+            continue  # an MLA-only backend is no candidate for per-head attention
         refusal = support.refusal(block_size, head_dim, dtype, features)
         assert refusal is not None  # none of them runs it (names is empty)
         setting, instead = refusal

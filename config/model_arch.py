@@ -35,6 +35,10 @@ class ModelArchConfig:
     bos_token_id: int | None
     # How many last tokens the windowed layers attend to (None: every layer sees the whole context).
     sliding_window: int | None = None
+    # Multi-head latent attention (DeepSeek-V2/V3): the elements of the one vector each token
+    # keeps per layer (kv_lora_rank + qk_rope_head_dim), shared by every head and every rank;
+    # None: per-head keys and values. head_dim is then the rotary part (qk_rope_head_dim).
+    kv_latent_dim: int | None = None
     # The whole config.json, for what only one family reads (a mixture of experts' routing, MLA's
     # ranks): each family parses its own fields in its own file (gpu_worker/models/).
     hf_config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -70,6 +74,7 @@ class ModelArchConfig:
                 )
             if rope_type == "default":
                 rope_scaling = None
+        mla = _latent_attention(cfg, source)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         return cls(
@@ -80,7 +85,7 @@ class ModelArchConfig:
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            head_dim=int(mla[1] if mla else cfg.get("head_dim") or hidden // heads),
             vocab_size=vocab,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
@@ -92,6 +97,7 @@ class ModelArchConfig:
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             sliding_window=_sliding_window(cfg),
+            kv_latent_dim=sum(mla) if mla else None,
             hf_config=dict(cfg),
         )
 
@@ -117,8 +123,30 @@ class ModelArchConfig:
 
     @property
     def kv_elements_per_token(self) -> int:
-        """Elements of K and V stored per token across all layers."""
+        """Elements of K and V (MLA: of the latent vector) stored per token across all layers."""
+        if self.kv_latent_dim is not None:
+            return self.num_hidden_layers * self.kv_latent_dim
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
+
+    def kv_elements_per_token_per_rank(self, tensor_parallel_size: int) -> int:
+        """What one tensor-parallel rank stores per token: its share of the KV heads, or the
+        whole latent vector (MLA), which every rank's query heads read."""
+        if self.kv_latent_dim is not None:
+            return self.kv_elements_per_token
+        return self.kv_elements_per_token // tensor_parallel_size
+
+
+def _latent_attention(cfg: dict[str, Any], source: str) -> tuple[int, int] | None:
+    """(kv_lora_rank, qk_rope_head_dim) of a model with multi-head latent attention (its
+    config has kv_lora_rank), else None."""
+    if cfg.get("kv_lora_rank") is None:
+        return None
+    try:
+        return int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"])
+    except KeyError as e:
+        raise ValueError(
+            f"{source}: kv_lora_rank (latent attention) without {e.args[0]!r}"
+        ) from None
 
 
 # Model types whose config turns the window on with use_sliding_window (off when absent) and

@@ -18,9 +18,10 @@ DEFAULT_CPU_KV_CACHE_BYTES = 2 * 2**30
 def kv_block_bytes(
     arch: ModelArchConfig, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1
 ) -> int:
-    """Bytes one block occupies across all layers on one rank."""
+    """Bytes one block occupies across all layers on one rank (MLA: the whole latent vector on
+    every rank)."""
     elem = torch.empty(0, dtype=dtype).element_size()
-    return arch.kv_elements_per_token * block_size * elem // tensor_parallel_size
+    return arch.kv_elements_per_token_per_rank(tensor_parallel_size) * block_size * elem
 
 
 def kv_cache_num_blocks(
@@ -73,9 +74,13 @@ def allocate_kv_caches(
     cache_shape: Callable[[int, int, int, int], tuple[int, ...]],
     tensor_parallel_size: int = 1,
 ) -> list[torch.Tensor]:
-    """One zeroed cache tensor per layer, in the attention backend's layout (cache_shape)."""
-    kv_heads = arch.num_key_value_heads // tensor_parallel_size
-    shape = cache_shape(num_blocks, block_size, kv_heads, arch.head_dim)
+    """One zeroed cache tensor per layer, in the attention backend's layout (cache_shape); an
+    MLA model's holds one latent vector of kv_latent_dim elements per token (asked of
+    cache_shape as one KV head of that size: the MLA backend's layout)."""
+    kv_heads, head_dim = arch.num_key_value_heads // tensor_parallel_size, arch.head_dim
+    if arch.kv_latent_dim is not None:
+        kv_heads, head_dim = 1, arch.kv_latent_dim
+    shape = cache_shape(num_blocks, block_size, kv_heads, head_dim)
     if device.type == "cpu":
         return [_lazily_zeroed(shape, dtype) for _ in range(arch.num_hidden_layers)]
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_hidden_layers)]

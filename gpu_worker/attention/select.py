@@ -62,4 +62,8 @@ def backend_class(name: str) -> type[AttentionBackend[Any]]:
         from gpu_worker.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend
+    if name == "mla_torch":
+        from gpu_worker.attention.mla_backend import MLATorchBackend
+
+        return MLATorchBackend
     raise AssertionError(f"config.attention names an attention backend {name!r} with no class")

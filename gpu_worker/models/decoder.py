@@ -25,7 +25,7 @@ class DecoderForCausalLM(nn.Module, ABC):
     gated MLP, its feed-forward block (mlp_block)."""
 
     # Checkpoint tensors loaded as slices of the fused projections.
-    stacked_shards = (
+    stacked_shards: tuple[StackedShard, ...] = (
         StackedShard("qkv_proj", "q_proj", "q"),
         StackedShard("qkv_proj", "k_proj", "k"),
         StackedShard("qkv_proj", "v_proj", "v"),

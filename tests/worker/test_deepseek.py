@@ -1,0 +1,224 @@
+"""DeepSeek-V2/V3 (multi-head latent attention, shared experts, grouped routing) through the model
+runner equals transformers on tiny random models, and keeps one latent vector per token.
+
+Each case writes a small random checkpoint with transformers (tests/tiny_models.py) and perturbs
+what transformers initialises to constants (norm weights to 1, the V3 router's correction bias
+to 0) so those paths matter; it then checks greedy tokens (one request at a time, all in one
+batch, prompts in chunks) and the last-position logits against transformers in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from config.attention import AttentionFeatures, attention_backends_for
+from config.errors import ConfigError
+from config.model_arch import ModelArchConfig
+from gpu_worker.attention.select import backend_class
+from gpu_worker.kv_cache import kv_block_bytes
+from protocol.sampling_params import SamplingParams
+from tests.tiny_models import make_tiny_model
+from tests.worker.runner_utils import make_runner
+
+NEW_TOKENS = 8
+PROMPT_LENS = (1, 7, 16, 45)  # one token, under a block, exactly one block, over two blocks
+LOGIT_ATOL = 1e-4
+
+MLA = dict(
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,  # MLA has no KV heads; transformers repeats KV by heads / this
+    kv_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=32,
+    v_head_dim=32,
+)
+MOE = dict(
+    first_k_dense_replace=1,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    moe_intermediate_size=32,
+)
+V3 = dict(**MLA, **MOE, n_group=2, topk_group=1, q_lora_rank=48, routed_scaling_factor=2.5)
+YARN = dict(
+    rope_type="yarn",
+    rope_theta=10000.0,
+    factor=4.0,
+    original_max_position_embeddings=128,
+    beta_fast=32.0,
+    beta_slow=1.0,
+    mscale=1.0,
+    mscale_all_dim=1.0,
+)
+
+# name -> (family, overrides of the tiny config)
+CASES = {
+    "v3": ("deepseek_v3", V3),
+    "v3-no-q-lora": ("deepseek_v3", {**V3, "q_lora_rank": None}),
+    "v3-rope-halves": ("deepseek_v3", {**V3, "rope_interleave": False, "norm_topk_prob": False}),
+    "v3-yarn": ("deepseek_v3", {**V3, "rope_parameters": YARN}),
+    # V2-Lite's shape: no q compression, softmax greedy routing, no renormalisation.
+    "v2-lite": ("deepseek_v2", {**MLA, **MOE, "q_lora_rank": None, "topk_method": "greedy"}),
+    "v2-grouped": (
+        "deepseek_v2",
+        {
+            **MLA,
+            **MOE,
+            "q_lora_rank": 48,
+            "topk_method": "group_limited_greedy",
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 1.5,
+        },
+    ),
+}
+
+
+def _perturb_constants(model_dir) -> None:
+    """Random norm weights and correction biases (transformers makes them 1 and 0); the
+    correction bias large enough to change which experts are chosen."""
+    path = model_dir / "model.safetensors"
+    tensors = load_file(path)
+    gen = torch.Generator().manual_seed(1)
+    for name, t in tensors.items():
+        if name.endswith("norm.weight"):
+            tensors[name] = 1.0 + 0.5 * torch.randn(t.shape, generator=gen)
+        elif name.endswith("e_score_correction_bias"):
+            tensors[name] = 0.1 * torch.randn(t.shape, generator=gen)
+        elif name.endswith("mlp.gate.weight"):
+            tensors[name] = 0.5 * torch.randn(t.shape, generator=gen)  # decisive routing
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _prompts(vocab: int) -> dict[str, list[int]]:
+    gen = torch.Generator().manual_seed(7)
+    return {f"len{n}": torch.randint(3, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    """(runner, driver, prompts, HF greedy tokens, HF last-position logits)."""
+    from transformers import AutoModelForCausalLM
+
+    family, overrides = CASES[request.param]
+    model_dir = make_tiny_model(tmp_path_factory.mktemp(request.param), family, **overrides)
+    _perturb_constants(model_dir)
+    runner, driver = make_runner(model_dir, kv_cache_memory="2MiB")
+    assert runner.backend.name == "mla_torch"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    prompts = _prompts(runner.arch.vocab_size)
+    tokens, last_logits = {}, {}
+    with torch.inference_mode():
+        for req_id, ids in prompts.items():
+            seq = model.generate(
+                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+            )
+            tokens[req_id] = seq[0, len(ids) :].tolist()
+            last_logits[req_id] = model(torch.tensor([ids])).logits[0, -1].float()
+    return runner, driver, prompts, tokens, last_logits
+
+
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
+
+
+def _check(outputs, reference):
+    mismatched = {r: (o, reference[r]) for r, o in outputs.items() if o != reference[r]}
+    assert not mismatched, f"{len(mismatched)} prompts differ from transformers: {mismatched}"
+
+
+def test_one_request_at_a_time(case):
+    _, driver, prompts, reference, _ = case
+    outputs = {}
+    for req_id, ids in prompts.items():
+        outputs.update(driver.run({req_id: ids}, GREEDY, NEW_TOKENS))
+    _check(outputs, reference)
+
+
+def test_mixed_prompt_lengths_in_one_batch(case):
+    _, driver, prompts, reference, _ = case
+    _check(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
+
+
+@pytest.mark.parametrize("chunk", [5, 16])
+def test_prompts_split_into_chunks(case, chunk):
+    _, driver, prompts, reference, _ = case
+    _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
+
+
+def test_last_position_logits_match_transformers(case, monkeypatch):
+    runner, driver, prompts, _, ref_last = case
+    captured: list[torch.Tensor] = []
+    compute_logits = runner.model.compute_logits
+
+    def capture(hidden, out=None):
+        logits = compute_logits(hidden, out)
+        captured.append(logits.clone())
+        return logits
+
+    monkeypatch.setattr(runner.model, "compute_logits", capture)
+    monkeypatch.setattr(runner, "fused_greedy", False)
+    driver.run(prompts, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1), 1)
+    assert len(captured) == 1
+    for row, req_id in enumerate(prompts):
+        diff = (captured[0][row] - ref_last[req_id]).abs().max().item()
+        assert diff < LOGIT_ATOL, f"{req_id}: last-position logits differ by {diff}"
+
+
+def test_cache_holds_one_latent_vector_per_token(case):
+    """Each layer's cache is [blocks, block_size, kv_lora_rank + qk_rope_head_dim], and the
+    sizing counts that (not 2 * heads * head_dim) per token and layer."""
+    runner, _, _, _, _ = case
+    latent = MLA["kv_lora_rank"] + MLA["qk_rope_head_dim"]
+    arch, block_size = runner.arch, runner.block_size
+    assert arch.kv_latent_dim == latent and arch.head_dim == MLA["qk_rope_head_dim"]
+    assert len(runner.kv_caches) == arch.num_hidden_layers
+    for cache in runner.kv_caches:
+        assert cache.shape[1:] == (block_size, latent)
+    per_block = kv_block_bytes(arch, block_size, torch.float32)
+    assert per_block == arch.num_hidden_layers * latent * block_size * 4
+    # The whole latent vector on every tensor-parallel rank: its heads all read it.
+    assert kv_block_bytes(arch, block_size, torch.float32, tensor_parallel_size=2) == per_block
+    assert runner.kv_caches[0].shape[0] == 2 * 2**20 // per_block
+
+
+def _tiny_arch(**overrides) -> ModelArchConfig:
+    cfg = dict(
+        architectures=["DeepseekV3ForCausalLM"],
+        model_type="deepseek_v3",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        vocab_size=512,
+        **{k: v for k, v in MLA.items() if k not in ("num_hidden_layers", "num_attention_heads")},
+    )
+    return ModelArchConfig.from_dict({**cfg, **overrides})
+
+
+def test_only_the_mla_backend_runs_a_latent_cache():
+
+    mla = AttentionFeatures.of(_tiny_arch(), 512)
+    assert mla.mla
+    for device in ("cpu", "cuda"):
+        assert attention_backends_for(device, 16, 16, "float32", mla) == ["mla_torch"]
+    with pytest.raises(ConfigError, match="kv_cache_dtype fp8 is not supported by the mla_torch"):
+        attention_backends_for("cuda", 16, 16, "bfloat16", replace(mla, kv_cache_dtype="fp8"))
+    # ... and a model without MLA never gets the MLA backend, nor hears of it in a refusal.
+    plain = AttentionFeatures()
+    assert "mla_torch" not in attention_backends_for("cpu", 16, 64, "float32", plain)
+    with pytest.raises(ConfigError) as refused:
+        attention_backends_for("cuda", 16, 80, "bfloat16", plain)
+    assert "head_dim 80" in str(refused.value) and "mla" not in str(refused.value)
+    with pytest.raises(ValueError, match="one vector per token"):
+        backend_class("mla_torch").kv_cache_shape(4, 16, 2, 48)
+
+
+def test_mla_backend_has_no_cuda_graphs():
+    cls = backend_class("mla_torch")
+    assert not cls.supports_cuda_graphs and cls.plans_on_host
