@@ -52,6 +52,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
             "--no-hf", action="store_true", help="skip the transformers comparison"
         )
         offline.add_argument("--runs", type=int, default=3, help="repetitions")
+        if name == "throughput":
+            offline.add_argument(
+                "--small-moe",
+                action="store_true",
+                help="run on a random-weight small Qwen3-MoE (hidden 512, 4 layers, 16 experts, "
+                "top-2; bench/moe_model.py, written once to the cache) instead of --model",
+            )
         offline.add_argument("--output-json", help="also write the figures to this file")
         add_engine_args(offline)
         offline.set_defaults(func=run_workload)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.machine_limits import machine_info, matmul_rates, timed
+from bench.moe_bytes import moe_step_bytes
 from bench.overhead import step_overhead
 from config.args import engine_kwargs
 from protocol.sampling_params import SamplingParams
@@ -31,11 +32,16 @@ def random_prompts(
 
 
 def _flops_per_token(arch) -> tuple[float, float]:
-    """Matmul FLOPs of one prompt token and one sampled token (adds the output projection)."""
+    """Matmul FLOPs of one prompt token and one sampled token (adds the output projection);
+    of a mixture of experts, the experts a token is routed to (norms counted as weights)."""
     h, i, kv = arch.hidden_size, arch.intermediate_size, arch.num_key_value_heads * arch.head_dim
     q = arch.num_attention_heads * arch.head_dim
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * i
     body = 2 * arch.num_hidden_layers * per_layer
+    if (moe := moe_step_bytes(arch, 1)) is not None:
+        # A token runs its top_k experts of each MoE layer and every other weight once.
+        routed = sum(layer.top_k * layer.bytes_per_expert for layer in moe.layers)
+        body = 2 * (moe.other_bytes - h * arch.vocab_size + routed)
     return body, body + 2 * h * arch.vocab_size
 
 
@@ -73,7 +79,14 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Workload offline-mixed: 64 requests at once, prompts 32..256, outputs 16..128 tokens."""
     from frontend.llm import LLM
 
-    llm = LLM(engine_process=not args.in_process, **engine_kwargs(args))
+    kwargs = engine_kwargs(args)
+    if getattr(args, "small_moe", False):
+        if "model" in kwargs:
+            raise ValueError("--small-moe runs its own model: leave out --model")
+        from bench.moe_model import small_moe_dir
+
+        kwargs["model"] = small_moe_dir()
+    llm = LLM(engine_process=not args.in_process, **kwargs)
     rng = np.random.default_rng(0)
     prompt_lens = rng.integers(32, 257, 64)
     output_lens = rng.integers(16, 129, 64).tolist()

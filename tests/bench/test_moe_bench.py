@@ -84,3 +84,24 @@ def test_qwen3_30b_a3b_shape_bytes():
 
 def test_dense_shape_has_no_moe_bytes():
     assert moe_step_bytes(ModelArchConfig.from_dict(model_config("small")), 4) is None
+
+
+def test_small_moe_flops_count_the_routed_experts():
+    """offline-mixed's matmul FLOPs on the small MoE: a token runs 2 of 16 experts a layer."""
+    from bench.moe_model import SMALL_MOE
+    from bench.offline import _flops_per_token
+
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **SMALL_MOE}
+    arch = ModelArchConfig.from_dict({**cfg, "vocab_size": 49152})
+    prompt, sampled = _flops_per_token(arch)
+    h = 512
+    # Per layer: q (512) + k, v (128 each) + o; q/k norms, two norms; router; 2 experts of
+    # 3 x 512 x 512. Plus the final norm.
+    per_layer = h * (512 + 256) + 512 * h + 2 * 64 + 2 * h + 16 * h + 2 * 3 * h * 512
+    assert prompt == 2 * (4 * per_layer + h)
+    assert sampled == prompt + 2 * h * 49152
+
+
+def test_small_moe_refuses_a_model(capsys):
+    assert main(["bench", "throughput", "--small-moe", "--model", "x", "--no-hf"]) != 0
+    assert "--small-moe runs its own model: leave out --model" in capsys.readouterr().err
