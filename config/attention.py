@@ -24,12 +24,18 @@ class AttentionFeatures:
     @classmethod
     def of(cls, arch: ModelArchConfig, max_model_len: int) -> AttentionFeatures:
         """What the model needs at this context length: a sliding window only where a sequence
-        can outgrow it (within the window, full causal attention computes the same)."""
+        can outgrow it (within the window, full causal attention computes the same); sinks where
+        the family has them."""
         window = arch.sliding_window
         return cls(
             sliding_window=window is not None and window < max_model_len,
+            sinks=arch.model_type in SINK_MODEL_TYPES,
             mla=arch.kv_latent_dim is not None,
         )
+
+
+# Model types whose attention layers carry a learned sink logit per head (gpt-oss's `sinks`).
+SINK_MODEL_TYPES = frozenset({"gpt_oss"})
 
 
 PLAIN_ATTENTION = AttentionFeatures()
@@ -88,10 +94,10 @@ class AttentionSupport:
 # Each device type's attention backends, most preferred first: gpu_worker/attention/select.py
 # takes the first that runs a configuration (and whose code is usable there), and
 # EngineConfig.resolve() refuses a configuration none of them runs. Derived from the kernels;
-# none implements a sliding window, soft-capping, sinks or a KV cache of another dtype. MLA models
-# run on the MLA backend alone: gpu_worker/attention/mla_backend.py, the latent cache in plain
-# torch ops (plans on the host, so no CUDA graphs), on both device types; it runs any head and
-# block size.
+# each runs sliding windows and sinks (docs/models/attention-features.md); none implements
+# soft-capping or a KV cache of another dtype. MLA models run on the MLA backend alone:
+# gpu_worker/attention/mla_backend.py, the latent cache in plain torch ops (plans on the host, so
+# no CUDA graphs), on both device types; it runs any head and block size.
 _MLA_TORCH = AttentionSupport("mla_torch", mla=True)
 
 ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
@@ -106,16 +112,23 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
             # is 256 registers a thread at 4 warps (the limit is 255).
             head_dims=(16, 32, 64, 128, 256),
             dtypes=("float16", "bfloat16", "float32"),
+            sliding_window=True,
+            sinks=True,
         ),
         _MLA_TORCH,
     ),
     "cpu": (
         # kernels/cpu/paged_attention.c: compiled for these head sizes, 16 positions a step.
         AttentionSupport(
-            "cpu", block_sizes=(16, 32, 64, 128, 256), head_dims=(64, 128), dtypes=("float32",)
+            "cpu",
+            block_sizes=(16, 32, 64, 128, 256),
+            head_dims=(64, 128),
+            dtypes=("float32",),
+            sliding_window=True,
+            sinks=True,
         ),
         # gpu_worker/attention/torch_backend.py: gathers K/V into plain torch ops; runs anything.
-        AttentionSupport("torch"),
+        AttentionSupport("torch", sliding_window=True, sinks=True),
         _MLA_TORCH,
     ),
 }

@@ -121,6 +121,14 @@ class ModelArchConfig:
                     arch = replace(arch, eos_token_ids=ids)
         return arch
 
+    def layer_sliding_window(self, layer_idx: int) -> int | None:
+        """The window layer layer_idx attends within (None: the whole context), as transformers
+        decides per layer; a config built without its config.json (hf_config empty) slides every
+        layer by sliding_window."""
+        if not self.hf_config:
+            return self.sliding_window
+        return _layer_window(self.hf_config, layer_idx)
+
     @property
     def kv_elements_per_token(self) -> int:
         """Elements of K and V (MLA: of the latent vector) stored per token across all layers."""
@@ -155,10 +163,16 @@ _SWITCHED_WINDOW_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
 
 
 def _sliding_window(cfg: dict[str, Any]) -> int | None:
-    """The window of a model whose config puts at least one layer in it, decided as transformers
-    does: Mistral's sliding_window slides every layer; Qwen2's and Qwen3's only when
-    use_sliding_window, then the layers from max_window_layers on; layer_types, where given,
-    names each layer's kind (transformers 5)."""
+    """The window of a model whose config puts at least one layer in it (see _layer_window)."""
+    layers = int(cfg["num_hidden_layers"])
+    return next((w for i in range(layers) if (w := _layer_window(cfg, i)) is not None), None)
+
+
+def _layer_window(cfg: dict[str, Any], layer_idx: int) -> int | None:
+    """Layer layer_idx's window, decided as transformers does: Mistral's sliding_window slides
+    every layer; Qwen2's and Qwen3's only when use_sliding_window, then the layers from
+    max_window_layers on; layer_types, where given, names each layer's kind (transformers 5:
+    gpt-oss alternates sliding and full layers)."""
     window = cfg.get("sliding_window")
     if not window:
         return None
@@ -167,8 +181,7 @@ def _sliding_window(cfg: dict[str, Any]) -> int | None:
         return None
     layer_types = cfg.get("layer_types")
     if layer_types is not None:
-        used = "sliding_attention" in layer_types
+        used = layer_idx < len(layer_types) and layer_types[layer_idx] == "sliding_attention"
     else:
-        first_windowed = int(cfg.get("max_window_layers", 28 if switched else 0))
-        used = int(cfg["num_hidden_layers"]) > first_windowed
+        used = layer_idx >= int(cfg.get("max_window_layers", 28 if switched else 0))
     return int(window) if used else None

@@ -43,7 +43,9 @@ _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_
 _SIGNATURES = {
     "paged_attention_f32": (
         ctypes.c_int,
-        [_P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I32, _I32, _I32, _I32, _I32, _F32, _I32],
+        # q..seq_lens, num_reqs..block_size, scale, window, sinks, num_threads
+        [_P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I32, _I32, _I32, _I32, _I32]
+        + [_F32, _I32, _P, _I32],
     ),
     "linear_f32": (None, [_P, _I64, _P, _P, _P, _I64, _I64, _I32, _I32, _I32]),
     "swiglu_f32": (None, [_P, _I64, _P, _P, _I64, _I64, _I32, _I32, _I32]),

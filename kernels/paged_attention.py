@@ -21,6 +21,7 @@ from kernels.write_kv import cache_strides
 _MIN_ROWS = 16
 _TARGET_ROWS = 64
 _MIN_BLOCK_N = 64
+LOG2E: tl.constexpr = tl.constexpr(math.log2(math.e))
 
 
 @triton.jit
@@ -63,11 +64,14 @@ def attend_tile(
     BLOCK_SIZE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MAY_BE_EMPTY: tl.constexpr = False,
 ):
     """One key tile of the online softmax, shared by the one-pass and the split-decode kernels:
-    keys and values at positions k_pos (k_valid: inside the context) of the request whose
-    block-table row starts at bt_row, read through the table for kv_head; scores where `allowed`
-    is false count as -inf. Returns the updated running max, sum and un-normalised output."""
+    keys and values at positions k_pos (k_valid: to be read) of the request whose block-table
+    row starts at bt_row, read through the table for kv_head; scores where `allowed` is false
+    count as -inf. MAY_BE_EMPTY: a row may have seen no allowed key yet (a sliding window), so
+    its running max may still be -inf. Returns the updated running max, sum and un-normalised
+    output."""
     block = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
     in_block = k_pos % BLOCK_SIZE
     k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
@@ -78,13 +82,31 @@ def attend_tile(
     s = tl.where(allowed, s, float("-inf"))
 
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_use = m_new
+    if MAY_BE_EMPTY:
+        # -inf - -inf is NaN: a row with no key yet subtracts 0 (its terms are all 0).
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=k_valid[:, None], other=0.0)
     v = v.to(tl.float32).to(DOT_DTYPE)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _initial_max_sum(sinks_ptr, q_head, row_valid, ROWS: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """The online softmax's starting running max and sum (log2 units): -inf and 0, or with sinks
+    the row's sink as if it were a first key with a zero value (max sink, sum 1)."""
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
+        m_i = tl.where(row_valid, sink, float("-inf"))
+        l_i = tl.where(row_valid, 1.0, 0.0)
+    else:
+        m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([ROWS], dtype=tl.float32)
+    return m_i, l_i
 
 
 # num_seqs and the block table's row stride (its width is the step's longest request) change every
@@ -98,6 +120,7 @@ def _paged_attention_kernel(
     block_table_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     scale_log2,
     num_seqs,
     stride_qt,
@@ -119,6 +142,8 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -144,17 +169,23 @@ def _paged_attention_kernel(
     q = tl.load(q_ptr + q_row[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
     q = q.to(tl.float32).to(DOT_DTYPE)
 
-    m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)
+    m_i, l_i = _initial_max_sum(sinks_ptr, q_head, row_valid, BLOCK_Q * GROUP_PAD, HAS_SINKS)
     acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    # Every row keeps key 0 unmasked (q_pos >= 0 and kv_end >= 1), so m_i is finite after the
-    # first chunk and the -inf initialisation never produces NaN.
+    # Without a window every row keeps key 0 unmasked (q_pos >= 0 and kv_end >= 1), so m_i is
+    # finite after the first chunk and the -inf initialisation never produces NaN; with one, a
+    # row's keys may start in a later chunk than the tile's first row's (attend_tile guards).
     kv_end = tl.minimum(ctx_len + tile_q0 + BLOCK_Q, seq_len)
+    kv_start = 0
+    if SLIDING_WINDOW > 0:
+        # The tile's first query has the oldest window; keys before it are never loaded.
+        kv_start = tl.maximum(ctx_len + tile_q0 - SLIDING_WINDOW + 1, 0)
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
-    for start_n in range(0, kv_end, BLOCK_N):
+    for start_n in range(kv_start // BLOCK_SIZE * BLOCK_SIZE, kv_end, BLOCK_N):
         k_pos = start_n + tl.arange(0, BLOCK_N)
-        k_valid = k_pos < kv_end
+        k_valid = (k_pos < kv_end) & (k_pos >= kv_start)
         causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+        if SLIDING_WINDOW > 0:
+            causal = causal & (k_pos[None, :] > q_pos[:, None] - SLIDING_WINDOW)
         m_i, l_i, acc = attend_tile(
             q,
             m_i,
@@ -178,8 +209,11 @@ def _paged_attention_kernel(
             BLOCK_SIZE,
             DOT_DTYPE,
             DOT_PRECISION,
+            SLIDING_WINDOW > 0,
         )
 
+    if SLIDING_WINDOW > 0:
+        l_i = tl.where(l_i == 0.0, 1.0, l_i)  # padding rows may have seen no key at all
     acc = acc / l_i[:, None]
     o_row = (q_start + tok).to(tl.int64) * stride_ot + q_head * stride_oh
     tl.store(
@@ -275,10 +309,15 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,
     max_query_len: int | None = None,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of each request's packed queries over its paged K/V; matches
-    paged_attention_ref."""
+    paged_attention_ref, sliding_window and sinks ([Hq], on query's device) included. With a
+    window, each query tile's walk starts at its first query's window: earlier blocks are not
+    read."""
     out, shapes = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
+    check_features(sliding_window, sinks, shapes.num_q_heads)
     if shapes.num_tokens == 0 or shapes.num_seqs == 0:
         return out
 
@@ -300,6 +339,7 @@ def paged_attention(
         block_table,
         query_start_loc,
         seq_lens,
+        out if sinks is None else sinks,  # any pointer when there are none (never read)
         scale * math.log2(math.e),
         shapes.num_seqs,
         *query.stride()[:2],
@@ -313,9 +353,23 @@ def paged_attention(
         BLOCK_N=block_n,
         DOT_DTYPE=dot_dtype,
         DOT_PRECISION=dot_precision,
+        SLIDING_WINDOW=sliding_window or 0,
+        HAS_SINKS=sinks is not None,
         num_warps=4,
     )
     return out
+
+
+def check_features(
+    sliding_window: int | None, sinks: torch.Tensor | None, num_q_heads: int
+) -> None:
+    """Assert a sliding window of at least one position and sinks of one value per query head."""
+    assert sliding_window is None or sliding_window >= 1, (
+        f"sliding_window must be at least 1, got {sliding_window}"
+    )
+    assert sinks is None or (sinks.shape == (num_q_heads,) and sinks.is_contiguous()), (
+        f"sinks must be a contiguous [{num_q_heads}], got {tuple(sinks.shape)}"
+    )
 
 
 def paged_attention_cpu(
@@ -327,11 +381,14 @@ def paged_attention_cpu(
     seq_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of packed queries q [T, Hq, D] over the paged caches, reading blocks
     in place; returns [T, Hq, D]. Caches in the CPU layout: key_cache [num_blocks, Hkv, D,
     block_size] (each block's keys transposed), value_cache [num_blocks, Hkv, block_size, D];
-    block_size a multiple of 16, D 64 or 128."""
+    block_size a multiple of 16, D 64 or 128. sliding_window and sinks ([Hq] fp32) as in
+    paged_attention_ref; blocks wholly before a query tile's window are not read."""
     for t, name in ((q, "q"), (key_cache, "key_cache"), (value_cache, "value_cache")):
         check_cpu(t, name)
     for t, name in (
@@ -362,6 +419,12 @@ def paged_attention_cpu(
             f"q {tuple(q.shape)} does not match caches {tuple(key_cache.shape)} "
             f"and {tuple(value_cache.shape)}"
         )
+    if sinks is not None:
+        check_cpu(sinks, "sinks")
+        if sinks.shape != (q_heads,) or not sinks.is_contiguous():
+            raise ValueError(f"sinks {tuple(sinks.shape)} must be a packed [{q_heads}]")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
     if out is None:
         out = torch.empty(tokens, q_heads, head_dim)
     check_rows(out, "out")
@@ -384,6 +447,8 @@ def paged_attention_cpu(
             head_dim,
             block_size,
             scale,
+            sliding_window or 0,
+            None if sinks is None else sinks.data_ptr(),
             torch.get_num_threads(),
         )
         if rc == -2:
@@ -405,9 +470,13 @@ def paged_attention_ref(
     seq_lens: torch.Tensor,
     scale: float,
     out_dtype: torch.dtype | None = None,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of each request's packed queries over its paged K/V, computed in fp32;
-    the result is on query's device, in out_dtype (default: query's dtype)."""
+    the result is on query's device, in out_dtype (default: query's dtype). sliding_window: a
+    query at position p sees keys p - sliding_window + 1 .. p only; sinks [Hq]: a logit per query
+    head joining each softmax's denominator and attending to nothing (transformers' gpt-oss)."""
     device = query.device
     num_q_heads = query.shape[1]
     num_kv_heads = key_cache.shape[2]
@@ -430,7 +499,13 @@ def paged_attention_ref(
         scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, q_len, seq_len]
         q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
         allowed = positions[None, :] <= q_pos[:, None]
+        if sliding_window is not None:
+            allowed &= positions[None, :] > q_pos[:, None] - sliding_window
         scores = scores.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        if sinks is not None:
+            sink = sinks.float().to(device)[:, None, None].expand(-1, q_len, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
     return out

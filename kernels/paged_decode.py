@@ -5,7 +5,10 @@ num_seqs * num_kv_heads programs, each walking its whole context: on a long cont
 device sits idle. Here a first kernel runs one program per (sequence, kv head, partition of
 partition_size tokens) and writes each partition's running max, sum and un-normalised output to
 fp32 scratch; a second kernel combines the partitions of each (sequence, query head) by
-log-sum-exp rescaling.
+log-sum-exp rescaling, and counts a layer's sinks there, once.
+
+With a sliding window the partitions start at the partition boundary at or before the window's
+first key, so the grid covers the window, not the context, and nothing before it is read.
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_attention import attend_tile, check_paged_inputs, dot_types, paged_strides
+from kernels.paged_attention import (
+    LOG2E,
+    attend_tile,
+    check_features,
+    check_paged_inputs,
+    dot_types,
+    paged_strides,
+)
 
 # Tokens per partition on the device (vLLM's paged attention v2 uses 512 too).
 PARTITION_SIZE = 512
@@ -49,6 +59,14 @@ def use_split_decode(
 
 # Arguments whose values change from step to step: not specialising on them (== 1, % 16) keeps
 # one compiled kernel for every step instead of one per value class.
+@triton.jit
+def _first_key(seq_len, SLIDING_WINDOW: tl.constexpr):
+    """The first position the decode query (at seq_len - 1) sees."""
+    if SLIDING_WINDOW > 0:
+        return tl.maximum(seq_len - SLIDING_WINDOW, 0)
+    return seq_len * 0
+
+
 @triton.jit(do_not_specialize=["stride_bt", "stride_ms", "stride_mh"])
 def _decode_partition_kernel(
     m_ptr,
@@ -80,6 +98,7 @@ def _decode_partition_kernel(
     PARTITION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -87,11 +106,14 @@ def _decode_partition_kernel(
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
-    start = part * PARTITION
-    # The grid covers the longest sequence; shorter ones (and empty padding rows) stop here.
+    first = _first_key(seq_len, SLIDING_WINDOW)
+    start = first // PARTITION * PARTITION + part * PARTITION
+    # The grid covers the longest sequence (or window); shorter ones (and empty padding rows)
+    # stop here.
     if (q_len == 0) | (start >= seq_len):
         return
     end = tl.minimum(start + PARTITION, seq_len)
+    start = tl.maximum(start, first)  # the window's first partition starts inside it
 
     # Row r is query head kv_head * GROUP + r; rows >= GROUP are padding for tl.dot.
     rows = tl.arange(0, ROWS)
@@ -153,6 +175,7 @@ def _decode_reduce_kernel(
     acc_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     stride_ot,
     stride_oh,
     stride_ms,
@@ -160,6 +183,8 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     PARTITION: tl.constexpr,
     PARTS_BLOCK: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -169,7 +194,8 @@ def _decode_reduce_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     # Only this sequence's own partitions were written; seq_len >= 1 makes at least one.
-    num_parts = (seq_len + PARTITION - 1) // PARTITION
+    base = _first_key(seq_len, SLIDING_WINDOW) // PARTITION * PARTITION
+    num_parts = (seq_len - base + PARTITION - 1) // PARTITION
     ml_base = seq.to(tl.int64) * stride_ms + head * stride_mh
     a_base = ml_base * HEAD_DIM  # acc is m's layout with a contiguous head_dim
     offs_d = tl.arange(0, HEAD_DIM)
@@ -181,6 +207,10 @@ def _decode_reduce_kernel(
         m_part = tl.load(m_ptr + ml_base + offs_p, mask=offs_p < num_parts, other=float("-inf"))
         m_run = tl.maximum(m_run, m_part)
     m_all = tl.max(m_run, axis=0)
+    if HAS_SINKS:
+        # The sink is one more logit of the head's softmax, with a zero value vector.
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
+        m_all = tl.maximum(m_all, sink)
 
     l_run = tl.zeros([PARTS_BLOCK], dtype=tl.float32)
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
@@ -198,14 +228,24 @@ def _decode_reduce_kernel(
         )
         acc += tl.sum(w[:, None] * a, axis=0)
 
-    out = acc / tl.sum(l_run, axis=0)
+    l_all = tl.sum(l_run, axis=0)
+    if HAS_SINKS:
+        l_all += tl.exp2(sink - m_all)
+    out = acc / l_all
     o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh
     tl.store(out_ptr + o_off + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
-def num_partitions(max_seq_len: int, partition_size: int = PARTITION_SIZE) -> int:
-    """Partitions of the longest sequence: the split kernel's grid depth, from a host value."""
-    return max(1, -(-max_seq_len // partition_size))
+def num_partitions(
+    max_seq_len: int, partition_size: int = PARTITION_SIZE, sliding_window: int | None = None
+) -> int:
+    """Partitions of the longest sequence, or of a window's span (its first key's partition
+    boundary to the end: at most sliding_window + partition_size - 1 keys): the split kernel's
+    grid depth, from host values."""
+    parts = max(1, -(-max_seq_len // partition_size))
+    if sliding_window is not None:
+        parts = min(parts, -(-(sliding_window + partition_size - 1) // partition_size))
+    return parts
 
 
 def paged_decode_split(
@@ -219,14 +259,18 @@ def paged_decode_split(
     max_seq_len: int,
     out: torch.Tensor | None = None,
     partition_size: int | None = None,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention (every request has 0 or 1 query token) of each request's query over its
     paged K/V, split along the context; matches paged_attention_ref for such batches.
     max_seq_len must be at least seq_lens.max() (a host value: nothing is read from the device);
     partition_size (default PARTITION_SIZE, or the block size if larger) must be a power of two
-    and a multiple of the block size."""
+    and a multiple of the block size. sliding_window and sinks ([Hq]) as in paged_attention_ref;
+    with a window the partitions cover the window only."""
     out, shapes = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
     num_tokens, num_q_heads, head_dim, block_size, num_kv_heads, num_seqs, group = shapes
+    check_features(sliding_window, sinks, num_q_heads)
     if partition_size is None:
         partition_size = max(PARTITION_SIZE, block_size)
     assert partition_size & (partition_size - 1) == 0 and partition_size >= block_size, (
@@ -248,7 +292,7 @@ def paged_decode_split(
     block_n = min(block_n, partition_size)  # both powers of two, so block_n divides a partition
     dot_dtype, dot_precision = dot_types(query)
 
-    parts = num_partitions(max_seq_len, partition_size)
+    parts = num_partitions(max_seq_len, partition_size, sliding_window)
     m_scratch = torch.empty(num_seqs, num_q_heads, parts, dtype=torch.float32, device=query.device)
     l_scratch = torch.empty_like(m_scratch)
     acc = torch.empty(
@@ -276,6 +320,7 @@ def paged_decode_split(
         PARTITION=partition_size,
         DOT_DTYPE=dot_dtype,
         DOT_PRECISION=dot_precision,
+        SLIDING_WINDOW=sliding_window or 0,
         num_warps=4,
     )
     _decode_reduce_kernel[(num_seqs, num_q_heads)](
@@ -285,11 +330,14 @@ def paged_decode_split(
         acc,
         query_start_loc,
         seq_lens,
+        out if sinks is None else sinks,  # any pointer when there are none (never read)
         *out.stride()[:2],
         *m_scratch.stride()[:2],
         HEAD_DIM=head_dim,
         PARTITION=partition_size,
         PARTS_BLOCK=_PARTS_BLOCK,
+        SLIDING_WINDOW=sliding_window or 0,
+        HAS_SINKS=sinks is not None,
         num_warps=4,
     )
     return out

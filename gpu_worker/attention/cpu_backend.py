@@ -3,7 +3,8 @@
 K/V are written into the cache by slot mapping, then one kernel call attends every request of
 the step (decodes and prefill chunks alike) straight from its blocks: no gather, no padding.
 The cache keeps each block's keys transposed per KV head, so the kernel's score loop is plain
-vector FMAs (kernels/cpu/paged_attention.c).
+vector FMAs (kernels/cpu/paged_attention.c). A layer's sliding window and sinks go to the same
+kernel: the walk starts at the window, the sinks seed each softmax.
 """
 
 from __future__ import annotations
@@ -73,10 +74,21 @@ class CpuAttentionBackend(AttentionBackend[CpuAttnMetadata]):
         kv_cache: torch.Tensor,
         meta: CpuAttnMetadata,
         scale: float,
+        *,
+        sliding_window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; writes k/v into the cache, returns [T, Hq, D]."""
         key_cache, value_cache = self.split_cache(kv_cache)
         write_kv_cpu(k, v, key_cache, value_cache, meta.slot_mapping)
         return paged_attention_cpu(
-            q, key_cache, value_cache, meta.block_table, meta.query_start_loc, meta.seq_lens, scale
+            q,
+            key_cache,
+            value_cache,
+            meta.block_table,
+            meta.query_start_loc,
+            meta.seq_lens,
+            scale,
+            sliding_window=sliding_window,
+            sinks=sinks,
         )

@@ -69,10 +69,16 @@ class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
         kv_cache: torch.Tensor,
         meta: DeviceBatch,
         scale: float,
+        *,
+        sliding_window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]."""
+        """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]. A layer whose window is shorter
+        than the split's threshold reads too few keys to gain from splitting them: it takes the
+        one-pass kernel in every step (the same in a captured graph and at its replay)."""
         write_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
-        if self.uses_split_decode(meta, kv_cache.shape[3], q.device):
+        short_window = sliding_window is not None and sliding_window < SPLIT_MIN_SEQ_LEN
+        if not short_window and self.uses_split_decode(meta, kv_cache.shape[3], q.device):
             return paged_decode_split(
                 q,
                 kv_cache[0],
@@ -82,6 +88,8 @@ class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
                 meta.seq_lens,
                 scale,
                 max_seq_len=meta.max_seq_len,
+                sliding_window=sliding_window,
+                sinks=sinks,
             )
         return paged_attention(
             q,
@@ -92,4 +100,6 @@ class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
             meta.seq_lens,
             scale,
             max_query_len=meta.max_query_len,
+            sliding_window=sliding_window,
+            sinks=sinks,
         )

@@ -3,10 +3,13 @@
 A step whose every request adds one token, at most MAX_ROWS of them, runs the whole layer stack
 in the fused kernel: at batch 1 the per-op Python path cost about three times the weight reads
 it drove. Applies where the kernel computes what the layers would: fp32 activations on the CPU
-with the C kernels, one rank, the CPU attention backend, no q/k norms, head_dim 64 or 128, at
-most 16 query heads per KV head, and each projection held in one kernel layout (one quantized
-run, the blocked fp32 layout or the fused SwiGLU pairs). Elsewhere, and for prefill or mixed
-steps, the layers run one op at a time. ENGINE_FUSED_DECODE=0 turns it off (for comparisons).
+with the C kernels, one rank, the CPU attention backend, no q/k norms, no attention sinks,
+head_dim 64 or 128, at most 16 query heads per KV head, and each projection held in one kernel
+layout (one quantized run, the blocked fp32 layout or the fused SwiGLU pairs). The kernel attends
+to the whole context: a model with sliding-window layers takes it only for steps whose every
+sequence fits in the smallest window (where the window hides nothing). Elsewhere, and for
+prefill or mixed steps, the layers run one op at a time. ENGINE_FUSED_DECODE=0 turns it off (for
+comparisons).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def _layer(layer: DecoderLayer) -> StackLayer | None:
     if (
         not isinstance(mlp, GatedMLP)  # the kernel computes the gated MLP only
         or attn.qk_norm
+        or attn.attn.sinks is not None  # the kernel's softmax has no sinks
         or attn.attn.head_dim not in HEAD_DIMS
         or attn.attn.kv_cache.dim() != 5
         or attn.attn.num_heads % attn.attn.num_kv_heads
@@ -73,6 +77,7 @@ class FusedDecode:
         self._enabled: bool | None = None  # decided at the first step, once the ranks are known
         self._stack: DecodeStack | None = None
         self._cache_ptr = -1
+        self._window: int | None = None  # the layers' smallest sliding window (None: none)
 
     @property
     def enabled(self) -> bool:
@@ -94,6 +99,8 @@ class FusedDecode:
             or inner.norm.weight.dtype != torch.float32
         ):
             return None
+        windows = [ly.self_attn.attn.sliding_window for ly in inner.layers]
+        self._window = min((w for w in windows if w is not None), default=None)
         attn = inner.layers[0].self_attn.attn
         block_size = attn.kv_cache.shape[3]
         if block_size % 16:
@@ -134,6 +141,8 @@ class FusedDecode:
         stack = self.stack()
         if stack is None:
             return None
+        if self._window is not None and int(meta.seq_lens.max()) > self._window:
+            return None  # the kernel attends to the whole context, which a window would not
         return stack.run(
             x.contiguous(),
             cos.reshape(rows, -1),

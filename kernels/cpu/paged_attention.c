@@ -12,7 +12,10 @@
  * so each key load feeds four FMAs. head_dim is a compile-time constant (64 or 128) so the
  * accumulators stay in registers; vec.h's vectors keep the code portable across x86 widths.
  * Queries are causal: query j of a request with q_len queries and seq_len tokens sits at position
- * seq_len - q_len + j and sees positions 0..itself.
+ * seq_len - q_len + j and sees positions 0..itself, or with a sliding window W only positions
+ * itself - W + 1..itself: the walk then starts at the tile's first query's window (rounded down
+ * to a vector), so blocks before it are never read. Sinks (a logit per query head, gpt-oss) join
+ * each softmax's denominator as its initial running max and sum, and attend to nothing.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,20 +41,23 @@ typedef struct {
     const float *k_cache, *v_cache;
     int32_t group, num_kv_heads, block_size;
     float scale;
+    int32_t window;     /* > 0: a query at p sees keys p - window + 1..p; 0: every key before it */
+    const float *sinks; /* [Hq] natural-log sink per query head, or NULL */
 } params_t;
 
-/* K and V base pointers of the NC position vectors of the chunk starting at `start` (vectors
- * never straddle blocks: block_size is a multiple of 16); vectors past `last` repeat the first
- * vector's block, so nothing outside the request's blocks is ever read. */
+/* K and V base pointers of the NC position vectors of the chunk starting at `start` (a multiple
+ * of VW, so vectors never straddle blocks: block_size is a multiple of 16); vectors past `last`
+ * repeat the chunk's first vector's block, or the walk's first (`first`) past the end, so nothing
+ * outside the blocks the walk covers is ever read. */
 static inline void chunk_pointers(const params_t *p, const int32_t *block_table, int32_t kv_head,
-                                  int32_t start, int32_t last, int32_t head_dim,
+                                  int32_t start, int32_t first, int32_t last, int32_t head_dim,
                                   const float **kp, const float **vp)
 {
     const int32_t bs = p->block_size;
     const int64_t head_elems = (int64_t)head_dim * bs;
     for (int c = 0; c < NC; c++) {
         int32_t at = start + c * VW;
-        if (at > last) at = start <= last ? start : 0;
+        if (at > last) at = start <= last ? start : first;
         const int64_t block = (int64_t)block_table[at / bs] * p->num_kv_heads + kv_head;
         kp[c] = p->k_cache + block * head_elems + at % bs;
         vp[c] = p->v_cache + block * head_elems + (int64_t)(at % bs) * head_dim;
@@ -81,19 +87,23 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
             const int32_t vi = t * group + g;                                                      \
             for (int32_t d = 0; d < D; d++) qs[vi * D + d] = src[g * D + d] * p->scale;           \
             pos[vi] = seq_len - q_len + first + t;                                                 \
-            m[vi] = MASKED;                                                                        \
-            l[vi] = 0.0f;                                                                          \
+            /* A sink is the softmax's first logit, with a zero value vector. */                   \
+            m[vi] = p->sinks ? p->sinks[kv_head * group + g] : MASKED;                             \
+            l[vi] = p->sinks ? 1.0f : 0.0f;                                                        \
         }                                                                                          \
     }                                                                                              \
     memset(acc, 0, sizeof(float) * nvec * D);                                                      \
-    const int32_t last = pos[nvec - 1];                                                            \
+    const int32_t last = pos[nvec - 1], win = p->window;                                           \
+    /* The tile's first query has the oldest window; start at its vector. */                      \
+    const int32_t oldest = win > 0 && pos[0] - win + 1 > 0 ? pos[0] - win + 1 : 0;                 \
+    const int32_t walk = oldest / VW * VW;                                                         \
     const float *kp[NC], *vp[NC], *kp_next[NC], *vp_next[NC];                                      \
-    chunk_pointers(p, block_table, kv_head, 0, last, D, kp, vp);                                   \
-    for (int32_t start = 0; start <= last; start += CHUNK) {                                       \
+    chunk_pointers(p, block_table, kv_head, walk, walk, last, D, kp, vp);                          \
+    for (int32_t start = walk; start <= last; start += CHUNK) {                                    \
         const int32_t n = (last + 1 - start) < CHUNK ? (last + 1 - start) : CHUNK;                 \
         /* The next chunk lies in other blocks: fetch it while this one computes (the hardware  \
          * prefetcher stops at block boundaries, and one core keeps few misses in flight). */   \
-        chunk_pointers(p, block_table, kv_head, start + CHUNK, last, D, kp_next, vp_next);        \
+        chunk_pointers(p, block_table, kv_head, start + CHUNK, walk, last, D, kp_next, vp_next);  \
         for (int32_t v0 = 0; v0 < padded; v0 += LANES) {                                           \
             vf a[LANES][NC];                                                                       \
             _Pragma("GCC unroll 8") for (int j = 0; j < LANES; j++)                                \
@@ -122,12 +132,16 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
             const int32_t visible = pos[vi] - start + 1;                                           \
             if (visible <= 0) continue;                                                            \
             const int32_t nv = visible < n ? visible : n;                                          \
+            /* The window's first position in this chunk (0: all of it). */                       \
+            int32_t t0 = win > 0 ? pos[vi] - win + 1 - start : 0;                                  \
+            t0 = t0 > 0 ? t0 : 0;                                                                  \
+            if (t0 >= nv) continue;                                                                \
             float *sv = s + vi * CHUNK;                                                            \
             float mx = m[vi];                                                                      \
-            for (int32_t t = 0; t < nv; t++) mx = sv[t] > mx ? sv[t] : mx;                         \
+            for (int32_t t = t0; t < nv; t++) mx = sv[t] > mx ? sv[t] : mx;                        \
             const float alpha = expf(m[vi] - mx);                                                  \
             float sum = 0.0f;                                                                      \
-            for (int32_t t = 0; t < nv; t++) {                                                     \
+            for (int32_t t = t0; t < nv; t++) {                                                    \
                 sv[t] = expf(sv[t] - mx);                                                          \
                 sum += sv[t];                                                                      \
             }                                                                                      \
@@ -136,7 +150,7 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
             vf av[V];                                                                              \
             _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                                   \
                 av[j] = loadv(acc + vi * D + VW * j) * alpha;                                      \
-            for (int32_t t = 0; t < nv; t++) {                                                     \
+            for (int32_t t = t0; t < nv; t++) {                                                    \
                 const float *vrow = vp[t / VW] + (int64_t)(t % VW) * D;                            \
                 _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                               \
                     av[j] += sv[t] * loadv(vrow + VW * j);                                         \
@@ -177,7 +191,8 @@ void paged_attention_decode_head(const float *q, float *out, const float *k_cach
                                  int32_t group, int32_t num_kv_heads, int32_t kv_head,
                                  int32_t head_dim, int32_t block_size, float scale, float *scratch)
 {
-    const params_t p = {q, 0, out, 0, k_cache, v_cache, group, num_kv_heads, block_size, scale};
+    const params_t p = {q, 0, out, 0, k_cache, v_cache, group, num_kv_heads, block_size, scale,
+                        0, NULL};
     if (head_dim == 64)
         attend_tile_64(&p, block_table, 0, 1, seq_len, 0, 1, kv_head, scratch);
     else
@@ -186,17 +201,20 @@ void paged_attention_decode_head(const float *q, float *out, const float *k_cach
 
 /* q: [T, Hq, D] rows q_stride apart (heads packed); out: [T, Hq, D] rows out_stride apart;
  * caches in the layout above; block_tables: [R, bt_stride]; query_start_loc: [R + 1];
- * seq_lens: [R]. Returns 0; -1 when scratch memory ran out; -2 for a head_dim other than 64 or
- * 128 or a block_size that is not a multiple of 16. */
+ * seq_lens: [R]; window: the sliding window (0: none); sinks: [Hq] or NULL. Returns 0; -1 when
+ * scratch memory ran out; -2 for a head_dim other than 64 or 128 or a block_size that is not a
+ * multiple of 16. */
 int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t out_stride,
                         const float *k_cache, const float *v_cache, const int32_t *block_tables,
                         int64_t bt_stride, const int32_t *query_start_loc, const int32_t *seq_lens,
                         int32_t num_reqs, int32_t num_q_heads, int32_t num_kv_heads,
-                        int32_t head_dim, int32_t block_size, float scale, int32_t num_threads)
+                        int32_t head_dim, int32_t block_size, float scale, int32_t window,
+                        const float *sinks, int32_t num_threads)
 {
     if ((head_dim != 64 && head_dim != 128) || block_size % 16) return -2;
     const params_t p = {q, q_stride, out, out_stride, k_cache, v_cache,
-                        num_q_heads / num_kv_heads, num_kv_heads, block_size, scale};
+                        num_q_heads / num_kv_heads, num_kv_heads, block_size, scale,
+                        window > 0 ? window : 0, sinks};
     const int32_t tile_tokens = p.group >= TILE_VECTORS ? 1 : TILE_VECTORS / p.group;
     int64_t num_tiles = 0;
     for (int32_t r = 0; r < num_reqs; r++) {

@@ -10,7 +10,12 @@ import re
 import pytest
 import torch
 
-from config.attention import ATTENTION_BACKENDS, AttentionFeatures, attention_backends_for
+from config.attention import (
+    ATTENTION_BACKENDS,
+    AttentionFeatures,
+    AttentionSupport,
+    attention_backends_for,
+)
 from config.errors import ConfigError
 from config.model_arch import ModelArchConfig
 from engine_core.resolve import resolved_config
@@ -39,7 +44,7 @@ def test_every_backend_class_is_in_the_table():
 
 def test_no_backend_claims_a_feature_it_does_not_implement():
     for _, support in ENTRIES:
-        assert not (support.sliding_window or support.logits_soft_cap or support.sinks)
+        assert not support.logits_soft_cap
         assert support.kv_cache_dtypes == ("auto",)
         # MLA: the latent-cache backend alone (tests/worker/test_deepseek.py).
         assert support.mla == (support.backend == "mla_torch")
@@ -48,9 +53,7 @@ def test_no_backend_claims_a_feature_it_does_not_implement():
 @pytest.mark.parametrize(
     ("features", "words"),
     [
-        (AttentionFeatures(sliding_window=True), "sliding-window attention"),
         (AttentionFeatures(logits_soft_cap=True), "attention logits soft-capping"),
-        (AttentionFeatures(sinks=True), "attention sinks"),
     ],
 )
 def test_a_feature_no_backend_runs_is_refused_naming_each_backend(features, words):
@@ -106,11 +109,24 @@ def test_a_window_matters_only_where_a_sequence_outgrows_it():
     assert AttentionFeatures.of(arch, 65) == AttentionFeatures(sliding_window=True)
 
 
-def test_a_model_whose_window_is_shorter_than_max_model_len_is_refused(tmp_path):
+def test_a_window_shorter_than_max_model_len_runs_where_the_backends_run_windows(tmp_path):
+    model = make_tiny_model(tmp_path / "mistral", "mistral", sliding_window=64)
+    config = resolved_config(model=str(model), device="cpu")
+    assert config.arch is not None and config.arch.sliding_window == 64
+
+
+def test_a_window_no_backend_runs_is_refused_unless_max_model_len_is_within_it(
+    tmp_path, monkeypatch
+):
+    """The refusal path stays for a backend whose support lacks windows."""
+    monkeypatch.setitem(ATTENTION_BACKENDS, "cpu", (AttentionSupport("torch"),))
     model = make_tiny_model(tmp_path / "mistral", "mistral", sliding_window=64)
     with pytest.raises(
         ConfigError,
-        match=re.escape("sliding-window attention is not supported by the torch attention"),
+        match=re.escape(
+            "sliding-window attention is not supported by the torch attention kernels on cpu; "
+            "a max_model_len within the model's sliding window needs none"
+        ),
     ):
         resolved_config(model=str(model), device="cpu")
     config = resolved_config(model=str(model), device="cpu", max_model_len=64)
@@ -135,15 +151,12 @@ def test_a_qwen2_window_without_use_sliding_window_is_off(tmp_path):
     assert config.arch is not None and config.arch.sliding_window is None
 
 
-def test_a_qwen2_window_turned_on_is_refused_beyond_it(tmp_path):
+def test_a_qwen2_window_turned_on_slides_the_layers_from_max_window_layers(tmp_path):
     model = _qwen2_with_window(tmp_path / "qwen2", use_sliding_window=True, max_window_layers=1)
-    with pytest.raises(
-        ConfigError,
-        match=re.escape("sliding-window attention is not supported by the torch attention"),
-    ):
-        resolved_config(model=str(model), device="cpu")
-    config = resolved_config(model=str(model), device="cpu", max_model_len=64)
-    assert config.arch is not None and config.arch.sliding_window == 64
+    config = resolved_config(model=str(model), device="cpu")
+    arch = config.arch
+    assert arch is not None and arch.sliding_window == 64
+    assert [arch.layer_sliding_window(i) for i in range(arch.num_hidden_layers)] == [None, 64]
 
 
 def test_qwen2_layers_below_max_window_layers_attend_to_the_whole_context(tmp_path):

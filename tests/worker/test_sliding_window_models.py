@@ -1,0 +1,167 @@
+"""Models with sliding-window layers equal transformers' greedy tokens with prompts longer than
+the window: Mistral (every layer slides) and Qwen2/Qwen3 with use_sliding_window (the layers from
+max_window_layers on), on the C attention backend (head_dim 64) and the torch one (other head
+sizes), one request at a time, batched, and in prompt chunks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpu_worker.attention.torch_backend import TorchAttentionBackend
+from kernels.cpu_binding import available as c_kernels_available
+from protocol.sampling_params import SamplingParams
+from tests.tiny_models import make_tiny_model
+from tests.worker.runner_utils import make_runner
+
+NEW_TOKENS = 12
+PROMPT_LENS = (20, 33, 45)
+WINDOW = 8
+HEAD64 = {"hidden_size": 256, "num_attention_heads": 4}
+QWEN_WINDOW = {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}
+
+# name -> (family, overrides, the backend expected to run it)
+CASES = {
+    "mistral-c": ("mistral", {"sliding_window": WINDOW, **HEAD64}, "cpu"),
+    "mistral-torch": ("mistral", {"sliding_window": WINDOW}, "torch"),
+    "qwen2-c": ("qwen2", {**QWEN_WINDOW, **HEAD64}, "cpu"),
+    "qwen3-torch": ("qwen3", {**QWEN_WINDOW, "num_hidden_layers": 3}, "torch"),
+}
+
+
+def _hf_model(model_dir: Path, **config):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **config).eval()
+
+
+def _hf_greedy(model_dir: Path, prompts: dict[str, list[int]]) -> dict[str, list]:
+    model = _hf_model(model_dir)
+    model.generation_config.eos_token_id = None
+    out = {}
+    with torch.inference_mode():
+        for req_id, ids in prompts.items():
+            seq = model.generate(
+                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+            )
+            out[req_id] = seq[0, len(ids) :].tolist()
+    return out
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    """(driver, prompts, transformers' greedy tokens, its prompt log-softmax per prompt)."""
+    family, overrides, backend = CASES[request.param]
+    if backend == "cpu" and not c_kernels_available():
+        pytest.skip("no C compiler on this machine")
+    model_dir = make_tiny_model(tmp_path_factory.mktemp(request.param), family, **overrides)
+    runner, driver = make_runner(model_dir, kv_cache_memory="4MiB")
+    assert runner.backend.name == backend
+    arch = runner.arch
+    windows = [arch.layer_sliding_window(i) for i in range(arch.num_hidden_layers)]
+    expected_windows = [
+        WINDOW if family == "mistral" or i >= overrides["max_window_layers"] else None
+        for i in range(arch.num_hidden_layers)
+    ]
+    assert windows == expected_windows
+    assert runner.model is not None
+    layers = runner.model.model.layers
+    assert [ly.self_attn.attn.sliding_window for ly in layers] == windows
+    gen = torch.Generator().manual_seed(7)
+    prompts = {
+        f"len{n}": torch.randint(3, arch.vocab_size, (n,), generator=gen).tolist()
+        for n in PROMPT_LENS
+    }
+    reference = _hf_greedy(model_dir, prompts)
+    # The window matters: transformers without it computes other logits for the long prompt.
+    full_layers = {"layer_types": ["full_attention"] * arch.num_hidden_layers}
+    no_window = full_layers if family != "mistral" else {"sliding_window": None}
+    ids = torch.tensor([prompts[f"len{PROMPT_LENS[-1]}"]])
+    with torch.inference_mode():
+        windowed = _hf_model(model_dir)(ids).logits
+        full = _hf_model(model_dir, **no_window)(ids).logits
+    assert (windowed - full).abs().max() > 1e-3
+    model = _hf_model(model_dir)
+    with torch.inference_mode():
+        logprobs = {
+            r: torch.log_softmax(model(torch.tensor([ids])).logits[0], dim=-1)
+            for r, ids in prompts.items()
+        }
+    return driver, prompts, reference, logprobs
+
+
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
+
+
+def _check(outputs, reference):
+    mismatched = {r: (o, reference[r]) for r, o in outputs.items() if o != reference[r]}
+    assert not mismatched, f"{len(mismatched)} prompts differ from transformers: {mismatched}"
+
+
+def test_one_request_at_a_time(case):
+    driver, prompts, reference, _ = case
+    outputs = {}
+    for req_id, ids in prompts.items():
+        outputs.update(driver.run({req_id: ids}, GREEDY, NEW_TOKENS))
+    _check(outputs, reference)
+
+
+def test_all_requests_in_one_batch(case):
+    driver, prompts, reference, _ = case
+    _check(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
+
+
+@pytest.mark.parametrize("chunk", [5, 16])
+def test_prompts_split_into_chunks(case, chunk):
+    driver, prompts, reference, _ = case
+    _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
+
+
+def test_prompt_logprobs_match_transformers(case):
+    """Every prompt position's logprobs (windows change them where greedy tokens may not)."""
+    driver, prompts, _, ref_lp = case
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1, prompt_logprobs=3)
+    driver.run(prompts, params, 1, chunk=6)
+    for req_id, ids in prompts.items():
+        got = driver.prompt_logprobs[req_id]
+        expected = ref_lp[req_id][torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        torch.testing.assert_close(
+            torch.tensor([lp[0] for lp in got.logprobs]), expected, rtol=0, atol=1e-4
+        )
+
+
+def test_torch_backend_runs_the_head64_models_too(tmp_path):
+    """The same head_dim-64 Mistral on the torch backend (the C one is preferred there)."""
+    model_dir = make_tiny_model(tmp_path / "m", "mistral", sliding_window=WINDOW, **HEAD64)
+    _, driver = make_runner(model_dir, TorchAttentionBackend(), kv_cache_memory="4MiB")
+    gen = torch.Generator().manual_seed(3)
+    prompts = {"a": torch.randint(3, 512, (29,), generator=gen).tolist()}
+    _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=7), _hf_greedy(model_dir, prompts))
+
+
+@pytest.mark.skipif(not c_kernels_available(), reason="no C compiler on this machine")
+def test_fused_decode_runs_while_every_sequence_fits_the_window(tmp_path, monkeypatch):
+    """The fused C decode stack attends to the whole context: it takes a windowed model's decode
+    steps only while no sequence is longer than the window, and the per-op path after."""
+    window = 24
+    model_dir = make_tiny_model(tmp_path / "m", "mistral", sliding_window=window, **HEAD64)
+    runner, driver = make_runner(model_dir, kv_cache_memory="4MiB")
+    assert runner.model is not None
+    fused = runner.model.fused_decode
+    stack = fused.stack()
+    assert stack is not None, "a Mistral layer stack the fused kernel takes"
+    lengths: list[int] = []
+    run = type(stack).run
+
+    def counting(self, x, cos, sin, slots, block_table, seq_lens):
+        lengths.append(int(seq_lens.max()))
+        return run(self, x, cos, sin, slots, block_table, seq_lens)
+
+    monkeypatch.setattr(type(stack), "run", counting)
+    gen = torch.Generator().manual_seed(5)
+    prompts = {"a": torch.randint(3, 512, (17,), generator=gen).tolist()}
+    _check(driver.run(prompts, GREEDY, NEW_TOKENS), _hf_greedy(model_dir, prompts))
+    # Decode steps at 18..28 tokens: the fused kernel up to the window, not beyond.
+    assert lengths and max(lengths) == window
