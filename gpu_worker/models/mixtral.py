@@ -56,7 +56,9 @@ class MixtralForCausalLM(DecoderForCausalLM):
         super().__init__(cfg)
 
     def attention_block(self, cfg: ModelArchConfig, layer_idx: int) -> SelfAttention:
-        return SelfAttention(cfg, qkv_bias=False, o_bias=False, sliding_window=cfg.sliding_window)
+        return SelfAttention(
+            cfg, qkv_bias=False, o_bias=False, sliding_window=cfg.layer_sliding_window(layer_idx)
+        )
 
     def mlp_block(self, cfg: ModelArchConfig, layer_idx: int) -> nn.Module:
         return SparseMoeBlock(

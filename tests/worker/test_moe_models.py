@@ -63,6 +63,20 @@ CASES = {
         dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64),
         ("moe", "moe"),
     ),
+    # A window of 8 on every layer, shorter than the 16- and 45-token prompts; head size 64
+    # (the C attention kernel's where it is built).
+    "mixtral-window": (
+        "mixtral",
+        dict(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            intermediate_size=64,
+            sliding_window=8,
+            hidden_size=256,
+            num_attention_heads=4,
+        ),
+        ("moe", "moe"),
+    ),
     "mixtral-8e-top1": (
         "mixtral",
         dict(num_local_experts=8, num_experts_per_tok=1, intermediate_size=32, num_hidden_layers=3),
@@ -113,6 +127,8 @@ def case(request, tmp_path_factory):
     model_dir = make_tiny_model(tmp_path_factory.mktemp(request.param), family, **overrides)
     _perturb(model_dir)
     runner, driver = make_runner(model_dir, kv_cache_memory="4MiB")
+    windows = {layer.self_attn.attn.sliding_window for layer in runner.model.model.layers}
+    assert windows == {overrides.get("sliding_window")}
     blocks = [layer.mlp for layer in runner.model.model.layers]
     assert tuple("moe" if isinstance(b, SparseMoeBlock) else "dense" for b in blocks) == kinds
     assert all(isinstance(b, SparseMoeBlock | GatedMLP) for b in blocks)
