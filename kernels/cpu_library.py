@@ -71,6 +71,11 @@ _SIGNATURES = {
     "argmax_rows_f32": (None, [_P, _I64, _I64, _I64, _P, _I32]),
     "linear_argmax_f32": (None, [_P, _I64, _P, _I64, _I32, _I32, _I32, _P, _I32]),
     "apply_token_bitmask_f32": (None, [_P, _I64, _P, _I64, _P, _I64, _I64, _I32]),
+    "fused_moe_f32": (
+        _I32,
+        [_P, _I64, _I64, _I32, _P, _P, _I32, _P, _I64, _P, _P, _P, _P]
+        + [_I32, _I32, _I32, _I32, _F32, _P, _I64, _I32],
+    ),
 }
 
 

@@ -17,7 +17,11 @@ data-dependent shapes (the padded row count has a fixed bound), so it can be cap
 graphs.
 fused_experts_torch: batched torch ops over tokens sorted by expert, each active expert's
 weights read once per step (any device; it reads the per-expert token counts on the host).
-fused_experts: the dispatcher, Triton on CUDA, the torch path elsewhere.
+fused_experts_cpu: the C kernel (kernels/cpu/fused_moe.c) for fp32 CPU tensors, over weights
+re-laid once by block_experts_cpu: one call a step, each active expert's weights read once, the
+threads splitting every expert's columns (so a decode step's few experts keep all cores busy).
+fused_experts: the dispatcher for weights in the stacked layout, Triton on CUDA, the torch path
+elsewhere.
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.cpu_binding import available, check_cpu, library
+
 ACTIVATIONS = ("silu", "swigluoai")
+# The kernels' code for each (kernels/cpu/fused_moe.c's enum).
+_ACTIVATION_CODES = {"silu": 0, "swigluoai": 1}
 _OAI_ALPHA = 1.702
 
 
@@ -91,9 +99,130 @@ def fused_experts_torch(
     return out
 
 
+# -- the CPU path: one C call over blocked weights ----------------------------------------------
+
+# Columns per weight block of the C kernel (linear.c's GEMM tiles).
+CPU_BLOCK = 32
+
+
+def cpu_fits(w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether fused_experts_cpu can run these stacked experts: fp32 on the CPU with the C
+    kernels built, hidden and intermediate sizes multiples of CPU_BLOCK."""
+    inter, hidden = w2.shape[2], w2.shape[1]
+    return (
+        w13.dtype == torch.float32
+        and w13.device.type == "cpu"
+        and not inter % CPU_BLOCK
+        and not hidden % CPU_BLOCK
+        and available()
+    )
+
+
+def block_experts_cpu(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w13 [E, 2I, H] and w2 [E, H, I] as fused_experts_cpu reads them: [E, I/32, 2, H, 32]
+    (each expert's gate block j then its up block j, 32 columns wide, k-major) and
+    [E, H/32, I, 32]."""
+    experts, hidden, inter = w2.shape
+    if not cpu_fits(w13, w2):
+        raise ValueError(
+            f"experts of hidden size {hidden} and intermediate size {inter} ({w13.dtype} on "
+            f"{w13.device}) do not fit the CPU kernel: fp32, multiples of {CPU_BLOCK}"
+        )
+    blocks = inter // CPU_BLOCK
+    w13_blocked = w13.view(experts, 2, blocks, CPU_BLOCK, hidden).permute(0, 2, 1, 4, 3)
+    w2_blocked = w2.view(experts, hidden // CPU_BLOCK, CPU_BLOCK, inter).permute(0, 1, 3, 2)
+    return w13_blocked.contiguous(), w2_blocked.contiguous()
+
+
+def fused_experts_cpu(
+    x: torch.Tensor,
+    w13_blocked: torch.Tensor,
+    w2_blocked: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+) -> torch.Tensor:
+    """fused_experts_torch's result by the C kernel, for fp32 CPU tensors and weights laid out
+    by block_experts_cpu; ValueError for a layout it would misread or an expert id out of
+    range."""
+    if activation not in _ACTIVATION_CODES:
+        raise ValueError(
+            f"MoE activation {activation!r} is not supported: {', '.join(ACTIVATIONS)}"
+        )
+    for name, t in (("x", x), ("w13", w13_blocked), ("w2", w2_blocked), ("weights", topk_weights)):
+        check_cpu(t, name)
+    check_cpu(topk_ids, "topk_ids", torch.int64)
+    if w13_blocked.dim() != 5 or w2_blocked.dim() != 4:
+        raise ValueError(
+            f"w13 {tuple(w13_blocked.shape)} and w2 {tuple(w2_blocked.shape)} are not the "
+            "blocked experts of block_experts_cpu"
+        )
+    experts, blocks, two, hidden, width = w13_blocked.shape
+    inter = blocks * CPU_BLOCK
+    if (
+        (two, width) != (2, CPU_BLOCK)
+        or w2_blocked.shape != (experts, hidden // CPU_BLOCK, inter, CPU_BLOCK)
+        or not (w13_blocked.is_contiguous() and w2_blocked.is_contiguous())
+        or x.dim() != 2
+        or x.shape[1] != hidden
+        or x.stride(1) != 1
+    ):
+        raise ValueError(
+            f"x {tuple(x.shape)}, w13 {tuple(w13_blocked.shape)} and w2 "
+            f"{tuple(w2_blocked.shape)} are not the blocked experts of block_experts_cpu"
+        )
+    tokens, top_k = topk_ids.shape
+    ids, weights = topk_ids.contiguous(), topk_weights.contiguous()
+    if weights.shape != ids.shape:
+        raise ValueError(f"topk_weights {tuple(weights.shape)} != topk_ids {tuple(ids.shape)}")
+    for name, bias, shape in (("b13", b13, (experts, 2 * inter)), ("b2", b2, (experts, hidden))):
+        if bias is not None:
+            check_cpu(bias, name)
+            if bias.shape != shape or not bias.is_contiguous():
+                raise ValueError(f"{name} {tuple(bias.shape)} is not a contiguous {shape}")
+    num_global = experts
+    if expert_map is not None:
+        check_cpu(expert_map, "expert_map", torch.int64)
+        expert_map = expert_map.contiguous()
+        num_global = expert_map.numel()
+    out = torch.empty(tokens, hidden)
+    status = library().fused_moe_f32(
+        x.data_ptr(),
+        x.stride(0),
+        tokens,
+        hidden,
+        ids.data_ptr(),
+        weights.data_ptr(),
+        top_k,
+        None if expert_map is None else expert_map.data_ptr(),
+        num_global,
+        w13_blocked.data_ptr(),
+        None if b13 is None else b13.data_ptr(),
+        w2_blocked.data_ptr(),
+        None if b2 is None else b2.data_ptr(),
+        experts,
+        inter,
+        _ACTIVATION_CODES[activation],
+        swiglu_limit is not None,
+        0.0 if swiglu_limit is None else swiglu_limit,
+        out.data_ptr(),
+        out.stride(0),
+        torch.get_num_threads(),
+    )
+    if status == 1:
+        raise ValueError(f"an expert id is out of range (the map has {num_global} experts)")
+    if status:
+        raise MemoryError("the MoE kernel could not allocate its scratch")
+    return out
+
+
 # -- the device path: align, then two grouped GEMMs ---------------------------------------------
 
-_ACTIVATION_CODES = {"silu": 0, "swigluoai": 1}
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 

@@ -16,7 +16,13 @@ from torch import nn
 
 from gpu_worker.layers.moe_routing import MoERouting, select_experts
 from gpu_worker.parallel.group import expert_parallel, tp_all_reduce, tp_rank, tp_world_size
-from kernels.fused_moe import ACTIVATIONS, fused_experts
+from kernels.fused_moe import (
+    ACTIVATIONS,
+    block_experts_cpu,
+    cpu_fits,
+    fused_experts,
+    fused_experts_cpu,
+)
 
 # The checkpoint tensors of one expert, as load_expert names them.
 EXPERT_TENSORS = ("gate", "up", "down")
@@ -91,6 +97,8 @@ class FusedMoE(nn.Module):
             expert_map[self.first_expert : self.first_expert + local] = torch.arange(local)
         self.register_buffer("expert_map", expert_map, persistent=False)
         self._loaded: set[tuple[str, int]] = set()
+        # Whether w13/w2 hold kernels.fused_moe.block_experts_cpu's layout (use_cpu_layout).
+        self.cpu_layout = False
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -146,6 +154,29 @@ class FusedMoE(nn.Module):
             if (name, e) not in self._loaded
         ]
 
+    def use_cpu_layout(self) -> None:
+        """After loading, on the CPU: re-lay the experts' weights for the C kernel where it runs
+        them (fp32, sizes multiples of 32, library built); forward then calls it. Otherwise the
+        stacked layout stays."""
+        if self.cpu_layout or not cpu_fits(self.w13_weight, self.w2_weight):
+            return
+        w13, w2 = block_experts_cpu(self.w13_weight.data, self.w2_weight.data)
+        self.w13_weight = nn.Parameter(w13, requires_grad=False)
+        self.w2_weight = nn.Parameter(w2, requires_grad=False)
+        self.cpu_layout = True
+
+    def stacked_experts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13 [E_local, 2 * I_local, H], w2 [E_local, H, I_local]) in the stacked layout,
+        whichever layout the layer runs (a copy after use_cpu_layout)."""
+        if not self.cpu_layout:
+            return self.w13_weight.data, self.w2_weight.data
+        experts, blocks, _, hidden, width = self.w13_weight.shape
+        w13 = self.w13_weight.data.permute(0, 2, 1, 4, 3).reshape(
+            experts, 2 * blocks * width, hidden
+        )
+        w2 = self.w2_weight.data.permute(0, 1, 3, 2).reshape(experts, hidden, -1)
+        return w13, w2
+
     # -- compute ------------------------------------------------------------------------------
 
     def forward(
@@ -160,7 +191,9 @@ class FusedMoE(nn.Module):
         b2 = self.w2_bias
         if b2 is not None and self.tp_split > 1 and tp_rank() != 0:
             b2 = None  # each expert's output bias once over the ranks' sum
-        out = fused_experts(
+        # The C kernel on re-laid fp32 weights (use_cpu_layout), else Triton or torch.
+        impl = fused_experts_cpu if self.cpu_layout else fused_experts
+        out = impl(
             x,
             self.w13_weight,
             self.w2_weight,

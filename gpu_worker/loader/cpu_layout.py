@@ -11,6 +11,7 @@ from torch import nn
 
 from gpu_worker.layers.cpu_linear import BlockedLinearMethod, SplitLinearMethod
 from gpu_worker.layers.dense_linear import DenseLinearMethod
+from gpu_worker.layers.fused_moe import FusedMoE
 from gpu_worker.layers.linear import Linear
 from gpu_worker.models.blocks import GatedMLP
 from kernels import cpu_binding
@@ -32,8 +33,9 @@ def _use_cpu_layout(model: nn.Module, threads: int, shared: Callable[[Linear], b
     the dense copies no other module shares.
 
     With the C kernels (fp32), each MLP takes the fused SwiGLU layout where it pays, and every
-    other dense Linear the blocked layout; without them, each MLP splits across the threads
-    where it divides evenly, and the other dense Linears take the split layout."""
+    other dense Linear the blocked layout, and each mixture of experts its C kernel's layout;
+    without them, each MLP splits across the threads where it divides evenly, and the other
+    dense Linears take the split layout."""
     c_kernels = cpu_binding.available() and next(model.parameters()).dtype == torch.float32
     for module in model.modules():  # parents first: an MLP may re-lay its projections itself
         if isinstance(module, GatedMLP):
@@ -43,6 +45,8 @@ def _use_cpu_layout(model: nn.Module, threads: int, shared: Callable[[Linear], b
                 module.use_thread_split(threads)
         elif isinstance(module, Linear):
             use_cpu_linear_layout(module, threads, keep_weight=shared(module))
+        elif isinstance(module, FusedMoE) and c_kernels:
+            module.use_cpu_layout()
 
 
 def use_cpu_linear_layout(layer: Linear, threads: int, keep_weight: bool) -> None:

@@ -1,6 +1,7 @@
-"""The fused MoE kernels (kernels/fused_moe.py): the Triton path (CUDA, or the interpreter here)
-and the batched torch path against a per-token reference written here, one token and one of its
-experts at a time in fp32, and moe_align's layout on its own.
+"""The fused MoE kernels (kernels/fused_moe.py): the Triton path (CUDA, or the interpreter here),
+the C kernel (fp32 on the CPU, over block_experts_cpu's layout) and the batched torch path
+against a per-token reference written here, one token and one of its experts at a time in fp32;
+moe_align's layout on its own; the layer's CPU layout giving the stacked layout's output.
 
 Grids stay tiny (the interpreter costs about a millisecond per program): hidden 64, intermediate
 32, 8 experts, so one program covers a block's whole output width.
@@ -12,8 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_binding import available
 from kernels.fused_moe import (
+    block_experts_cpu,
     fused_experts,
+    fused_experts_cpu,
     fused_experts_torch,
     fused_experts_triton,
     moe_align,
@@ -94,7 +98,14 @@ def _check(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> 
     torch.testing.assert_close(actual.float().cpu(), expected, rtol=tol, atol=tol)
 
 
-IMPLS = {"triton": fused_experts_triton, "torch": fused_experts_torch}
+def _cpu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """The C kernel on the stacked experts re-laid as it reads them."""
+    if x.device.type != "cpu" or not available():
+        pytest.skip("the C kernels run on a CPU where they are built")
+    return fused_experts_cpu(x, *block_experts_cpu(w13, w2), *args, **kwargs)
+
+
+IMPLS = {"triton": fused_experts_triton, "torch": fused_experts_torch, "cpu": _cpu}
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -203,3 +214,47 @@ def test_align_layout() -> None:
 def test_dispatcher_on_this_device(device: torch.device) -> None:
     x, w13, w2, weights, ids = _inputs(3, 2, device, torch.float32, seed=7)
     _check(fused_experts(x, w13, w2, weights, ids), reference(x, w13, w2, weights, ids), x.dtype)
+
+
+def test_cpu_kernel_refuses_what_it_would_misread() -> None:
+    if not available():
+        pytest.skip("the C kernels are not built here")
+    x, w13, w2, weights, ids = _inputs(3, 2, torch.device("cpu"), torch.float32)
+    b13, b2 = block_experts_cpu(w13, w2)
+    with pytest.raises(ValueError, match="blocked experts"):
+        fused_experts_cpu(x, w13, w2, weights, ids)  # the stacked layout
+    ids[1, 0] = EXPERTS
+    with pytest.raises(ValueError, match="out of range"):
+        fused_experts_cpu(x, b13, b2, weights, ids)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        block_experts_cpu(w13[:, :48], w2[:, :, :24])
+
+
+def test_layer_cpu_layout_gives_the_stacked_layouts_output() -> None:
+    """FusedMoE.use_cpu_layout (the loader's CPU pass) switches the layer to the C kernel with
+    the same result; with 48-wide experts (not a multiple of 32) it keeps the stacked layout."""
+    from gpu_worker.layers.fused_moe import FusedMoE
+    from gpu_worker.layers.moe_routing import MoERouting
+
+    if not available():
+        pytest.skip("the C kernels are not built here")
+    gen = torch.Generator().manual_seed(8)
+    for inter, relaid in ((INTER, True), (48, False)):
+        layer = FusedMoE(EXPERTS, HIDDEN, inter, MoERouting(top_k=2), bias=True)
+        for e in range(EXPERTS):
+            for name, shape in (
+                ("gate", (inter, HIDDEN)),
+                ("up", (inter, HIDDEN)),
+                ("down", (HIDDEN, inter)),
+                ("gate_bias", (inter,)),
+                ("up_bias", (inter,)),
+                ("down_bias", (HIDDEN,)),
+            ):
+                layer.load_expert(name, e, torch.randn(shape, generator=gen) * 0.2)
+        x, logits = torch.randn(6, HIDDEN, generator=gen), torch.randn(6, EXPERTS, generator=gen)
+        stacked = layer(x, logits)
+        w13, w2 = (t.clone() for t in layer.stacked_experts())
+        layer.use_cpu_layout()
+        assert layer.cpu_layout == relaid
+        assert all(map(torch.equal, layer.stacked_experts(), (w13, w2)))
+        torch.testing.assert_close(layer(x, logits), stacked, rtol=1e-5, atol=1e-5)
