@@ -258,3 +258,24 @@ def test_layer_cpu_layout_gives_the_stacked_layouts_output() -> None:
         assert layer.cpu_layout == relaid
         assert all(map(torch.equal, layer.stacked_experts(), (w13, w2)))
         torch.testing.assert_close(layer(x, logits), stacked, rtol=1e-5, atol=1e-5)
+
+
+class _DeviceOnly(torch.Tensor):
+    """A tensor the host may not read (as a GPU tensor inside a captured graph)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"}:
+            raise AssertionError(f"host read in moe_align: Tensor.{name}")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_align_reads_nothing_on_the_host() -> None:
+    """moe_align's sizes come from shapes alone, so CUDA graphs can capture it."""
+    gen = torch.Generator().manual_seed(9)
+    ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:2] for _ in range(5)])
+    expert_map = torch.tensor([0, 1, -1, 2, 3, -1, 4, 5])
+    guarded = moe_align(ids.as_subclass(_DeviceOnly), 6, 16, expert_map.as_subclass(_DeviceOnly))
+    plain = moe_align(ids, 6, 16, expert_map)
+    assert all(torch.equal(a.as_subclass(torch.Tensor), b) for a, b in zip(guarded, plain))
