@@ -23,7 +23,7 @@ from kernels.fused_moe import (
     moe_align,
     padded_capacity,
 )
-from tests.kernels.paged_inputs import TOLERANCE
+from tests.kernels.paged_inputs import TOLERANCE, cuda_only
 
 HIDDEN, INTER, EXPERTS = 64, 32, 8
 
@@ -279,3 +279,36 @@ def test_align_reads_nothing_on_the_host() -> None:
     guarded = moe_align(ids.as_subclass(_DeviceOnly), 6, 16, expert_map.as_subclass(_DeviceOnly))
     plain = moe_align(ids, 6, 16, expert_map)
     assert all(torch.equal(a.as_subclass(torch.Tensor), b) for a, b in zip(guarded, plain))
+
+
+@cuda_only("CUDA graphs and the device's tile sizes")
+def test_captured_in_a_cuda_graph_and_replayed_with_new_routing() -> None:
+    """The whole path (moe_align and both kernels) captured once, then replayed with other
+    tokens and other experts: the graph's result equals an eager call's."""
+    device = torch.device("cuda")
+    x, w13, w2, weights, ids = _inputs(24, 4, device, torch.bfloat16, seed=10)
+    fused_experts_triton(x, w13, w2, weights, ids)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_experts_triton(x, w13, w2, weights, ids)
+    x2, _, _, weights2, ids2 = _inputs(24, 4, device, torch.bfloat16, seed=11)
+    x.copy_(x2), weights.copy_(weights2), ids.copy_(ids2)
+    graph.replay()
+    torch.testing.assert_close(out, fused_experts_triton(x2, w13, w2, weights2, ids2))
+
+
+@cuda_only("the device's tile sizes at a larger shape")
+@pytest.mark.parametrize("tokens", [1, 128, 300])
+def test_device_tiles_at_a_larger_shape(tokens: int) -> None:
+    """bf16 at 512 hidden, 384 intermediate, 32 experts, top-8 (1, 128 and 300 tokens: BLOCK_M
+    16, 32 and 64), against the torch path in fp32."""
+    gen = torch.Generator().manual_seed(tokens)
+    hidden, inter, experts, top_k = 512, 384, 32, 8
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+    weights, ids = torch.randn(tokens, experts, generator=gen).softmax(-1).topk(top_k, dim=-1)
+    expected = fused_experts_torch(x, w13, w2, weights, ids)
+    cuda = [t.cuda() for t in (x, w13, w2)]
+    out = fused_experts_triton(*(t.bfloat16() for t in cuda), weights.cuda(), ids.cuda())
+    torch.testing.assert_close(out.float().cpu(), expected, rtol=3e-2, atol=3e-2)
