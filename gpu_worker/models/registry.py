@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from gpu_worker.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+from gpu_worker.models.gpt_oss import GptOssForCausalLM
 from gpu_worker.models.llama import LlamaForCausalLM
 from gpu_worker.models.mixtral import MixtralForCausalLM
 from gpu_worker.models.qwen2 import Qwen2ForCausalLM
@@ -14,6 +15,7 @@ from gpu_worker.models.qwen3_moe import Qwen3MoeForCausalLM
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,

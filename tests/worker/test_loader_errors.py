@@ -130,13 +130,15 @@ def test_unknown_quant_method_is_refused_at_resolve(model_dir, method):
     "kind, rope",
     [
         (
-            "yarn",
+            "longrope",  # (yarn is supported since gpt-oss)
             {
                 "rope_parameters": {
-                    "rope_type": "yarn",
+                    "rope_type": "longrope",
                     "rope_theta": 10000.0,
                     "factor": 4.0,
                     "original_max_position_embeddings": 128,
+                    "short_factor": [1.0] * 8,
+                    "long_factor": [1.0] * 8,
                 }
             },
         ),
