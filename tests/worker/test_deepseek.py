@@ -222,3 +222,103 @@ def test_only_the_mla_backend_runs_a_latent_cache():
 def test_mla_backend_has_no_cuda_graphs():
     cls = backend_class("mla_torch")
     assert not cls.supports_cuda_graphs and cls.plans_on_host
+
+
+@pytest.mark.parametrize("name", ["v3", "v2-lite"])
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_two_ranks_equal_one(tmp_path, name, expert_parallel):
+    """Tensor parallelism through the multiprocess executor: each rank holds half the heads
+    (q, kv_b_proj, o_proj) and the whole latent cache, and half of every expert's and shared
+    expert's intermediate dimension (or half the experts, with --enable-expert-parallel); the
+    greedy tokens are one rank's (which are transformers', above)."""
+    from engine_core.resolve import resolved_config
+    from executor.multiproc import MultiprocExecutor
+    from tests.worker.driver import StepDriver
+
+    family, overrides = CASES[name]
+    model_dir = make_tiny_model(tmp_path, family, **overrides)
+    _perturb_constants(model_dir)
+    runner, one_rank = make_runner(model_dir, kv_cache_memory="2MiB")
+    prompts = _prompts(runner.arch.vocab_size)
+    expected = one_rank.run(prompts, GREEDY, NEW_TOKENS, chunk=16)
+    config = resolved_config(
+        model=str(model_dir),
+        device="cpu",
+        kv_cache_memory="2MiB",
+        tensor_parallel_size=2,
+        enable_expert_parallel=expert_parallel,
+    )
+    executor = MultiprocExecutor(config, num_threads=1)
+    try:
+        num_blocks = executor.initialize()
+        # The whole latent vector on each rank: as many blocks as one rank alone gets.
+        assert num_blocks == runner.kv_caches[0].shape[0]
+        driver = StepDriver(executor, num_blocks, config.cache.block_size)
+        _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16), expected)
+    finally:
+        executor.shutdown()
+
+
+@pytest.fixture(scope="module")
+def v3_with_tokenizer(tmp_path_factory):
+    """A tiny DeepSeek-V3 with the default model's tokenizer, and transformers' model of it."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny_models import make_tiny_model_with_tokenizer
+
+    model_dir = tmp_path_factory.mktemp("v3-tokenizer")
+    make_tiny_model_with_tokenizer(model_dir, arch="deepseek_v3", **V3)
+    _perturb_constants(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    return model_dir, model
+
+
+def _hf_greedy(model, ids: list[int]) -> list[int]:
+    with torch.inference_mode():
+        seq = model.generate(
+            torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+        )
+    return seq[0, len(ids) :].tolist()
+
+
+def test_prefix_caching_reads_the_latent_blocks_back(v3_with_tokenizer):
+    """Prompts sharing a 40-token prefix: the later ones find its blocks in the cache (the
+    latent cache is per block like any other) and still give transformers' tokens."""
+    from frontend.llm import LLM
+
+    model_dir, model = v3_with_tokenizer
+    llm = LLM(
+        str(model_dir),
+        engine_process=False,
+        device="cpu",
+        max_model_len=128,
+        kv_cache_memory="4MiB",
+        enable_prefix_caching=True,
+    )
+    gen = torch.Generator().manual_seed(3)
+    shared = torch.randint(3, 49152, (40,), generator=gen).tolist()
+    prompts = [shared + torch.randint(3, 49152, (n,), generator=gen).tolist() for n in (3, 9, 20)]
+    llm.generate(prompt_token_ids=prompts[0], sampling_params=GREEDY, use_tqdm=False)
+    hits_before = llm.get_engine_stats()["prefix_cache_hits"]
+    outputs = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY, use_tqdm=False)
+    assert llm.get_engine_stats()["prefix_cache_hits"] - hits_before >= 3 * 32
+    for ids, out in zip(prompts, outputs, strict=True):
+        assert list(out.outputs[0].token_ids) == _hf_greedy(model, ids)
+
+
+def test_engine_generate_deepseek_v3_equals_transformers(v3_with_tokenizer, capsys):
+    """`engine generate` on a tiny DeepSeek-V3 with a real tokenizer prints transformers' text."""
+    from transformers import AutoTokenizer
+
+    from serve.cli import main
+
+    model_dir, model = v3_with_tokenizer
+    prompt = "Latent attention keeps one vector"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(prompt)["input_ids"]
+    expected = prompt + tokenizer.decode(_hf_greedy(model, ids), skip_special_tokens=True)
+    argv = ["generate", prompt, "--model", str(model_dir), "--max-tokens", str(NEW_TOKENS)]
+    rc = main([*argv, "--ignore-eos", "--device", "cpu", "--max-model-len", "64"])
+    assert rc == 0
+    assert capsys.readouterr().out.rstrip("\n") == expected
