@@ -10,6 +10,7 @@ low nibble first; `<name>_scales` uint8 [..., G], one e8m0 exponent per block of
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 # The 16 e2m1 values by nibble: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0.
 _MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -34,9 +35,10 @@ def dequantize_mxfp4(
             f"(blocks [..., G, {BLOCK // 2}], scales [..., G])"
         )
     lut = torch.tensor(FP4_VALUES, dtype=torch.float32, device=blocks.device)
-    # [..., G, 16, 2]: each byte's low nibble, then its high one.
-    nibbles = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).long()
-    values = lut[nibbles].flatten(-2)  # [..., G, 32]
-    exponents = scales.to(device=blocks.device, dtype=torch.int32) - SCALE_BIAS
-    out = torch.ldexp(values, exponents.unsqueeze(-1))
-    return out.flatten(-2).to(dtype)
+    # Each byte's two values at once (low nibble first): one lookup in a [256, 2] table.
+    codes = torch.arange(256, device=blocks.device)
+    pairs = torch.stack((lut[codes & 0x0F], lut[codes >> 4]), dim=-1)
+    values = F.embedding(blocks.int(), pairs).flatten(-2)  # [..., G, 32]
+    # 2 ** (scale - 127) is exact in fp32 (2**-127 a subnormal; 255, e8m0's NaN, reads inf).
+    scale = torch.exp2(scales.to(device=blocks.device, dtype=torch.float32) - SCALE_BIAS)
+    return (values * scale.unsqueeze(-1)).flatten(-2).to(dtype)
