@@ -340,6 +340,77 @@ def test_greedy_tokens_at_tp2_equal_one_rank(tmp_path):
         executor.shutdown()
 
 
+# The released gpt-oss-20b's config.json (the pre-v5 rope layout: rope_scaling, top-level
+# rope_theta), weights aside.
+RELEASED_20B = {
+    "architectures": ["GptOssForCausalLM"],
+    "attention_bias": True,
+    "eos_token_id": 200002,
+    "experts_per_token": 4,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2880,
+    "initial_context_length": 4096,
+    "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
+    "model_type": "gpt_oss",
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 8,
+    "num_local_experts": 32,
+    "pad_token_id": 199999,
+    "quantization_config": MXFP4_CONFIG,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
+    "rope_theta": 150000,
+    "sliding_window": 128,
+    "swiglu_limit": 7.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 201088,
+}
+
+
+def test_released_config_resolves_as_transformers_reads_it(tmp_path):
+    """The released 20b config.json is accepted when the configuration resolves (sinks,
+    windows, YaRN, MXFP4), each layer's window and the MoE fields read as transformers reads
+    them, and its YaRN tables equal transformers' rotary embedding for that config."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
+
+    from engine_core.resolve import resolved_config
+    from gpu_worker.layers.rotary import RotaryEmbedding
+    from gpu_worker.models.gpt_oss import GptOssMoeConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(RELEASED_20B))
+    config = resolved_config(model=str(tmp_path), device="cpu", load_format="dummy")
+    arch = config.arch
+    assert arch is not None and config.max_model_len == 131072
+    assert [arch.layer_sliding_window(i) for i in range(4)] == [128, None, 128, None]
+    assert GptOssMoeConfig.from_hf(arch.hf_config) == GptOssMoeConfig(32, 4, 7.0)
+
+    hf = GptOssRotaryEmbedding(GptOssConfig(**RELEASED_20B))
+    positions = torch.tensor([0, 1, 127, 4095, 4096, 65536, 131071])
+    hf_cos, hf_sin = hf(torch.zeros(1), positions[None])  # [1, T, head_dim / 2]
+    ours = RotaryEmbedding(
+        arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling
+    )
+    half = arch.head_dim // 2
+    # fp32 angles in transformers at position 131071: within 131072 * 2**-23 of fp64's.
+    tol = 131072 * 2.0**-22
+    torch.testing.assert_close(ours.cos[positions, :half], hf_cos[0], rtol=0, atol=tol)
+    torch.testing.assert_close(-ours.sin[positions, :half], hf_sin[0], rtol=0, atol=tol)
+
+
 # -- refusals ------------------------------------------------------------------------------
 
 
