@@ -315,10 +315,11 @@ def test_engine_generate_mxfp4_equals_transformers(tmp_path, capsys):
     assert capsys.readouterr().out.rstrip("\n") == expected
 
 
-def test_greedy_tokens_at_tp2_equal_one_rank(tmp_path):
+def test_greedy_tokens_at_tp2_and_expert_parallel_equal_one_rank(tmp_path):
     """Through the multiprocess executor at TP=2 (gloo): each rank's query heads' sinks, the
     attention biases, the experts' intermediate halves with their biases (the output bias
-    once) give one rank's greedy tokens."""
+    once), and with --enable-expert-parallel two whole experts a rank, give one rank's greedy
+    tokens."""
     from engine_core.resolve import resolved_config
     from executor.multiproc import MultiprocExecutor
     from tests.worker.driver import StepDriver
@@ -328,16 +329,21 @@ def test_greedy_tokens_at_tp2_equal_one_rank(tmp_path):
     prompts = {k: v for k, v in _prompts(512).items() if k in ("len7", "len37")}
     _, driver = make_runner(model_dir, kv_cache_memory="4MiB")
     expected = driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16)
-    config = resolved_config(
-        model=str(model_dir), device="cpu", kv_cache_memory="4MiB", tensor_parallel_size=2
-    )
-    executor = MultiprocExecutor(config, num_threads=1)
-    try:
-        num_blocks = executor.initialize()
-        tp_driver = StepDriver(executor, num_blocks, config.cache.block_size)
-        assert tp_driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16) == expected
-    finally:
-        executor.shutdown()
+    for expert_parallel in (False, True):
+        config = resolved_config(
+            model=str(model_dir),
+            device="cpu",
+            kv_cache_memory="4MiB",
+            tensor_parallel_size=2,
+            enable_expert_parallel=expert_parallel,
+        )
+        executor = MultiprocExecutor(config, num_threads=1)
+        try:
+            num_blocks = executor.initialize()
+            tp_driver = StepDriver(executor, num_blocks, config.cache.block_size)
+            assert tp_driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16) == expected, expert_parallel
+        finally:
+            executor.shutdown()
 
 
 # The released gpt-oss-20b's config.json (the pre-v5 rope layout: rope_scaling, top-level
