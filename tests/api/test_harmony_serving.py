@@ -185,3 +185,29 @@ def test_a_grammar_is_refused():
     with pytest.raises(ApiError, match="response_format and structured_outputs"):
         refuse_constraint(StructuredOutputsParams(json_object=True))
     refuse_constraint(None)
+
+
+def test_reasoning_fields_for_other_models():
+    """reasoning_effort reaches another model's template as a variable (vLLM's rule), is
+    checked for every model; assistant messages' reasoning reaches the template."""
+    from frontend.serving_chat import _generate_request, _validated_messages
+    from protocol.sampling_params import SamplingParams
+
+    ctx = ServingContext("llama", 256, 512, None, None)  # type: ignore[arg-type]
+    req = _request(reasoning_effort="high", chat_template_kwargs={"enable_thinking": True})
+    messages = _validated_messages(ctx, req)
+    request = _generate_request(ctx, req, None, messages, SamplingParams(), ToolChoice())  # type: ignore[arg-type]
+    assert request.chat_template_kwargs == {"enable_thinking": True, "reasoning_effort": "high"}
+    with pytest.raises(ApiError, match="reasoning_effort must be one of low, medium, high"):
+        _validated_messages(ctx, _request(reasoning_effort="max"))
+    history = ChatCompletionRequest(
+        messages=[
+            ChatMessage(role="user", content="Hi"),
+            ChatMessage(role="assistant", content="Hello", reasoning_content="Greet."),
+        ]
+    )
+    assert _validated_messages(ctx, history)[1]["reasoning_content"] == "Greet."
+    with pytest.raises(ApiError, match="only assistant messages carry reasoning"):
+        _validated_messages(
+            ctx, ChatCompletionRequest(messages=[ChatMessage(role="user", reasoning="x")])
+        )
