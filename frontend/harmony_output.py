@@ -45,7 +45,9 @@ class HarmonyAnswer:
 
 
 class HarmonyOutput:
-    """One choice's completion tokens -> pieces of its answer, as they arrive.
+    """One choice's completion tokens -> pieces of its answer, as they arrive. The parser
+    takes the completion as the assistant's (the prompt's '<|start|>assistant'), and also
+    one that opens its turn itself (add_generation_prompt false).
 
     Where each message's header and content begin is read from the token ids (<|start|>,
     <|message|>, <|end|>/<|call|>/<|return|>), not from the parser's state and messages:

@@ -211,3 +211,14 @@ def test_reasoning_fields_for_other_models():
         _validated_messages(
             ctx, ChatCompletionRequest(messages=[ChatMessage(role="user", reasoning="x")])
         )
+
+
+def test_without_the_generation_prompt_the_completion_opens_its_turn():
+    tokens = encoding().encode("<|start|>assistant", allowed_special="all") + completion(
+        *CASES["analysis+final"]
+    )
+    req = _request(add_generation_prompt=False)
+    message = _respond(req, tokens)["choices"][0]["message"]
+    assert (message["reasoning"], message["content"]) == (REASONING, FINAL)
+    streamed = _reassembled(_stream(_request(add_generation_prompt=False, stream=True), tokens))
+    assert (streamed["reasoning"], streamed["content"]) == (REASONING, FINAL)
