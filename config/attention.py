@@ -95,10 +95,9 @@ class AttentionSupport:
 # takes the first that runs a configuration (and whose code is usable there), and
 # EngineConfig.resolve() refuses a configuration none of them runs. Derived from the kernels;
 # each runs sliding windows and sinks (docs/models/attention-features.md); none implements
-# soft-capping or a KV cache of another dtype. MLA models run on the MLA backend alone:
-# gpu_worker/attention/mla_backend.py, the latent cache in plain torch ops (plans on the host, so
-# no CUDA graphs), on both device types; it runs any head and block size.
-_MLA_TORCH = AttentionSupport("mla_torch", mla=True)
+# soft-capping or a KV cache of another dtype. MLA models run on the MLA backends alone, which
+# run any head and block size: on CUDA kernels/mla_attention.py (Triton; CUDA graphs), on the CPU
+# gpu_worker/attention/mla_backend.py (plain torch ops, planned on the host).
 
 ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
     "cuda": (
@@ -115,7 +114,7 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
             sliding_window=True,
             sinks=True,
         ),
-        _MLA_TORCH,
+        AttentionSupport("mla_triton", dtypes=("float16", "bfloat16", "float32"), mla=True),
     ),
     "cpu": (
         # kernels/cpu/paged_attention.c: compiled for these head sizes, 16 positions a step.
@@ -129,7 +128,7 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
         ),
         # gpu_worker/attention/torch_backend.py: gathers K/V into plain torch ops; runs anything.
         AttentionSupport("torch", sliding_window=True, sinks=True),
-        _MLA_TORCH,
+        AttentionSupport("mla_torch", mla=True),
     ),
 }
 

@@ -66,4 +66,8 @@ def backend_class(name: str) -> type[AttentionBackend[Any]]:
         from gpu_worker.attention.mla_backend import MLATorchBackend
 
         return MLATorchBackend
+    if name == "mla_triton":
+        from gpu_worker.attention.mla_triton_backend import MLATritonBackend
+
+        return MLATritonBackend
     raise AssertionError(f"config.attention names an attention backend {name!r} with no class")

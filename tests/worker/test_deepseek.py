@@ -201,27 +201,46 @@ def _tiny_arch(**overrides) -> ModelArchConfig:
     return ModelArchConfig.from_dict({**cfg, **overrides})
 
 
-def test_only_the_mla_backend_runs_a_latent_cache():
-
+def test_only_the_mla_backends_run_a_latent_cache():
     mla = AttentionFeatures.of(_tiny_arch(), 512)
     assert mla.mla
-    for device in ("cpu", "cuda"):
-        assert attention_backends_for(device, 16, 16, "float32", mla) == ["mla_torch"]
-    with pytest.raises(ConfigError, match="kv_cache_dtype fp8 is not supported by the mla_torch"):
+    assert attention_backends_for("cpu", 16, 16, "float32", mla) == ["mla_torch"]
+    assert attention_backends_for("cuda", 16, 16, "bfloat16", mla) == ["mla_triton"]
+    with pytest.raises(ConfigError, match="kv_cache_dtype fp8 is not supported by the mla_triton"):
         attention_backends_for("cuda", 16, 16, "bfloat16", replace(mla, kv_cache_dtype="fp8"))
-    # ... and a model without MLA never gets the MLA backend, nor hears of it in a refusal.
+    # ... and a model without MLA never gets an MLA backend, nor hears of one in a refusal.
     plain = AttentionFeatures()
-    assert "mla_torch" not in attention_backends_for("cpu", 16, 64, "float32", plain)
+    assert attention_backends_for("cpu", 16, 64, "float32", plain) == ["cpu", "torch"]
     with pytest.raises(ConfigError) as refused:
         attention_backends_for("cuda", 16, 80, "bfloat16", plain)
     assert "head_dim 80" in str(refused.value) and "mla" not in str(refused.value)
-    with pytest.raises(ValueError, match="one vector per token"):
-        backend_class("mla_torch").kv_cache_shape(4, 16, 2, 48)
+    for name in ("mla_torch", "mla_triton"):
+        with pytest.raises(ValueError, match="one vector per token"):
+            backend_class(name).kv_cache_shape(4, 16, 2, 48)
 
 
-def test_mla_backend_has_no_cuda_graphs():
-    cls = backend_class("mla_torch")
-    assert not cls.supports_cuda_graphs and cls.plans_on_host
+def test_cuda_graphs_with_the_triton_mla_backend_only():
+    """The Triton backend reads the device batch (graphs capture it); the torch one plans on the
+    host, so the runner runs its steps eagerly."""
+    triton_cls, torch_cls = backend_class("mla_triton"), backend_class("mla_torch")
+    assert triton_cls.supports_cuda_graphs and not triton_cls.plans_on_host
+    assert not torch_cls.supports_cuda_graphs and torch_cls.plans_on_host
+
+
+@pytest.mark.parametrize("name", ["v3", "v2-lite"])
+def test_triton_backend_equals_the_torch_one(tmp_path, name):
+    """The model through the Triton MLA backend (the interpreter on the CPU, so a few prompts)
+    gives the torch MLA backend's tokens (which are transformers', above)."""
+    from gpu_worker.attention.mla_triton_backend import MLATritonBackend
+
+    family, overrides = CASES[name]
+    model_dir = make_tiny_model(tmp_path, family, **overrides)
+    _perturb_constants(model_dir)
+    runner, torch_driver = make_runner(model_dir, kv_cache_memory="2MiB")
+    prompts = {r: ids for r, ids in _prompts(runner.arch.vocab_size).items() if r != "len7"}
+    expected = torch_driver.run(prompts, GREEDY, 4, chunk=16)
+    _, driver = make_runner(model_dir, attention_backend=MLATritonBackend(), kv_cache_memory="2MiB")
+    _check(driver.run(prompts, GREEDY, 4, chunk=16), expected)
 
 
 @pytest.mark.parametrize("name", ["v3", "v2-lite"])

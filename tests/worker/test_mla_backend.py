@@ -1,4 +1,5 @@
-"""The MLA backend (gpu_worker/attention/mla_backend.py) against dense multi-head attention.
+"""The MLA backends (gpu_worker/attention/mla_backend.py, torch; mla_triton_backend.py, the
+Triton kernel, under the interpreter on the CPU) against dense multi-head attention.
 
 A step of decodes and prefill chunks (some with context cached by earlier steps) over a paged
 latent cache with scattered blocks: the absorbed form the backend runs, [q_nope W_UK | q_pe]
@@ -14,6 +15,9 @@ import torch
 
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from gpu_worker.attention.mla_backend import MLATorchBackend
+from gpu_worker.attention.mla_triton_backend import MLATritonBackend
+
+BACKENDS = [MLATorchBackend, MLATritonBackend]
 
 HEADS, RANK, ROPE, NOPE, V = 4, 32, 16, 24, 20
 BLOCK = 8
@@ -49,6 +53,7 @@ def _dense_reference(q_nope, q_pe, latent_ctx, w_uk, w_uv, q_pos):
     return (scores.softmax(-1) @ values).transpose(0, 1)  # [Lq, H, V]
 
 
+@pytest.mark.parametrize("backend_cls", BACKENDS)
 @pytest.mark.parametrize(
     ("cached", "new"),
     [
@@ -58,10 +63,10 @@ def _dense_reference(q_nope, q_pe, latent_ctx, w_uk, w_uv, q_pos):
         ([3, 8, 40], [1, 1, 1]),  # decodes only, different context lengths
     ],
 )
-def test_absorbed_latent_attention_equals_dense_attention(cached, new):
+def test_absorbed_latent_attention_equals_dense_attention(backend_cls, cached, new):
     gen = torch.Generator().manual_seed(sum(cached) + sum(new))
     num_blocks = 64
-    backend = MLATorchBackend()
+    backend = backend_cls()
     cache = torch.zeros(backend.kv_cache_shape(num_blocks, BLOCK, 1, RANK + ROPE))
     step = _step(cached, new, num_blocks, gen)
     total = [c + n for c, n in zip(cached, new, strict=True)]
@@ -94,8 +99,9 @@ def test_absorbed_latent_attention_equals_dense_attention(cached, new):
         start += n
 
 
-def test_values_must_be_the_latent_part_of_one_kv_head():
-    backend = MLATorchBackend()
+@pytest.mark.parametrize("backend_cls", BACKENDS)
+def test_values_must_be_the_latent_part_of_one_kv_head(backend_cls):
+    backend = backend_cls()
     cache = torch.zeros(backend.kv_cache_shape(4, BLOCK, 1, RANK + ROPE))
     step = _step([0], [2], 4, torch.Generator().manual_seed(0))
     meta = backend.build(step, DeviceBatch.from_step(step, torch.device("cpu")), cache.device)
