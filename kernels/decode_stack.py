@@ -58,6 +58,7 @@ class _Layer(ctypes.Structure):
         ("down", _Weight),
         ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p),
+        ("window", ctypes.c_int64),
     ]
 
 
@@ -107,6 +108,7 @@ class StackLayer:
     gate_up: StackWeight
     down: StackWeight
     kv_cache: torch.Tensor  # [2, blocks, kv_heads, block_size, head_dim], the CPU backend's
+    window: int = 0  # the layer's sliding window (0: the whole context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,7 @@ class DecodeStack:
                     ly.down.struct(),
                     ly.kv_cache[0].data_ptr(),
                     ly.kv_cache[1].data_ptr(),
+                    ly.window,
                 )
                 for ly in layers
             ]

@@ -5,11 +5,9 @@ in the fused kernel: at batch 1 the per-op Python path cost about three times th
 it drove. Applies where the kernel computes what the layers would: fp32 activations on the CPU
 with the C kernels, one rank, the CPU attention backend, no q/k norms, no attention sinks,
 head_dim 64 or 128, at most 16 query heads per KV head, and each projection held in one kernel
-layout (one quantized run, the blocked fp32 layout or the fused SwiGLU pairs). The kernel attends
-to the whole context: a model with sliding-window layers takes it only for steps whose every
-sequence fits in the smallest window (where the window hides nothing). Elsewhere, and for
-prefill or mixed steps, the layers run one op at a time. ENGINE_FUSED_DECODE=0 turns it off (for
-comparisons).
+layout (one quantized run, the blocked fp32 layout or the fused SwiGLU pairs); a layer's sliding
+window goes to the kernel. Elsewhere, and for prefill or mixed steps, the layers run one op at a
+time. ENGINE_FUSED_DECODE=0 turns it off (for comparisons).
 """
 
 from __future__ import annotations
@@ -66,7 +64,8 @@ def _layer(layer: DecoderLayer) -> StackLayer | None:
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
     if any(w.dtype != torch.float32 or not w.is_contiguous() for w in norms):
         return None
-    return StackLayer(*norms, qkv, o, gate_up, down, attn.attn.kv_cache)
+    window = attn.attn.sliding_window or 0
+    return StackLayer(*norms, qkv, o, gate_up, down, attn.attn.kv_cache, window)
 
 
 class FusedDecode:
@@ -77,7 +76,6 @@ class FusedDecode:
         self._enabled: bool | None = None  # decided at the first step, once the ranks are known
         self._stack: DecodeStack | None = None
         self._cache_ptr = -1
-        self._window: int | None = None  # the layers' smallest sliding window (None: none)
 
     @property
     def enabled(self) -> bool:
@@ -99,8 +97,6 @@ class FusedDecode:
             or inner.norm.weight.dtype != torch.float32
         ):
             return None
-        windows = [ly.self_attn.attn.sliding_window for ly in inner.layers]
-        self._window = min((w for w in windows if w is not None), default=None)
         attn = inner.layers[0].self_attn.attn
         block_size = attn.kv_cache.shape[3]
         if block_size % 16:
@@ -141,8 +137,6 @@ class FusedDecode:
         stack = self.stack()
         if stack is None:
             return None
-        if self._window is not None and int(meta.seq_lens.max()) > self._window:
-            return None  # the kernel attends to the whole context, which a window would not
         return stack.run(
             x.contiguous(),
             cos.reshape(rows, -1),

@@ -46,6 +46,7 @@ typedef struct {
     const float *input_norm, *post_norm;  /* [hidden] */
     dweight_t qkv, o, gate_up, down;
     float *k_cache, *v_cache;             /* the CPU backend's layout (paged_attention.c) */
+    int64_t window;                       /* > 0: attend to the last `window` positions only */
 } dlayer_t;
 
 typedef struct {
@@ -143,7 +144,8 @@ int64_t decode_stack_work_floats(const dmodel_t *m, int64_t M, int32_t threads)
 }
 
 /* Attention of one token's `group` query vectors q [group, D] (rotated, not yet scaled) over
- * positions [p0, p1) of one KV head (p0 a multiple of 16), in 16-position pieces (one cache
+ * positions [max(p0, lo), p1) of one KV head (p0 a multiple of 16; lo the sliding window's first
+ * position, whose piece is read but not counted), in 16-position pieces (one cache
  * block's keys [D, bs] give 16 scores per query in D vector FMAs) and 64-position chunks of the
  * online softmax. Writes the part, per query: its running max, its sum of exponentials and its
  * unnormalised output [D]. */
@@ -154,7 +156,7 @@ int64_t decode_stack_work_floats(const dmodel_t *m, int64_t M, int32_t threads)
 static void attend_range_##D(const float *q, int32_t group, const float *k_cache,                 \
                              const float *v_cache, const int32_t *bt, int64_t kv_heads,            \
                              int64_t kvh, int32_t bs, float scale, int32_t p0, int32_t p1,         \
-                             float *part)                                                          \
+                             int32_t lo, float *part)                                              \
 {                                                                                                  \
     enum { NP = 16 / VW, V = D / VW };                                                             \
     const int64_t head_elems = (int64_t)D * bs;                                                    \
@@ -199,12 +201,14 @@ static void attend_range_##D(const float *q, int32_t group, const float *k_cache
                     _Pragma("GCC unroll 4") for (int c = 0; c < NP; c++)                           \
                         storev(&s[gq][t0 + c * VW], a[gq][c]);                                     \
             }                                                                                      \
-            for (int gq = 0; gq < nq; gq++) {                                                      \
+            /* Positions before the window (in its first piece) are not counted. */               \
+            const int32_t t_lo = lo > c0 ? lo - c0 : 0;                                            \
+            for (int gq = 0; gq < nq && t_lo < n; gq++) {                                          \
                 float top = mx[gq];                                                                \
-                for (int32_t t = 0; t < n; t++) top = s[gq][t] > top ? s[gq][t] : top;             \
+                for (int32_t t = t_lo; t < n; t++) top = s[gq][t] > top ? s[gq][t] : top;          \
                 const float alpha = expf(mx[gq] - top);                                            \
                 float total = 0.0f;                                                                \
-                for (int32_t t = 0; t < n; t++) {                                                  \
+                for (int32_t t = t_lo; t < n; t++) {                                               \
                     s[gq][t] = expf(s[gq][t] - top);                                               \
                     total += s[gq][t];                                                             \
                 }                                                                                  \
@@ -212,7 +216,7 @@ static void attend_range_##D(const float *q, int32_t group, const float *k_cache
                 sum[gq] = sum[gq] * alpha + total;                                                 \
                 vf av[V];                                                                          \
                 _Pragma("GCC unroll 16") for (int j = 0; j < V; j++) av[j] = acc[gq][j] * alpha;   \
-                for (int32_t t = 0; t < n; t++) {                                                  \
+                for (int32_t t = t_lo; t < n; t++) {                                               \
                     const float *vrow = vb[t / 16] + (t % 16) * D;                                 \
                     _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                           \
                         av[j] += s[gq][t] * loadv(vrow + j * VW);                                  \
@@ -325,10 +329,15 @@ static void attend_item(const dmodel_t *m, const dlayer_t *ly, const float *qkv,
         memcpy(q + gq * D, row + (kvh * group + gq) * D, sizeof(float) * D);
         rotate_head(q + gq * D, cos + r * D, sin + r * D, (int32_t)D);
     }
-    const int32_t p0 = split_point(len, part, splits), p1 = split_point(len, part + 1, splits);
+    /* The parts split the window (from its first position's 16-position piece), not the whole
+     * context: nothing before the window is read. */
+    const int32_t lo = ly->window > 0 && len > ly->window ? len - (int32_t)ly->window : 0;
+    const int32_t from = lo & ~15;
+    const int32_t p0 = from + split_point(len - from, part, splits);
+    const int32_t p1 = from + split_point(len - from, part + 1, splits);
     (D == 64 ? attend_range_64 : attend_range_128)(
         q, group, ly->k_cache, ly->v_cache, block_tables + r * bt_stride, KV, kvh, bs,
-        (float)m->scale, p0, p1, parts + item * part_floats);
+        (float)m->scale, p0, p1, lo, parts + item * part_floats);
 }
 
 /* One decode step. x: [M, hidden] the rows' embeddings; out: [M, hidden] the final norm's output;

@@ -142,15 +142,15 @@ def test_torch_backend_runs_the_head64_models_too(tmp_path):
 
 
 @pytest.mark.skipif(not c_kernels_available(), reason="no C compiler on this machine")
-def test_fused_decode_runs_while_every_sequence_fits_the_window(tmp_path, monkeypatch):
-    """The fused C decode stack attends to the whole context: it takes a windowed model's decode
-    steps only while no sequence is longer than the window, and the per-op path after."""
-    window = 24
+@pytest.mark.parametrize("window", [8, 24, 40])
+def test_fused_decode_stack_attends_within_the_window(tmp_path, monkeypatch, window):
+    """The fused C decode stack takes every decode step of a windowed model (its parts split the
+    window, not the context) and equals transformers; windows shorter than, around and longer
+    than the 16-position pieces and the 17 + 12 tokens."""
     model_dir = make_tiny_model(tmp_path / "m", "mistral", sliding_window=window, **HEAD64)
     runner, driver = make_runner(model_dir, kv_cache_memory="4MiB")
     assert runner.model is not None
-    fused = runner.model.fused_decode
-    stack = fused.stack()
+    stack = runner.model.fused_decode.stack()
     assert stack is not None, "a Mistral layer stack the fused kernel takes"
     lengths: list[int] = []
     run = type(stack).run
@@ -162,6 +162,7 @@ def test_fused_decode_runs_while_every_sequence_fits_the_window(tmp_path, monkey
     monkeypatch.setattr(type(stack), "run", counting)
     gen = torch.Generator().manual_seed(5)
     prompts = {"a": torch.randint(3, 512, (17,), generator=gen).tolist()}
+    prompts["b"] = torch.randint(3, 512, (33,), generator=gen).tolist()
     _check(driver.run(prompts, GREEDY, NEW_TOKENS), _hf_greedy(model_dir, prompts))
-    # Decode steps at 18..28 tokens: the fused kernel up to the window, not beyond.
-    assert lengths and max(lengths) == window
+    # Every decode step (contexts 18..44 tokens) went through the fused kernel.
+    assert len(lengths) == NEW_TOKENS - 1 and max(lengths) == 33 + NEW_TOKENS - 1
