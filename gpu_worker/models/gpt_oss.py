@@ -123,6 +123,7 @@ def _sinks_renamed(weights: Weights) -> Iterator[tuple[str, str, torch.Tensor]]:
         yield source, name, tensor
 
 
+_PROJECTIONS = ("gate_up_proj", "down_proj")
 _MXFP4_PARTS = ("_blocks", "_scales")
 
 
@@ -134,45 +135,63 @@ def expert_tensors(
     ([I, H], [I, H], [H, I]; [I], [I], [H]): gate and up de-interleaved, the projections
     transposed, MXFP4 blocks and scales dequantized one expert at a time on `device` (the
     model's; default the tensor's) in float32. Every other tensor passes through; raises
-    WeightLoadError naming a tensor of the wrong rank or MXFP4 blocks without their scales."""
-    halves: dict[str, tuple[str, str, torch.Tensor]] = {}
+    WeightLoadError naming a tensor of the wrong rank or dtype, or MXFP4 blocks without their
+    scales (or the reverse)."""
+    halves: dict[str, tuple[str, str, torch.Tensor]] = {}  # one MXFP4 part awaiting the other
     for source, name, tensor in weights:
         prefix, sep, leaf = name.rpartition(".experts.")
         if not sep or "." in leaf:
             yield source, name, tensor
             continue
         moe = f"{prefix}.experts"
-        if leaf in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
+        if leaf.removesuffix("_bias") in _PROJECTIONS:
             _check_rank(source, name, tensor, 2 if leaf.endswith("_bias") else 3)
             yield from _split_experts(source, moe, leaf, tensor)
             continue
-        proj, part = leaf[:-7], leaf[-7:]
-        if proj not in ("gate_up_proj", "down_proj") or part not in _MXFP4_PARTS:
+        part = next((p for p in _MXFP4_PARTS if leaf.endswith(p)), "")
+        proj = leaf.removesuffix(part)
+        if not part or proj not in _PROJECTIONS:
             yield source, name, tensor
             continue
         _check_rank(source, name, tensor, 4 if part == "_blocks" else 3)
         other = halves.pop(f"{moe}.{proj}", None)
-        if other is None:
+        if other is None or other[1] == part:
             halves[f"{moe}.{proj}"] = (source, part, tensor)
             continue
         blocks, scales = (tensor, other[2]) if part == "_blocks" else (other[2], tensor)
-        if blocks.shape[:-1] != scales.shape:
-            raise WeightLoadError(
-                f"{source}: {moe}.{proj}_blocks {tuple(blocks.shape)} and _scales "
-                f"{tuple(scales.shape)} do not pair"
-            )
-        for e in range(blocks.shape[0]):
-            target = device or blocks.device
-            dense = dequantize_mxfp4(blocks[e].to(target), scales[e].to(target))
-            # Dequantized rows are the outputs: gate_up [2I, H] interleaved, down [H, I].
-            if proj == "gate_up_proj":
-                yield source, f"{moe}.{e}.gate_proj.weight", dense[0::2]
-                yield source, f"{moe}.{e}.up_proj.weight", dense[1::2]
-            else:
-                yield source, f"{moe}.{e}.down_proj.weight", dense
+        yield from _dequantized_experts(source, f"{moe}.{proj}", blocks, scales, device)
     for key, (source, part, _) in halves.items():
         missing = "_scales" if part == "_blocks" else "_blocks"
         raise WeightLoadError(f"{source}: {key}{part} has no {key}{missing} in the checkpoint")
+
+
+def _dequantized_experts(
+    source: str,
+    name: str,
+    blocks: torch.Tensor,
+    scales: torch.Tensor,
+    device: torch.device | None,
+) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """One MXFP4 whole-layer projection (name: `<moe>.experts.<gate_up_proj|down_proj>`) as
+    each expert's float32 tensors, dequantized one expert at a time on device."""
+    if blocks.shape[:-1] != scales.shape:
+        raise WeightLoadError(
+            f"{source}: {name}_blocks {tuple(blocks.shape)} and {name}_scales "
+            f"{tuple(scales.shape)} do not pair"
+        )
+    moe, proj = name.rsplit(".", 1)
+    target = device or blocks.device
+    for e in range(blocks.shape[0]):
+        try:
+            dense = dequantize_mxfp4(blocks[e].to(target), scales[e].to(target))
+        except ValueError as err:
+            raise WeightLoadError(f"{source}: {name}_blocks/_scales: {err}") from None
+        # Dequantized rows are the outputs: gate_up [2I, H] interleaved, down [H, I].
+        if proj == "gate_up_proj":
+            yield source, f"{moe}.{e}.gate_proj.weight", dense[0::2]
+            yield source, f"{moe}.{e}.up_proj.weight", dense[1::2]
+        else:
+            yield source, f"{moe}.{e}.down_proj.weight", dense
 
 
 def _split_experts(

@@ -453,9 +453,20 @@ def test_mxfp4_blocks_without_scales_refused(dense_dir, tmp_path):
     _to_mxfp4_checkpoint(dense_dir, quantized)
     path = quantized / "model.safetensors"
     tensors = load_file(path)
-    del tensors["model.layers.0.mlp.experts.down_proj_scales"]
+    down_scales = tensors.pop("model.layers.0.mlp.experts.down_proj_scales")
     save_file(tensors, path, metadata={"format": "pt"})
     with pytest.raises(WeightLoadError, match="down_proj_blocks has no .*down_proj_scales"):
+        make_runner(quantized, kv_cache_memory="4MiB")
+    # Scales of another shape (an expert short), or blocks that are not bytes.
+    tensors["model.layers.0.mlp.experts.down_proj_scales"] = down_scales[:-1].clone()
+    save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(WeightLoadError, match="down_proj_blocks .* and .*_scales .* do not pair"):
+        make_runner(quantized, kv_cache_memory="4MiB")
+    blocks = tensors["model.layers.0.mlp.experts.gate_up_proj_blocks"]
+    tensors["model.layers.0.mlp.experts.gate_up_proj_blocks"] = blocks.to(torch.int16)
+    tensors["model.layers.0.mlp.experts.down_proj_scales"] = down_scales
+    save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(WeightLoadError, match="gate_up_proj_blocks/_scales: .* must be uint8"):
         make_runner(quantized, kv_cache_memory="4MiB")
 
 
