@@ -3,11 +3,12 @@
  * h = act(x @ W_gate^T + b, x @ W_up^T + b) and out[token] += weight * (h @ W_down^T + b).
  *
  * Weights blocked per expert as linear.c's GEMM reads them: w13 [E, I/32, 2, H, 32] (gate block
- * j, then up block j) and w2 [E, H/32, I, 32]. Threads own column blocks and loop over the
- * experts inside, so each active expert's weights are read once per step, every thread has work
- * even at one token (a decode step's 8 experts x I/32 blocks), and the down projection adds into
- * its own columns of out without atomics. Per-pair scratch (the gathered x, h) is small beside the
- * weights: rows x (H + I) floats.
+ * j, then up block j) and w2 [E, H/32, I, 32]. Each active expert's weights are read once per
+ * step: gate and up as one work item per (active expert, 32 columns of I), so every thread has
+ * work even at one token (a decode step's 8 experts x I/32 blocks); the down projection with
+ * threads owning 32-column blocks of out and looping over the experts, so each adds into its own
+ * columns without atomics. Per-pair scratch (the gathered x, h) is small beside the weights:
+ * rows x (H + I) floats.
  */
 #include <math.h>
 #include <omp.h>
@@ -78,10 +79,16 @@ int32_t fused_moe_f32(const float *x, int64_t ldx, int64_t T, int32_t H, const i
     float *xs = malloc(sizeof(float) * (size_t)(rows * H + 1));
     float *hs = malloc(sizeof(float) * (size_t)(rows * I + 1));
     float *scratch = malloc(sizeof(float) * (size_t)(num_threads * 2 * (most * 32 + 1)));
-    if (!pair_of || !next || !xs || !hs || !scratch) {
-        free(pair_of), free(next), free(xs), free(hs), free(scratch), free(start), free(local);
+    int32_t *active = malloc(sizeof(int32_t) * ((size_t)E + 1));
+    if (!pair_of || !next || !xs || !hs || !scratch || !active) {
+        free(pair_of), free(next), free(xs), free(hs), free(scratch), free(active);
+        free(start), free(local);
         return 2;
     }
+    int32_t n_active = 0; /* the experts with pairs, in order */
+    for (int32_t e = 0; e < E; e++)
+        if (start[e + 1] > start[e])
+            active[n_active++] = e;
     memcpy(next, start, sizeof(int64_t) * (size_t)E);
     for (int64_t p = 0; p < P; p++)
         if (local[p] >= 0)
@@ -96,21 +103,20 @@ int32_t fused_moe_f32(const float *x, int64_t ldx, int64_t T, int32_t H, const i
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++)
             memcpy(xs + r * H, x + pair_of[r] / top_k * ldx, sizeof(float) * (size_t)H);
+        /* Gate and up: one work item per (active expert, column block), so many threads share
+         * out a decode step's few experts evenly; each item writes its own part of h. */
         #pragma omp for schedule(static)
-        for (int32_t jb = 0; jb < iblocks; jb++) {
-            for (int32_t e = 0; e < E; e++) {
-                const int64_t m0 = start[e], M = start[e + 1] - m0;
-                if (M == 0)
-                    continue;
-                const float *wg = w13 + ((int64_t)e * iblocks + jb) * 2 * H * 32;
-                const float *bg = b13 ? b13 + (int64_t)e * 2 * I + jb * 32 : 0;
-                block_tiles(xs + m0 * H, H, wg, bg, 0, g, 32, M, H);
-                block_tiles(xs + m0 * H, H, wg + (int64_t)H * 32, bg ? bg + I : 0, 0, u, 32, M, H);
-                for (int64_t m = 0; m < M; m++) {
-                    float *h = hs + (m0 + m) * I + jb * 32;
-                    for (int c = 0; c < 32; c++)
-                        h[c] = activate(g[m * 32 + c], u[m * 32 + c], activation, has_limit, limit);
-                }
+        for (int64_t item = 0; item < (int64_t)n_active * iblocks; item++) {
+            const int32_t e = active[item / iblocks], jb = (int32_t)(item % iblocks);
+            const int64_t m0 = start[e], M = start[e + 1] - m0;
+            const float *wg = w13 + ((int64_t)e * iblocks + jb) * 2 * H * 32;
+            const float *bg = b13 ? b13 + (int64_t)e * 2 * I + jb * 32 : 0;
+            block_tiles(xs + m0 * H, H, wg, bg, 0, g, 32, M, H);
+            block_tiles(xs + m0 * H, H, wg + (int64_t)H * 32, bg ? bg + I : 0, 0, u, 32, M, H);
+            for (int64_t m = 0; m < M; m++) {
+                float *h = hs + (m0 + m) * I + jb * 32;
+                for (int c = 0; c < 32; c++)
+                    h[c] = activate(g[m * 32 + c], u[m * 32 + c], activation, has_limit, limit);
             }
         }
         #pragma omp for schedule(static)
@@ -118,10 +124,9 @@ int32_t fused_moe_f32(const float *x, int64_t ldx, int64_t T, int32_t H, const i
             memset(out + t * ldo, 0, sizeof(float) * (size_t)H);
         #pragma omp for schedule(static)
         for (int32_t nb = 0; nb < hblocks; nb++) {
-            for (int32_t e = 0; e < E; e++) {
+            for (int32_t i = 0; i < n_active; i++) {
+                const int32_t e = active[i];
                 const int64_t m0 = start[e], M = start[e + 1] - m0;
-                if (M == 0)
-                    continue;
                 const float *wd = w2 + ((int64_t)e * hblocks + nb) * I * 32;
                 const float *bd = b2 ? b2 + (int64_t)e * H + nb * 32 : 0;
                 block_tiles(hs + m0 * I, I, wd, bd, 0, g, 32, M, I);
@@ -136,6 +141,7 @@ int32_t fused_moe_f32(const float *x, int64_t ldx, int64_t T, int32_t H, const i
         }
         ftz_leave(csr);
     }
-    free(pair_of), free(next), free(xs), free(hs), free(scratch), free(start), free(local);
+    free(pair_of), free(next), free(xs), free(hs), free(scratch), free(active);
+    free(start), free(local);
     return 0;
 }
