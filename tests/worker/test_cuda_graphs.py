@@ -144,3 +144,23 @@ def test_long_contexts_replay_the_split_attention_graphs(tiny, monkeypatch):
     graphs, replays = _generate(tiny, prompts, [8, 8], monkeypatch, cuda_graph_sizes=[1, 2, 4])
     assert replays >= 6
     assert graphs == eager
+
+
+@cuda_only
+def test_graphs_with_sliding_windows_equal_eager(tmp_path, monkeypatch):
+    """Per-layer windows are constants of the captured graphs: a Qwen2 whose first layer is full
+    (the split-context kernels at 2,100 tokens) and whose second slides by 64 (the one-pass
+    kernel in the same step) gives the eager tokens, graphs replaying."""
+    model = make_tiny_model(
+        tmp_path / "qwen2",
+        "qwen2",
+        use_sliding_window=True,
+        sliding_window=64,
+        max_window_layers=1,
+        max_position_embeddings=4096,
+    )
+    prompts = [[(7 * j) % 500 + 3 for j in range(2100)], list(range(5, 140))]
+    eager, _ = _generate(model, prompts, [8, 8], monkeypatch, enforce_eager=True)
+    graphs, replays = _generate(model, prompts, [8, 8], monkeypatch, cuda_graph_sizes=[1, 2, 4])
+    assert replays >= 6
+    assert graphs == eager
