@@ -341,3 +341,19 @@ def test_engine_generate_deepseek_v3_equals_transformers(v3_with_tokenizer, caps
     rc = main([*argv, "--ignore-eos", "--device", "cpu", "--max-model-len", "64"])
     assert rc == 0
     assert capsys.readouterr().out.rstrip("\n") == expected
+
+
+def test_bfloat16_stays_close_to_float32(tmp_path):
+    """In bf16 (the router's weight and logits kept in fp32, as transformers keeps them), the
+    first token's top logprobs stay within bf16's tolerance of fp32's."""
+    from tests.worker.runner_utils import assert_first_logprobs_close
+
+    family, overrides = CASES["v3"]
+    model_dir = make_tiny_model(tmp_path, family, **overrides)
+    _perturb_constants(model_dir)
+    runner, ref = make_runner(model_dir, kv_cache_memory="2MiB")
+    bf16_runner, got = make_runner(model_dir, kv_cache_memory="2MiB", dtype="bfloat16")
+    assert bf16_runner.kv_caches[0].dtype == torch.bfloat16
+    gate = bf16_runner.model.model.layers[1].mlp.gate
+    assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
+    assert_first_logprobs_close(got, ref, _prompts(runner.arch.vocab_size))
