@@ -182,7 +182,9 @@ def _paged_attention_kernel(
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     for start_n in range(kv_start // BLOCK_SIZE * BLOCK_SIZE, kv_end, BLOCK_N):
         k_pos = start_n + tl.arange(0, BLOCK_N)
-        k_valid = (k_pos < kv_end) & (k_pos >= kv_start)
+        k_valid = k_pos < kv_end
+        if SLIDING_WINDOW > 0:
+            k_valid = k_valid & (k_pos >= kv_start)
         causal = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
         if SLIDING_WINDOW > 0:
             causal = causal & (k_pos[None, :] > q_pos[:, None] - SLIDING_WINDOW)

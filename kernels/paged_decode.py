@@ -61,10 +61,8 @@ def use_split_decode(
 # one compiled kernel for every step instead of one per value class.
 @triton.jit
 def _first_key(seq_len, SLIDING_WINDOW: tl.constexpr):
-    """The first position the decode query (at seq_len - 1) sees."""
-    if SLIDING_WINDOW > 0:
-        return tl.maximum(seq_len - SLIDING_WINDOW, 0)
-    return seq_len * 0
+    """The first position the decode query (at seq_len - 1) sees through the window."""
+    return tl.maximum(seq_len - SLIDING_WINDOW, 0)
 
 
 @triton.jit(do_not_specialize=["stride_bt", "stride_ms", "stride_mh"])
@@ -106,14 +104,18 @@ def _decode_partition_kernel(
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
-    first = _first_key(seq_len, SLIDING_WINDOW)
-    start = first // PARTITION * PARTITION + part * PARTITION
+    start = part * PARTITION
+    if SLIDING_WINDOW > 0:
+        # Partitions count from the boundary at or before the window's first key.
+        first = _first_key(seq_len, SLIDING_WINDOW)
+        start += first // PARTITION * PARTITION
     # The grid covers the longest sequence (or window); shorter ones (and empty padding rows)
     # stop here.
     if (q_len == 0) | (start >= seq_len):
         return
     end = tl.minimum(start + PARTITION, seq_len)
-    start = tl.maximum(start, first)  # the window's first partition starts inside it
+    if SLIDING_WINDOW > 0:
+        start = tl.maximum(start, first)  # the window's first partition starts inside it
 
     # Row r is query head kv_head * GROUP + r; rows >= GROUP are padding for tl.dot.
     rows = tl.arange(0, ROWS)
@@ -194,8 +196,12 @@ def _decode_reduce_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     # Only this sequence's own partitions were written; seq_len >= 1 makes at least one.
-    base = _first_key(seq_len, SLIDING_WINDOW) // PARTITION * PARTITION
-    num_parts = (seq_len - base + PARTITION - 1) // PARTITION
+    if SLIDING_WINDOW > 0:
+        # Partitions count from the boundary at or before the window's first key.
+        base = _first_key(seq_len, SLIDING_WINDOW) // PARTITION * PARTITION
+        num_parts = (seq_len - base + PARTITION - 1) // PARTITION
+    else:
+        num_parts = (seq_len + PARTITION - 1) // PARTITION
     ml_base = seq.to(tl.int64) * stride_ms + head * stride_mh
     a_base = ml_base * HEAD_DIM  # acc is m's layout with a contiguous head_dim
     offs_d = tl.arange(0, HEAD_DIM)
