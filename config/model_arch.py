@@ -149,12 +149,14 @@ def _latent_attention(cfg: dict[str, Any], source: str) -> tuple[int, int] | Non
     config has kv_lora_rank), else None."""
     if cfg.get("kv_lora_rank") is None:
         return None
-    try:
-        return int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"])
-    except KeyError as e:
+    rank: Any = cfg["kv_lora_rank"]
+    rope: Any = cfg.get("qk_rope_head_dim")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (rank, rope)):
         raise ValueError(
-            f"{source}: kv_lora_rank (latent attention) without {e.args[0]!r}"
-        ) from None
+            f"{source}: kv_lora_rank (latent attention) needs an integer kv_lora_rank and "
+            f"qk_rope_head_dim, not {rank!r} and {rope!r}"
+        )
+    return rank, rope
 
 
 # Model types whose config turns the window on with use_sliding_window (off when absent) and

@@ -357,3 +357,56 @@ def test_bfloat16_stays_close_to_float32(tmp_path):
     gate = bf16_runner.model.model.layers[1].mlp.gate
     assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
     assert_first_logprobs_close(got, ref, _prompts(runner.arch.vocab_size))
+
+
+@pytest.mark.parametrize(
+    ("version", "fields", "words"),
+    [
+        (2, {"scoring_func": "sigmoid"}, "scoring_func 'sigmoid' is not supported for DeepSeek-V2"),
+        (3, {"scoring_func": "softmax"}, "scoring_func 'softmax' is not supported for DeepSeek-V3"),
+        (2, {"topk_method": "noaux_tc"}, "topk_method 'noaux_tc' is not supported"),
+        (3, {"topk_method": "greedy"}, "topk_method 'greedy' is not supported"),
+        (3, {"n_group": 3}, r"n_routed_experts \(8\) is not divisible by n_group \(3\)"),
+        (3, {"num_experts_per_tok": 5}, r"num_experts_per_tok \(5\) exceeds the experts"),
+        (3, {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+        (3, {"moe_intermediate_size": None}, "missing field 'moe_intermediate_size'"),
+    ],
+)
+def test_routing_configs_the_model_cannot_run_are_refused(version, fields, words):
+    from gpu_worker.models.deepseek_v2 import DeepseekMoEConfig
+
+    cfg = {**MOE, "n_group": 2, "topk_group": 1, "architectures": ["DeepseekV3ForCausalLM"]}
+    with pytest.raises(ValueError, match=words):
+        DeepseekMoEConfig.from_hf({**cfg, **fields}, version)
+
+
+def test_routing_and_layers_as_transformers_reads_the_config():
+    from gpu_worker.models.deepseek_v2 import DeepseekMoEConfig
+
+    v3 = DeepseekMoEConfig.from_hf({**MOE, "n_group": 2, "topk_group": 1}, 3)
+    assert v3.routing is not None and v3.correction_bias
+    assert (v3.routing.scoring, v3.routing.group_score, v3.routing.num_groups) == (
+        "sigmoid",
+        "top2_sum",
+        2,
+    )
+    assert v3.routing.renormalize and v3.routing.routed_scaling_factor == 2.5  # V3's defaults
+    assert [v3.is_sparse(i) for i in range(4)] == [False, True, True, True]
+    v2 = DeepseekMoEConfig.from_hf({**MOE, "n_group": 2, "moe_layer_freq": 2}, 2)
+    assert v2.routing is not None and not v2.correction_bias and v2.routing.num_groups == 1
+    assert not v2.routing.renormalize and v2.routing.scoring == "softmax"
+    assert [v2.is_sparse(i) for i in range(5)] == [False, False, True, False, True]
+    dense = DeepseekMoEConfig.from_hf({"n_routed_experts": None}, 2)
+    assert not any(dense.is_sparse(i) for i in range(4))
+
+
+def test_attention_configs_the_model_cannot_run_are_refused():
+    from gpu_worker.models.deepseek_mla import MLAConfig
+
+    with pytest.raises(ValueError, match="qk_rope_head_dim must be even"):
+        MLAConfig.from_hf({**MLA, "qk_rope_head_dim": 15})
+    with pytest.raises(ValueError, match="v_head_dim must be a positive integer, not None"):
+        MLAConfig.from_hf({**MLA, "v_head_dim": None})
+    for missing in (None, "16"):
+        with pytest.raises(ValueError, match="kv_lora_rank .latent attention. needs an integer"):
+            _tiny_arch(qk_rope_head_dim=missing)
