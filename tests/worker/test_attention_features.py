@@ -295,3 +295,15 @@ def test_gpt_oss_needs_sinks_and_other_families_do_not():
 
     assert AttentionFeatures.of(arch("gpt_oss"), 4096).sinks
     assert not AttentionFeatures.of(arch("llama"), 4096).sinks
+
+
+def test_every_backend_is_chosen_for_windows_and_sinks():
+    from config.attention import attention_backends_for
+    from gpu_worker.attention.select import attention_backend
+
+    both = AttentionFeatures(sliding_window=True, sinks=True)
+    assert attention_backends_for("cuda", 16, 128, "bfloat16", both) == ["triton"]
+    assert attention_backends_for("cpu", 16, 64, "float32", both) == ["cpu", "torch"]
+    assert attention_backends_for("cpu", 16, 80, "float32", both) == ["torch"]
+    expected = "cpu" if cpu_binding.available() else "torch"
+    assert attention_backend(CPU, torch.float32, 64, 16, both).name == expected
