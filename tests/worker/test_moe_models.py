@@ -275,13 +275,15 @@ def test_qwen3_moe_reads_num_experts_as_released_configs_name_it(tmp_path):
     assert isinstance(moe, FusedMoE) and moe.num_experts == 8
 
 
-def test_engine_generate_qwen3_moe_equals_transformers(tmp_path, capsys):
-    """`engine generate` on a tiny Qwen3-MoE with a real tokenizer prints transformers' text."""
+@pytest.mark.parametrize("case_name", ["qwen3_moe", "mixtral"])
+def test_engine_generate_equals_transformers(tmp_path, capsys, case_name):
+    """`engine generate` on a tiny MoE with a real tokenizer prints transformers' text."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from serve.cli import main
 
-    model_dir = make_tiny_model_with_tokenizer(tmp_path, arch="qwen3_moe", **CASES["qwen3_moe"][1])
+    family, overrides, _ = CASES[case_name]
+    model_dir = make_tiny_model_with_tokenizer(tmp_path, arch=family, **overrides)
     _perturb(model_dir)
     prompt = "The experts of a mixture"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
