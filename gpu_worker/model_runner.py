@@ -68,6 +68,7 @@ class ModelRunner:
         self.fused_greedy = True
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
+        self.num_blocks = 0  # of the KV cache allocated now (its layout is the backend's)
         self.graphs: DecodeGraphs | None = None
 
     def load_model(self) -> None:
@@ -98,6 +99,7 @@ class ModelRunner:
             self.backend.kv_cache_shape,
             self.config.parallel.tensor_parallel_size,
         )
+        self.num_blocks = num_blocks
         for attn, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
             attn.kv_cache = cache
 
@@ -163,7 +165,7 @@ class ModelRunner:
             self.execute_model,
             self.dummy_limits,
             self.config.max_model_len,
-            self.kv_caches[0].shape[1],
+            self.num_blocks,
             self.device,
             self.backend.warm_up_context_len,
         )

@@ -410,3 +410,18 @@ def test_attention_configs_the_model_cannot_run_are_refused():
     for missing in (None, "16"):
         with pytest.raises(ValueError, match="kv_lora_rank .latent attention. needs an integer"):
             _tiny_arch(qk_rope_head_dim=missing)
+
+
+def test_warm_up_gets_the_latent_caches_block_count(tmp_path, monkeypatch):
+    """The runner hands warm-up its block count, not a dimension of the cache tensor (a latent
+    cache is [blocks, block_size, latent]; a per-head one [2, blocks, ...])."""
+    from gpu_worker import model_runner
+    from gpu_worker.attention.mla_triton_backend import MLATritonBackend
+
+    family, overrides = CASES["v3"]
+    model_dir = make_tiny_model(tmp_path, family, **overrides)
+    runner, _ = make_runner(model_dir, attention_backend=MLATritonBackend(), kv_cache_memory="2MiB")
+    seen = []
+    monkeypatch.setattr(model_runner, "warm_up", lambda *args: seen.append(args[3]))
+    runner.warm_up()  # the Triton backend compiles its kernels: warm-up runs
+    assert seen == [runner.kv_caches[0].shape[0]] and seen[0] > runner.block_size
