@@ -3,7 +3,7 @@
 Each token's keys and values come from one compressed vector: c_kv = norm(x W_DKV) of
 kv_lora_rank elements, and a rotary key k_pe of qk_rope_head_dim shared by every head; head h's
 key is [c_kv W_UK_h | k_pe], its value c_kv W_UV_h (kv_b_proj stacks W_UK and W_UV per head).
-Only [c_kv | k_pe] is cached (gpu_worker/attention/mla_backend.py). Attention reads the cache
+Only [c_kv | k_pe] is cached (the MLA backends: gpu_worker/attention/mla_*). Attention reads it
 as it is: q_nope_h W_UK_h^T puts each query head in latent space, so q.k is
 [q_nope_h W_UK_h^T | q_pe_h] . [c_kv | k_pe], one KV head for all query heads; the weighted sum
 of c_kv is then taken through W_UV_h. This equals transformers' decompressed attention.
