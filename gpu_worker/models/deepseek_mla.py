@@ -1,12 +1,13 @@
 """Multi-head latent attention (MLA), DeepSeek-V2/V3's attention block, in the absorbed form.
 
-Each token's keys and values come from one compressed vector: c_kv = norm(x W_DKV) of
-kv_lora_rank elements, and a rotary key k_pe of qk_rope_head_dim shared by every head; head h's
-key is [c_kv W_UK_h | k_pe], its value c_kv W_UV_h (kv_b_proj stacks W_UK and W_UV per head).
-Only [c_kv | k_pe] is cached (the MLA backends: gpu_worker/attention/mla_*). Attention reads it
-as it is: q_nope_h W_UK_h^T puts each query head in latent space, so q.k is
-[q_nope_h W_UK_h^T | q_pe_h] . [c_kv | k_pe], one KV head for all query heads; the weighted sum
-of c_kv is then taken through W_UV_h. This equals transformers' decompressed attention.
+Each token's keys and values come from one compressed vector: c_kv = norm(x W_DKV^T) of
+kv_lora_rank elements, and a rotary key k_pe of qk_rope_head_dim shared by every head. With
+W_UK_h [qk_nope, rank] and W_UV_h [v, rank] head h's rows of kv_b_proj, head h's key is
+[c_kv W_UK_h^T | k_pe] and its value c_kv W_UV_h^T. Only [c_kv | k_pe] is cached (the MLA
+backends: gpu_worker/attention/mla_*). Attention reads it as it is: q_nope_h W_UK_h puts each
+query head in latent space, so q.k is [q_nope_h W_UK_h | q_pe_h] . [c_kv | k_pe], one KV head
+for all query heads; the weighted sum of c_kv is then taken through W_UV_h^T. This equals
+transformers' decompressed attention.
 
 Under tensor parallelism each rank holds num_heads / TP heads (q_b_proj / q_proj and kv_b_proj
 split by head, o_proj by its input); the down-projections and the latent cache are replicated.
