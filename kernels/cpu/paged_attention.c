@@ -64,6 +64,37 @@ static inline void chunk_pointers(const params_t *p, const int32_t *block_table,
     }
 }
 
+/* One query vector's online-softmax step over the chunk's positions [t0, nv): scores sv (turned
+ * into probabilities), the running max *m and sum *l, the output acc [D] rescaled and added to;
+ * vp: the chunk's value vectors. Inlined twice per tile: with t0 = 0 (no window), and not. */
+#define DEFINE_SOFTMAX_STEP(D)                                                                     \
+static inline __attribute__((always_inline)) void softmax_step_##D(                               \
+    float *restrict sv, int32_t t0, int32_t nv, const float *const *vp, float *restrict m,       \
+    float *restrict l, float *restrict acc)                                                        \
+{                                                                                                  \
+    enum { V = D / VW };                                                                           \
+    float mx = *m;                                                                                 \
+    for (int32_t t = t0; t < nv; t++) mx = sv[t] > mx ? sv[t] : mx;                                \
+    const float alpha = expf(*m - mx);                                                             \
+    float sum = 0.0f;                                                                              \
+    for (int32_t t = t0; t < nv; t++) {                                                            \
+        sv[t] = expf(sv[t] - mx);                                                                  \
+        sum += sv[t];                                                                              \
+    }                                                                                              \
+    *m = mx;                                                                                       \
+    *l = *l * alpha + sum;                                                                         \
+    vf av[V];                                                                                      \
+    _Pragma("GCC unroll 16") for (int j = 0; j < V; j++) av[j] = loadv(acc + VW * j) * alpha;      \
+    for (int32_t t = t0; t < nv; t++) {                                                            \
+        const float *vrow = vp[t / VW] + (int64_t)(t % VW) * D;                                    \
+        _Pragma("GCC unroll 16") for (int j = 0; j < V; j++) av[j] += sv[t] * loadv(vrow + VW * j);\
+    }                                                                                              \
+    _Pragma("GCC unroll 16") for (int j = 0; j < V; j++) storev(acc + VW * j, av[j]);              \
+}
+
+DEFINE_SOFTMAX_STEP(64)
+DEFINE_SOFTMAX_STEP(128)
+
 #define DEFINE_TILE(D)                                                                             \
 static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32_t q_start,       \
                             int32_t q_len, int32_t seq_len, int32_t first, int32_t ntok,           \
@@ -132,31 +163,15 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
             const int32_t visible = pos[vi] - start + 1;                                           \
             if (visible <= 0) continue;                                                            \
             const int32_t nv = visible < n ? visible : n;                                          \
-            /* The window's first position in this chunk (0: all of it). */                       \
-            int32_t t0 = win > 0 ? pos[vi] - win + 1 - start : 0;                                  \
-            t0 = t0 > 0 ? t0 : 0;                                                                  \
+            float *sv = s + vi * CHUNK, *av = acc + vi * D;                                        \
+            if (win == 0) { /* a constant 0 start: this copy compiles as without windows */      \
+                softmax_step_##D(sv, 0, nv, vp, m + vi, l + vi, av);                               \
+                continue;                                                                          \
+            }                                                                                      \
+            /* The window's first position in this chunk. */                                     \
+            const int32_t t0 = pos[vi] - win + 1 - start;                                          \
             if (t0 >= nv) continue;                                                                \
-            float *sv = s + vi * CHUNK;                                                            \
-            float mx = m[vi];                                                                      \
-            for (int32_t t = t0; t < nv; t++) mx = sv[t] > mx ? sv[t] : mx;                        \
-            const float alpha = expf(m[vi] - mx);                                                  \
-            float sum = 0.0f;                                                                      \
-            for (int32_t t = t0; t < nv; t++) {                                                    \
-                sv[t] = expf(sv[t] - mx);                                                          \
-                sum += sv[t];                                                                      \
-            }                                                                                      \
-            m[vi] = mx;                                                                            \
-            l[vi] = l[vi] * alpha + sum;                                                           \
-            vf av[V];                                                                              \
-            _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                                   \
-                av[j] = loadv(acc + vi * D + VW * j) * alpha;                                      \
-            for (int32_t t = t0; t < nv; t++) {                                                    \
-                const float *vrow = vp[t / VW] + (int64_t)(t % VW) * D;                            \
-                _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                               \
-                    av[j] += sv[t] * loadv(vrow + VW * j);                                         \
-            }                                                                                      \
-            _Pragma("GCC unroll 16") for (int j = 0; j < V; j++)                                   \
-                storev(acc + vi * D + VW * j, av[j]);                                              \
+            softmax_step_##D(sv, t0 > 0 ? t0 : 0, nv, vp, m + vi, l + vi, av);                     \
         }                                                                                          \
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {                                     \
             kp[c] = kp_next[c];                                                                    \
