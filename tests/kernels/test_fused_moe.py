@@ -312,3 +312,28 @@ def test_device_tiles_at_a_larger_shape(tokens: int) -> None:
     cuda = [t.cuda() for t in (x, w13, w2)]
     out = fused_experts_triton(*(t.bfloat16() for t in cuda), weights.cuda(), ids.cuda())
     torch.testing.assert_close(out.float().cpu(), expected, rtol=3e-2, atol=3e-2)
+
+
+def test_loader_gives_a_models_moe_layers_the_cpu_layout(tmp_path) -> None:
+    """Loading a model on the CPU re-lays every FusedMoE for the C kernel where it runs
+    (gpu_worker/loader/cpu_layout.py), and the re-laid experts are the checkpoint's."""
+    from safetensors.torch import load_file
+
+    from gpu_worker.layers.fused_moe import FusedMoE
+    from tests.tiny_models import make_tiny_model
+    from tests.worker.runner_utils import make_runner
+
+    if not available():
+        pytest.skip("the C kernels are not built here")
+    model_dir = make_tiny_model(
+        tmp_path, "qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
+    )
+    runner, _ = make_runner(model_dir, kv_cache_memory="4MiB")
+    layers = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
+    assert layers and all(m.cpu_layout for m in layers)
+    checkpoint = load_file(model_dir / "model.safetensors")
+    w13, w2 = layers[0].stacked_experts()
+    prefix = "model.layers.0.mlp.experts.3"
+    torch.testing.assert_close(w13[3, :32], checkpoint[f"{prefix}.gate_proj.weight"])
+    torch.testing.assert_close(w13[3, 32:], checkpoint[f"{prefix}.up_proj.weight"])
+    torch.testing.assert_close(w2[3], checkpoint[f"{prefix}.down_proj.weight"])
