@@ -6,34 +6,22 @@ elements), never per-head keys and values. The model attends in the absorbed for
 latent space, so attention is multi-query attention with one KV head whose keys are the cached
 vectors and whose values are their latent part c_kv; W_UV then maps the result back per head.
 
-A step is planned as the torch backend plans one: decodes and prefill chunks in two groups,
-each group's gather indices and causal mask built once on the host and read by every layer. It
-runs on the CPU and on CUDA alike; planning on the host keeps it out of CUDA graphs
-(supports_cuda_graphs stays False: the runner then runs every step eagerly).
+A step is planned on the host as the torch backend plans one (host_plan.py): decodes and
+prefill chunks in two groups, each group's gather indices and causal mask built once a step
+and read by every layer. It runs on the CPU and on CUDA alike; planning on the host keeps it
+out of CUDA graphs (supports_cuda_graphs stays False: the runner then runs every step eagerly).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from config.attention import attention_support
 from gpu_worker.attention.backend import AttentionBackend
+from gpu_worker.attention.host_plan import Group, is_whole, plan_step
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
-
-
-@dataclass(slots=True)
-class _Group:
-    """Requests attended together, each padded to the group's longest query and context."""
-
-    src_tokens: torch.Tensor | None  # [Bg*Lq] packed token of each padded query row (None: same)
-    kv_slots: torch.Tensor  # [Bg, Lkv] cache slots of each request's context
-    mask: torch.Tensor | None  # [Bg, 1, Lq, Lkv] True where attention is allowed (None: all)
-    num_queries: int  # Lq
-    real_rows: torch.Tensor | None  # padded rows that hold real tokens (None: all)
-    dst_tokens: torch.Tensor | None  # packed token of each real row (None: same as the rows)
 
 
 @dataclass(slots=True)
@@ -41,44 +29,17 @@ class MLAMetadata:
     """Per-step metadata: the slots this step writes, and its groups (decodes, prefill chunks)."""
 
     slot_mapping: torch.Tensor  # [T]
-    groups: list[_Group]
+    groups: list[Group]
 
 
-def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
-
-
-def _build_group(step: StepBatch, rows: np.ndarray, device: torch.device) -> _Group:
-    """The gather indices and causal mask of the requests `rows` of the step."""
-    q_start = step.query_start_loc[rows].astype(np.int64)
-    q_lens = step.query_lens[rows].astype(np.int64)
-    seq_lens = step.seq_lens[rows].astype(np.int64)
-    lq, lkv = int(q_lens.max()), int(seq_lens.max())
-    kv_pos = np.arange(lkv)[None, :]
-    clipped = np.minimum(kv_pos, seq_lens[:, None] - 1)  # past a request's end: its last slot
-    table = step.block_table[rows]
-    kv_slots = (
-        table[np.arange(len(rows))[:, None], clipped // step.block_size].astype(np.int64)
-        * step.block_size
-        + clipped % step.block_size
-    )
-    j = np.arange(lq)[None, :]
-    real = j < q_lens[:, None]  # [Bg, Lq]
-    q_pos = seq_lens[:, None] - q_lens[:, None] + j  # absolute position of each query row
-    allowed = kv_pos[:, None, :] <= q_pos[:, :, None]  # causal; hides the clipped slots too
-    allowed |= ~real[:, :, None] & (kv_pos[:, None, :] == 0)  # padded rows: any finite row
-    src = np.where(real, q_start[:, None] + j, q_start[:, None]).reshape(-1)
-    all_real = bool(real.all())
-    identity = all_real and np.array_equal(src, np.arange(step.query_lens.sum()))
-    needs_mask = not (lq == 1 and bool((seq_lens == lkv).all()))
-    return _Group(
-        src_tokens=None if identity else _to(src, device),
-        kv_slots=_to(kv_slots, device),
-        mask=_to(allowed[:, None], device) if needs_mask else None,
-        num_queries=lq,
-        real_rows=None if all_real else _to(np.flatnonzero(real.reshape(-1)), device),
-        dst_tokens=None if identity else _to(src[real.reshape(-1)], device),
-    )
+def check_latent_kv(k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ValueError unless k is one latent vector per token [T, 1, L] and v is no wider than
+    it (its leading part, c_kv): the contract of both MLA backends' forward."""
+    if k.shape[1] != 1 or v.shape[-1] > k.shape[-1]:
+        raise ValueError(
+            f"latent attention takes one latent vector per token and its leading part as "
+            f"values; got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
 
 
 class MLATorchBackend(AttentionBackend[MLAMetadata]):
@@ -104,13 +65,7 @@ class MLATorchBackend(AttentionBackend[MLAMetadata]):
         """Gather indices and masks for the whole step, decodes and prefill chunks apart (a
         long chunk does not pad every decode to its length)."""
         assert step is not None, "plans_on_host: the runner hands in the host arrays"
-        q_lens = step.query_lens
-        groups = [
-            _build_group(step, rows, device)
-            for rows in (np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1))
-            if len(rows)
-        ]
-        return MLAMetadata(device_batch.slot_mapping, groups)
+        return MLAMetadata(device_batch.slot_mapping, plan_step(step, device))
 
     def forward(
         self,
@@ -129,27 +84,20 @@ class MLATorchBackend(AttentionBackend[MLAMetadata]):
         elements (c_kv), which the cache already holds, so it is not written. Returns [T, H, Dv],
         each head's attention-weighted sum of its context's c_kv."""
         assert sliding_window is None and sinks is None, "the MLA backend's support has neither"
-        if k.shape[1] != 1 or v.shape[-1] > k.shape[-1]:
-            raise ValueError(
-                f"latent attention takes one latent vector per token and its leading part as "
-                f"values; got k {tuple(k.shape)}, v {tuple(v.shape)}"
-            )
+        check_latent_kv(k, v)
         cache = kv_cache.view(-1, kv_cache.shape[-1])
         cache.index_copy_(0, meta.slot_mapping, k[:, 0])
         value_dim = v.shape[-1]
-        whole = len(meta.groups) == 1 and meta.groups[0].src_tokens is None
-        out = None if whole else q.new_empty(q.shape[0], q.shape[1], value_dim)
+        out = None if is_whole(meta.groups) else q.new_empty(q.shape[0], q.shape[1], value_dim)
         for group in meta.groups:
             qg = q if group.src_tokens is None else q.index_select(0, group.src_tokens)
+            view = group.view()
             rows = latent_attention(
-                qg, cache, group.kv_slots, group.mask, group.num_queries, scale, value_dim
+                qg, cache, view.kv_slots, view.mask, group.num_queries, scale, value_dim
             )
             if out is None:
                 return rows
-            if group.real_rows is not None:
-                rows = rows.index_select(0, group.real_rows)
-            assert group.dst_tokens is not None  # identity only for a step's one whole group
-            out.index_copy_(0, group.dst_tokens, rows)
+            group.scatter(out, rows)
         assert out is not None  # a step has at least one group
         return out
 

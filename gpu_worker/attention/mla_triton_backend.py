@@ -14,7 +14,7 @@ import torch
 from config.attention import attention_support
 from gpu_worker.attention.backend import AttentionBackend
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
-from gpu_worker.attention.mla_backend import MLATorchBackend
+from gpu_worker.attention.mla_backend import MLATorchBackend, check_latent_kv
 from kernels.mla_attention import mla_attention, write_latent
 
 
@@ -49,11 +49,7 @@ class MLATritonBackend(AttentionBackend[DeviceBatch]):
         """As MLATorchBackend.forward: q [T, H, L], k [T, 1, L] (written), v = k[..., :Dv];
         returns [T, H, Dv]."""
         assert sliding_window is None and sinks is None, "the MLA backend's support has neither"
-        if k.shape[1] != 1 or v.shape[-1] > k.shape[-1]:
-            raise ValueError(
-                f"latent attention takes one latent vector per token and its leading part as "
-                f"values; got k {tuple(k.shape)}, v {tuple(v.shape)}"
-            )
+        check_latent_kv(k, v)
         write_latent(k[:, 0], kv_cache, meta.slot_mapping)
         return mla_attention(
             q,
