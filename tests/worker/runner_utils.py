@@ -1,7 +1,8 @@
-"""Building a CPU model runner for tests."""
+"""Building a CPU model runner for tests, and checking what it computes against transformers."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -58,3 +59,78 @@ def count_logits_calls(runner: ModelRunner, monkeypatch) -> list[int]:
 
     monkeypatch.setattr(runner.model, "compute_logits", counting)
     return calls
+
+
+def random_prompts(vocab: int, lengths: Iterable[int], seed: int = 7) -> dict[str, list[int]]:
+    """One prompt of random token ids (3 .. vocab - 1) per length, named len<n>."""
+    gen = torch.Generator().manual_seed(seed)
+    return {f"len{n}": torch.randint(3, vocab, (n,), generator=gen).tolist() for n in lengths}
+
+
+def hf_causal_lm(model_dir: str | Path, **kwargs):
+    """transformers' model of the checkpoint in fp32, in eval mode, generating past EOS (as the
+    engine does with ignore_eos); kwargs go to from_pretrained."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_greedy(
+    model, prompts: dict[str, list[int]], new_tokens: int
+) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
+    """transformers' greedy tokens after each prompt, and the prompt's logits [len, vocab] in
+    fp32 (the last row is the first generated token's)."""
+    tokens, logits = {}, {}
+    with torch.inference_mode():
+        for req_id, ids in prompts.items():
+            seq = model.generate(
+                torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0
+            )
+            tokens[req_id] = seq[0, len(ids) :].tolist()
+            logits[req_id] = model(torch.tensor([ids])).logits[0].float()
+    return tokens, logits
+
+
+def assert_same_tokens(outputs: dict[str, list[int]], reference: dict[str, list[int]]) -> None:
+    """Every request's tokens equal the reference's (the message lists those that differ)."""
+    mismatched = {r: (o, reference[r]) for r, o in outputs.items() if o != reference[r]}
+    assert not mismatched, f"{len(mismatched)} prompts differ from transformers: {mismatched}"
+
+
+def capture_logits(runner: ModelRunner, monkeypatch) -> list[torch.Tensor]:
+    """Record a copy of every logits tensor the runner's model computes from now on."""
+    assert runner.model is not None
+    captured: list[torch.Tensor] = []
+    compute_logits = runner.model.compute_logits
+
+    def capture(hidden, out=None):
+        logits = compute_logits(hidden, out)
+        captured.append(logits.clone())
+        return logits
+
+    monkeypatch.setattr(runner.model, "compute_logits", capture)
+    # The logits are what is compared: greedy steps must not skip them (model.greedy_tokens).
+    monkeypatch.setattr(runner, "fused_greedy", False)
+    return captured
+
+
+def assert_last_logits_close(
+    runner: ModelRunner,
+    driver: StepDriver,
+    prompts: dict[str, list[int]],
+    reference: dict[str, torch.Tensor],
+    atol: float,
+    monkeypatch,
+) -> None:
+    """One prefill step of all prompts: each prompt's last-position logits within atol of the
+    reference's (max absolute difference)."""
+    from protocol.sampling_params import SamplingParams
+
+    captured = capture_logits(runner, monkeypatch)
+    driver.run(prompts, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1), 1)
+    assert len(captured) == 1 and captured[0].shape == (len(prompts), runner.arch.vocab_size)
+    for row, req_id in enumerate(prompts):
+        diff = (captured[0][row] - reference[req_id]).abs().max().item()
+        assert diff < atol, f"{req_id}: last-position logits differ by {diff}"

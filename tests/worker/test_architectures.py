@@ -18,7 +18,15 @@ from safetensors.torch import load_file, save_file
 
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
-from tests.worker.runner_utils import make_runner
+from tests.worker.runner_utils import (
+    assert_last_logits_close,
+    assert_same_tokens,
+    capture_logits,
+    hf_causal_lm,
+    hf_greedy,
+    make_runner,
+    random_prompts,
+)
 
 NEW_TOKENS = 10
 PROMPT_LENS = (1, 7, 16, 45)  # one token, under a block, exactly one block, more than two blocks
@@ -78,16 +86,9 @@ def _to_legacy_rope(model_dir: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2))
 
 
-def _prompts(vocab: int) -> dict[str, list[int]]:
-    gen = torch.Generator().manual_seed(7)
-    return {f"len{n}": torch.randint(3, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS}
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     """(runner, driver, prompts, HF greedy tokens, HF full-sequence log-softmax, HF last logits)."""
-    from transformers import AutoModelForCausalLM
-
     family, overrides, legacy = CASES[request.param]
     model_dir = make_tiny_model(tmp_path_factory.mktemp(request.param), family, **overrides)
     _perturb_constants(model_dir)
@@ -103,29 +104,14 @@ def case(request, tmp_path_factory):
     if available():
         assert runner.backend.name == ("cpu" if runner.arch.head_dim in (64, 128) else "torch")
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    # Like ignore_eos: keep generating past EOS without masking it.
-    model.generation_config.eos_token_id = None
-    prompts = _prompts(runner.arch.vocab_size)
-    tokens, logprobs, last_logits = {}, {}, {}
-    with torch.inference_mode():
-        for req_id, ids in prompts.items():
-            seq = model.generate(
-                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
-            )
-            tokens[req_id] = seq[0, len(ids) :].tolist()
-            logits = model(torch.tensor([ids])).logits[0].float()
-            logprobs[req_id] = torch.log_softmax(logits, dim=-1)
-            last_logits[req_id] = logits[-1]
+    prompts = random_prompts(runner.arch.vocab_size, PROMPT_LENS)
+    tokens, logits = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
+    logprobs = {r: torch.log_softmax(x, dim=-1) for r, x in logits.items()}
+    last_logits = {r: x[-1] for r, x in logits.items()}
     return runner, driver, prompts, tokens, logprobs, last_logits
 
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
-
-
-def _check(outputs, reference):
-    mismatched = {r: (o, reference[r]) for r, o in outputs.items() if o != reference[r]}
-    assert not mismatched, f"{len(mismatched)} prompts differ from transformers: {mismatched}"
 
 
 def test_one_request_at_a_time(case):
@@ -133,44 +119,23 @@ def test_one_request_at_a_time(case):
     outputs = {}
     for req_id, ids in prompts.items():
         outputs.update(driver.run({req_id: ids}, GREEDY, NEW_TOKENS))
-    _check(outputs, reference)
+    assert_same_tokens(outputs, reference)
 
 
 def test_all_requests_in_one_batch(case):
     _, driver, prompts, reference, _, _ = case
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
 
 
 @pytest.mark.parametrize("chunk", [5, 16])
 def test_prompts_split_into_chunks(case, chunk):
     _, driver, prompts, reference, _, _ = case
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
-
-
-def _capture_logits(runner, monkeypatch) -> list[torch.Tensor]:
-    """Record a copy of every logits tensor the runner's model computes."""
-    captured: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-
-    def capture(hidden, out=None):
-        logits = compute_logits(hidden, out)
-        captured.append(logits.clone())
-        return logits
-
-    monkeypatch.setattr(runner.model, "compute_logits", capture)
-    # The logits are what is compared: greedy steps must not skip them (model.greedy_tokens).
-    monkeypatch.setattr(runner, "fused_greedy", False)
-    return captured
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
 
 
 def test_last_position_logits_match_transformers(case, monkeypatch):
     runner, driver, prompts, _, _, ref_last = case
-    captured = _capture_logits(runner, monkeypatch)
-    driver.run(prompts, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1), 1)
-    assert len(captured) == 1 and captured[0].shape == (len(prompts), runner.arch.vocab_size)
-    for row, req_id in enumerate(prompts):
-        diff = (captured[0][row] - ref_last[req_id]).abs().max().item()
-        assert diff < LOGIT_ATOL, f"{req_id}: last-position logits differ by {diff}"
+    assert_last_logits_close(runner, driver, prompts, ref_last, LOGIT_ATOL, monkeypatch)
 
 
 def test_prompt_logprobs_match_transformers(case):
@@ -210,8 +175,8 @@ def test_dummy_load_format_needs_only_config(tmp_path, monkeypatch):
     assert sorted(p.name for p in model_dir.iterdir()) == ["config.json"]
 
     runner, driver = make_runner(model_dir, load_format="dummy", kv_cache_memory="4MiB")
-    captured = _capture_logits(runner, monkeypatch)
-    prompts = _prompts(runner.arch.vocab_size)
+    captured = capture_logits(runner, monkeypatch)
+    prompts = random_prompts(runner.arch.vocab_size, PROMPT_LENS)
     outputs = driver.run(prompts, GREEDY, 4, chunk=8)
     assert all(len(o) == 4 and all(0 <= t < 512 for t in o) for o in outputs.values())
     assert captured and all(torch.isfinite(c).all() for c in captured)

@@ -22,7 +22,14 @@ from gpu_worker.attention.select import backend_class
 from gpu_worker.kv_cache import kv_block_bytes
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
-from tests.worker.runner_utils import make_runner
+from tests.worker.runner_utils import (
+    assert_last_logits_close,
+    assert_same_tokens,
+    hf_causal_lm,
+    hf_greedy,
+    make_runner,
+    random_prompts,
+)
 
 NEW_TOKENS = 8
 PROMPT_LENS = (1, 7, 16, 45)  # one token, under a block, exactly one block, over two blocks
@@ -95,41 +102,20 @@ def _perturb_constants(model_dir) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-def _prompts(vocab: int) -> dict[str, list[int]]:
-    gen = torch.Generator().manual_seed(7)
-    return {f"len{n}": torch.randint(3, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS}
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     """(runner, driver, prompts, HF greedy tokens, HF last-position logits)."""
-    from transformers import AutoModelForCausalLM
-
     family, overrides = CASES[request.param]
     model_dir = make_tiny_model(tmp_path_factory.mktemp(request.param), family, **overrides)
     _perturb_constants(model_dir)
     runner, driver = make_runner(model_dir, kv_cache_memory="2MiB")
     assert runner.backend.name == "mla_torch"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    prompts = _prompts(runner.arch.vocab_size)
-    tokens, last_logits = {}, {}
-    with torch.inference_mode():
-        for req_id, ids in prompts.items():
-            seq = model.generate(
-                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
-            )
-            tokens[req_id] = seq[0, len(ids) :].tolist()
-            last_logits[req_id] = model(torch.tensor([ids])).logits[0, -1].float()
-    return runner, driver, prompts, tokens, last_logits
+    prompts = random_prompts(runner.arch.vocab_size, PROMPT_LENS)
+    tokens, logits = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
+    return runner, driver, prompts, tokens, {r: x[-1] for r, x in logits.items()}
 
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
-
-
-def _check(outputs, reference):
-    mismatched = {r: (o, reference[r]) for r, o in outputs.items() if o != reference[r]}
-    assert not mismatched, f"{len(mismatched)} prompts differ from transformers: {mismatched}"
 
 
 def test_one_request_at_a_time(case):
@@ -137,37 +123,23 @@ def test_one_request_at_a_time(case):
     outputs = {}
     for req_id, ids in prompts.items():
         outputs.update(driver.run({req_id: ids}, GREEDY, NEW_TOKENS))
-    _check(outputs, reference)
+    assert_same_tokens(outputs, reference)
 
 
 def test_mixed_prompt_lengths_in_one_batch(case):
     _, driver, prompts, reference, _ = case
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
 
 
 @pytest.mark.parametrize("chunk", [5, 16])
 def test_prompts_split_into_chunks(case, chunk):
     _, driver, prompts, reference, _ = case
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
 
 
 def test_last_position_logits_match_transformers(case, monkeypatch):
     runner, driver, prompts, _, ref_last = case
-    captured: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-
-    def capture(hidden, out=None):
-        logits = compute_logits(hidden, out)
-        captured.append(logits.clone())
-        return logits
-
-    monkeypatch.setattr(runner.model, "compute_logits", capture)
-    monkeypatch.setattr(runner, "fused_greedy", False)
-    driver.run(prompts, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1), 1)
-    assert len(captured) == 1
-    for row, req_id in enumerate(prompts):
-        diff = (captured[0][row] - ref_last[req_id]).abs().max().item()
-        assert diff < LOGIT_ATOL, f"{req_id}: last-position logits differ by {diff}"
+    assert_last_logits_close(runner, driver, prompts, ref_last, LOGIT_ATOL, monkeypatch)
 
 
 def test_cache_holds_one_latent_vector_per_token(case):
@@ -237,10 +209,14 @@ def test_triton_backend_equals_the_torch_one(tmp_path, name):
     model_dir = make_tiny_model(tmp_path, family, **overrides)
     _perturb_constants(model_dir)
     runner, torch_driver = make_runner(model_dir, kv_cache_memory="2MiB")
-    prompts = {r: ids for r, ids in _prompts(runner.arch.vocab_size).items() if r != "len7"}
+    prompts = {
+        r: ids
+        for r, ids in random_prompts(runner.arch.vocab_size, PROMPT_LENS).items()
+        if r != "len7"
+    }
     expected = torch_driver.run(prompts, GREEDY, 4, chunk=16)
     _, driver = make_runner(model_dir, attention_backend=MLATritonBackend(), kv_cache_memory="2MiB")
-    _check(driver.run(prompts, GREEDY, 4, chunk=16), expected)
+    assert_same_tokens(driver.run(prompts, GREEDY, 4, chunk=16), expected)
 
 
 @pytest.mark.parametrize("name", ["v3", "v2-lite"])
@@ -258,7 +234,7 @@ def test_two_ranks_equal_one(tmp_path, name, expert_parallel):
     model_dir = make_tiny_model(tmp_path, family, **overrides)
     _perturb_constants(model_dir)
     runner, one_rank = make_runner(model_dir, kv_cache_memory="2MiB")
-    prompts = _prompts(runner.arch.vocab_size)
+    prompts = random_prompts(runner.arch.vocab_size, PROMPT_LENS)
     expected = one_rank.run(prompts, GREEDY, NEW_TOKENS, chunk=16)
     config = resolved_config(
         model=str(model_dir),
@@ -273,7 +249,7 @@ def test_two_ranks_equal_one(tmp_path, name, expert_parallel):
         # The whole latent vector on each rank: as many blocks as one rank alone gets.
         assert num_blocks == runner.kv_caches[0].shape[0]
         driver = StepDriver(executor, num_blocks, config.cache.block_size)
-        _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16), expected)
+        assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16), expected)
     finally:
         executor.shutdown()
 
@@ -281,16 +257,12 @@ def test_two_ranks_equal_one(tmp_path, name, expert_parallel):
 @pytest.fixture(scope="module")
 def v3_with_tokenizer(tmp_path_factory):
     """A tiny DeepSeek-V3 with the default model's tokenizer, and transformers' model of it."""
-    from transformers import AutoModelForCausalLM
-
     from tests.tiny_models import make_tiny_model_with_tokenizer
 
     model_dir = tmp_path_factory.mktemp("v3-tokenizer")
     make_tiny_model_with_tokenizer(model_dir, arch="deepseek_v3", **V3)
     _perturb_constants(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    return model_dir, model
+    return model_dir, hf_causal_lm(model_dir)
 
 
 def _hf_greedy(model, ids: list[int]) -> list[int]:
@@ -356,7 +328,7 @@ def test_bfloat16_stays_close_to_float32(tmp_path):
     assert bf16_runner.kv_caches[0].dtype == torch.bfloat16
     gate = bf16_runner.model.model.layers[1].mlp.gate
     assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
-    assert_first_logprobs_close(got, ref, _prompts(runner.arch.vocab_size))
+    assert_first_logprobs_close(got, ref, random_prompts(runner.arch.vocab_size, PROMPT_LENS))
 
 
 @pytest.mark.parametrize(

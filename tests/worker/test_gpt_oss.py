@@ -30,7 +30,14 @@ from gpu_worker.models.gpt_oss import GptOssMoeBlock
 from gpu_worker.models.weights import WeightLoadError
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model, make_tiny_model_with_tokenizer
-from tests.worker.runner_utils import make_runner
+from tests.worker.runner_utils import (
+    assert_last_logits_close,
+    assert_same_tokens,
+    hf_causal_lm,
+    hf_greedy,
+    make_runner,
+    random_prompts,
+)
 
 NEW_TOKENS = 12
 WINDOW = 8
@@ -170,32 +177,12 @@ def _perturb(model_dir: Path) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-def _prompts(vocab: int) -> dict[str, list[int]]:
-    gen = torch.Generator().manual_seed(7)
-    return {f"len{n}": torch.randint(3, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS}
-
-
 def _hf_model(model_dir: Path, mxfp4: bool):
-    from transformers import AutoModelForCausalLM, Mxfp4Config
+    from transformers import Mxfp4Config
 
     # On the CPU transformers dequantizes MXFP4 (dequantize=True says so without accelerate).
     extra = {"quantization_config": Mxfp4Config(dequantize=True)} if mxfp4 else {}
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **extra).eval()
-    model.generation_config.eos_token_id = None  # like ignore_eos
-    return model
-
-
-def _hf_reference(model, prompts: dict[str, list[int]]):
-    """transformers' greedy tokens and last-position logits of each prompt."""
-    tokens, last = {}, {}
-    with torch.inference_mode():
-        for req_id, ids in prompts.items():
-            seq = model.generate(
-                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
-            )
-            tokens[req_id] = seq[0, len(ids) :].tolist()
-            last[req_id] = model(torch.tensor([ids])).logits[0, -1].float()
-    return tokens, last
+    return hf_causal_lm(model_dir, **extra)
 
 
 # name -> (overrides of GPT_OSS, MXFP4 experts)
@@ -219,14 +206,10 @@ def case(request, tmp_path_factory):
         model_dir = root / "mxfp4"
     runner, driver = make_runner(model_dir, kv_cache_memory="4MiB")
     model = _hf_model(model_dir, mxfp4)
-    prompts = _prompts(runner.arch.vocab_size)
-    tokens, last = _hf_reference(model, prompts)
+    prompts = random_prompts(runner.arch.vocab_size, PROMPT_LENS)
+    tokens, logits = hf_greedy(model, prompts, NEW_TOKENS)
+    last = {r: x[-1] for r, x in logits.items()}
     return runner, driver, prompts, tokens, last, model, model_dir
-
-
-def _check(outputs, reference):
-    mismatched = {r: (o, reference[r]) for r, o in outputs.items() if o != reference[r]}
-    assert not mismatched, f"{len(mismatched)} prompts differ from transformers: {mismatched}"
 
 
 def test_layers_as_the_config_says(case):
@@ -258,33 +241,19 @@ def test_experts_equal_transformers_weights(case):
 
 def test_all_requests_in_one_batch(case):
     _, driver, prompts, reference, _, _, _ = case
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
 
 
 @pytest.mark.parametrize("chunk", [5, 16])
 def test_prompts_split_into_chunks(case, chunk):
     """Chunks shorter than the window and longer: the window spans chunk boundaries."""
     _, driver, prompts, reference, _, _, _ = case
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
 
 
 def test_last_position_logits_match_transformers(case, monkeypatch):
     runner, driver, prompts, _, ref_last, _, _ = case
-    captured: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-
-    def capture(hidden, out=None):
-        logits = compute_logits(hidden, out)
-        captured.append(logits.clone())
-        return logits
-
-    monkeypatch.setattr(runner.model, "compute_logits", capture)
-    monkeypatch.setattr(runner, "fused_greedy", False)
-    driver.run(prompts, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1), 1)
-    assert len(captured) == 1
-    for row, req_id in enumerate(prompts):
-        diff = (captured[0][row] - ref_last[req_id]).abs().max().item()
-        assert diff < LOGIT_ATOL, f"{req_id}: last-position logits differ by {diff}"
+    assert_last_logits_close(runner, driver, prompts, ref_last, LOGIT_ATOL, monkeypatch)
 
 
 def test_engine_generate_mxfp4_equals_transformers(tmp_path, capsys):
@@ -326,7 +295,7 @@ def test_greedy_tokens_at_tp2_and_expert_parallel_equal_one_rank(tmp_path):
 
     model_dir = make_tiny_model(tmp_path, "gpt_oss", **GPT_OSS)
     _perturb(model_dir)
-    prompts = {k: v for k, v in _prompts(512).items() if k in ("len7", "len37")}
+    prompts = {k: v for k, v in random_prompts(512, PROMPT_LENS).items() if k in ("len7", "len37")}
     _, driver = make_runner(model_dir, kv_cache_memory="4MiB")
     expected = driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16)
     for expert_parallel in (False, True):
