@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
-import hashlib
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -69,10 +68,6 @@ def ranks_from_vocab(vocab: Mapping[str, int]) -> dict[bytes, int] | None:
         except KeyError:
             return None
     return ranks if len(ranks) == O200K_BASE_RANKS else None
-
-
-def vocab_file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @contextlib.contextmanager
