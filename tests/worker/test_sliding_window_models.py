@@ -14,7 +14,13 @@ from gpu_worker.attention.torch_backend import TorchAttentionBackend
 from kernels.cpu_binding import available as c_kernels_available
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
-from tests.worker.runner_utils import make_runner
+from tests.worker.runner_utils import (
+    assert_same_tokens,
+    hf_causal_lm,
+    hf_greedy,
+    make_runner,
+    random_prompts,
+)
 
 NEW_TOKENS = 12
 PROMPT_LENS = (20, 33, 45)
@@ -31,23 +37,8 @@ CASES = {
 }
 
 
-def _hf_model(model_dir: Path, **config):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **config).eval()
-
-
-def _hf_greedy(model_dir: Path, prompts: dict[str, list[int]]) -> dict[str, list]:
-    model = _hf_model(model_dir)
-    model.generation_config.eos_token_id = None
-    out = {}
-    with torch.inference_mode():
-        for req_id, ids in prompts.items():
-            seq = model.generate(
-                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
-            )
-            out[req_id] = seq[0, len(ids) :].tolist()
-    return out
+def _hf_greedy(model_dir: Path, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
+    return hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)[0]
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -69,35 +60,21 @@ def case(request, tmp_path_factory):
     assert runner.model is not None
     layers = runner.model.model.layers
     assert [ly.self_attn.attn.sliding_window for ly in layers] == windows
-    gen = torch.Generator().manual_seed(7)
-    prompts = {
-        f"len{n}": torch.randint(3, arch.vocab_size, (n,), generator=gen).tolist()
-        for n in PROMPT_LENS
-    }
-    reference = _hf_greedy(model_dir, prompts)
+    prompts = random_prompts(arch.vocab_size, PROMPT_LENS)
+    model = hf_causal_lm(model_dir)
+    reference, logits = hf_greedy(model, prompts, NEW_TOKENS)
     # The window matters: transformers without it computes other logits for the long prompt.
     full_layers = {"layer_types": ["full_attention"] * arch.num_hidden_layers}
     no_window = full_layers if family != "mistral" else {"sliding_window": None}
     ids = torch.tensor([prompts[f"len{PROMPT_LENS[-1]}"]])
     with torch.inference_mode():
-        windowed = _hf_model(model_dir)(ids).logits
-        full = _hf_model(model_dir, **no_window)(ids).logits
-    assert (windowed - full).abs().max() > 1e-3
-    model = _hf_model(model_dir)
-    with torch.inference_mode():
-        logprobs = {
-            r: torch.log_softmax(model(torch.tensor([ids])).logits[0], dim=-1)
-            for r, ids in prompts.items()
-        }
+        full = hf_causal_lm(model_dir, **no_window)(ids).logits[0]
+    assert (logits[f"len{PROMPT_LENS[-1]}"] - full).abs().max() > 1e-3
+    logprobs = {r: torch.log_softmax(x, dim=-1) for r, x in logits.items()}
     return driver, prompts, reference, logprobs
 
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
-
-
-def _check(outputs, reference):
-    mismatched = {r: (o, reference[r]) for r, o in outputs.items() if o != reference[r]}
-    assert not mismatched, f"{len(mismatched)} prompts differ from transformers: {mismatched}"
 
 
 def test_one_request_at_a_time(case):
@@ -105,18 +82,18 @@ def test_one_request_at_a_time(case):
     outputs = {}
     for req_id, ids in prompts.items():
         outputs.update(driver.run({req_id: ids}, GREEDY, NEW_TOKENS))
-    _check(outputs, reference)
+    assert_same_tokens(outputs, reference)
 
 
 def test_all_requests_in_one_batch(case):
     driver, prompts, reference, _ = case
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
 
 
 @pytest.mark.parametrize("chunk", [5, 16])
 def test_prompts_split_into_chunks(case, chunk):
     driver, prompts, reference, _ = case
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=chunk), reference)
 
 
 def test_prompt_logprobs_match_transformers(case):
@@ -138,7 +115,8 @@ def test_torch_backend_runs_the_head64_models_too(tmp_path):
     _, driver = make_runner(model_dir, TorchAttentionBackend(), kv_cache_memory="4MiB")
     gen = torch.Generator().manual_seed(3)
     prompts = {"a": torch.randint(3, 512, (29,), generator=gen).tolist()}
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=7), _hf_greedy(model_dir, prompts))
+    expected = _hf_greedy(model_dir, prompts)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=7), expected)
 
 
 @pytest.mark.skipif(not c_kernels_available(), reason="no C compiler on this machine")
@@ -163,6 +141,6 @@ def test_fused_decode_stack_attends_within_the_window(tmp_path, monkeypatch, win
     gen = torch.Generator().manual_seed(5)
     prompts = {"a": torch.randint(3, 512, (17,), generator=gen).tolist()}
     prompts["b"] = torch.randint(3, 512, (33,), generator=gen).tolist()
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS), _hf_greedy(model_dir, prompts))
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS), _hf_greedy(model_dir, prompts))
     # Every decode step (contexts 18..44 tokens) went through the fused kernel.
     assert len(lengths) == NEW_TOKENS - 1 and max(lengths) == 33 + NEW_TOKENS - 1
