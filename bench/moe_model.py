@@ -71,6 +71,7 @@ def write_small_moe(target: Path, seed: int = 0) -> Path:
     for name in _TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy(source / name, target / name)
+    (target / _SHAPE_FILE).write_text(json.dumps(SMALL_MOE))
     return target
 
 
@@ -79,7 +80,7 @@ def small_moe_dir() -> str:
     from config.default_model import cache_root
 
     target = cache_root() / "models" / "small-moe"
-    if not (target / "model.safetensors").is_file():
+    if not (target / "model.safetensors").is_file() or not _is_current(target):
         tmp = target.with_name("small-moe.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -87,3 +88,14 @@ def small_moe_dir() -> str:
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
     return str(target)
+
+
+_SHAPE_FILE = "bench-shape.json"  # SMALL_MOE as written (config.json renames some fields)
+
+
+def _is_current(target: Path) -> bool:
+    """Whether the cached model has SMALL_MOE's shape (a changed shape is written anew)."""
+    try:
+        return json.loads((target / _SHAPE_FILE).read_text()) == SMALL_MOE
+    except (OSError, ValueError):
+        return False
