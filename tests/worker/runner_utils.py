@@ -134,3 +134,32 @@ def assert_last_logits_close(
     for row, req_id in enumerate(prompts):
         diff = (captured[0][row] - reference[req_id]).abs().max().item()
         assert diff < atol, f"{req_id}: last-position logits differ by {diff}"
+
+
+def run_multiproc(
+    model: str | Path,
+    prompts: dict[str, list[int]],
+    params,
+    max_new: int,
+    *,
+    chunk: int | None = None,
+    tensor_parallel_size: int = 2,
+    **engine_args,
+) -> tuple[dict[str, list[int]], int]:
+    """The prompts' tokens through the multiprocess executor on the CPU (gloo, one thread a
+    rank) at tensor_parallel_size ranks, and the KV cache's block count it found; engine_args
+    as resolved_config's (e.g. enable_expert_parallel)."""
+    from executor.multiproc import MultiprocExecutor
+
+    engine_args.setdefault("device", "cpu")
+    engine_args.setdefault("kv_cache_memory", "4MiB")
+    config = resolved_config(
+        model=str(model), tensor_parallel_size=tensor_parallel_size, **engine_args
+    )
+    executor = MultiprocExecutor(config, num_threads=1)
+    try:
+        num_blocks = executor.initialize()
+        driver = StepDriver(executor, num_blocks, config.cache.block_size)
+        return driver.run(prompts, params, max_new, chunk=chunk), num_blocks
+    finally:
+        executor.shutdown()

@@ -29,6 +29,7 @@ from tests.worker.runner_utils import (
     hf_greedy,
     make_runner,
     random_prompts,
+    run_multiproc,
 )
 
 NEW_TOKENS = 8
@@ -226,32 +227,24 @@ def test_two_ranks_equal_one(tmp_path, name, expert_parallel):
     (q, kv_b_proj, o_proj) and the whole latent cache, and half of every expert's and shared
     expert's intermediate dimension (or half the experts, with --enable-expert-parallel); the
     greedy tokens are one rank's (which are transformers', above)."""
-    from engine_core.resolve import resolved_config
-    from executor.multiproc import MultiprocExecutor
-    from tests.worker.driver import StepDriver
-
     family, overrides = CASES[name]
     model_dir = make_tiny_model(tmp_path, family, **overrides)
     _perturb_constants(model_dir)
     runner, one_rank = make_runner(model_dir, kv_cache_memory="2MiB")
     prompts = random_prompts(runner.arch.vocab_size, PROMPT_LENS)
     expected = one_rank.run(prompts, GREEDY, NEW_TOKENS, chunk=16)
-    config = resolved_config(
-        model=str(model_dir),
-        device="cpu",
+    outputs, num_blocks = run_multiproc(
+        model_dir,
+        prompts,
+        GREEDY,
+        NEW_TOKENS,
+        chunk=16,
         kv_cache_memory="2MiB",
-        tensor_parallel_size=2,
         enable_expert_parallel=expert_parallel,
     )
-    executor = MultiprocExecutor(config, num_threads=1)
-    try:
-        num_blocks = executor.initialize()
-        # The whole latent vector on each rank: as many blocks as one rank alone gets.
-        assert num_blocks == runner.kv_caches[0].shape[0]
-        driver = StepDriver(executor, num_blocks, config.cache.block_size)
-        assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16), expected)
-    finally:
-        executor.shutdown()
+    # The whole latent vector on each rank: as many blocks as one rank alone gets.
+    assert num_blocks == runner.kv_caches[0].shape[0]
+    assert_same_tokens(outputs, expected)
 
 
 @pytest.fixture(scope="module")
@@ -345,7 +338,7 @@ def test_bfloat16_stays_close_to_float32(tmp_path):
     ],
 )
 def test_routing_configs_the_model_cannot_run_are_refused(version, fields, words):
-    from gpu_worker.models.deepseek_v2 import DeepseekMoEConfig
+    from config.moe_arch import DeepseekMoEConfig
 
     cfg = {**MOE, "n_group": 2, "topk_group": 1, "architectures": ["DeepseekV3ForCausalLM"]}
     with pytest.raises(ValueError, match=words):
@@ -353,7 +346,7 @@ def test_routing_configs_the_model_cannot_run_are_refused(version, fields, words
 
 
 def test_routing_and_layers_as_transformers_reads_the_config():
-    from gpu_worker.models.deepseek_v2 import DeepseekMoEConfig
+    from config.moe_arch import DeepseekMoEConfig
 
     v3 = DeepseekMoEConfig.from_hf({**MOE, "n_group": 2, "topk_group": 1}, 3)
     assert v3.routing is not None and v3.correction_bias
@@ -373,7 +366,7 @@ def test_routing_and_layers_as_transformers_reads_the_config():
 
 
 def test_attention_configs_the_model_cannot_run_are_refused():
-    from gpu_worker.models.deepseek_mla import MLAConfig
+    from config.mla_arch import MLAConfig
 
     with pytest.raises(ValueError, match="qk_rope_head_dim must be even"):
         MLAConfig.from_hf({**MLA, "qk_rope_head_dim": 15})

@@ -37,6 +37,7 @@ from tests.worker.runner_utils import (
     hf_greedy,
     make_runner,
     random_prompts,
+    run_multiproc,
 )
 
 NEW_TOKENS = 12
@@ -289,30 +290,16 @@ def test_greedy_tokens_at_tp2_and_expert_parallel_equal_one_rank(tmp_path):
     attention biases, the experts' intermediate halves with their biases (the output bias
     once), and with --enable-expert-parallel two whole experts a rank, give one rank's greedy
     tokens."""
-    from engine_core.resolve import resolved_config
-    from executor.multiproc import MultiprocExecutor
-    from tests.worker.driver import StepDriver
-
     model_dir = make_tiny_model(tmp_path, "gpt_oss", **GPT_OSS)
     _perturb(model_dir)
     prompts = {k: v for k, v in random_prompts(512, PROMPT_LENS).items() if k in ("len7", "len37")}
     _, driver = make_runner(model_dir, kv_cache_memory="4MiB")
     expected = driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16)
     for expert_parallel in (False, True):
-        config = resolved_config(
-            model=str(model_dir),
-            device="cpu",
-            kv_cache_memory="4MiB",
-            tensor_parallel_size=2,
-            enable_expert_parallel=expert_parallel,
+        outputs, _ = run_multiproc(
+            model_dir, prompts, GREEDY, NEW_TOKENS, chunk=16, enable_expert_parallel=expert_parallel
         )
-        executor = MultiprocExecutor(config, num_threads=1)
-        try:
-            num_blocks = executor.initialize()
-            tp_driver = StepDriver(executor, num_blocks, config.cache.block_size)
-            assert tp_driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16) == expected, expert_parallel
-        finally:
-            executor.shutdown()
+        assert outputs == expected, expert_parallel
 
 
 # The released gpt-oss-20b's config.json (the pre-v5 rope layout: rope_scaling, top-level
@@ -362,16 +349,16 @@ def test_released_config_resolves_as_transformers_reads_it(tmp_path):
     from transformers import GptOssConfig
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
 
+    from config.moe_arch import GptOssMoeConfig
     from engine_core.resolve import resolved_config
     from gpu_worker.layers.rotary import RotaryEmbedding
-    from gpu_worker.models.gpt_oss import GptOssMoeConfig
 
     (tmp_path / "config.json").write_text(json.dumps(RELEASED_20B))
     config = resolved_config(model=str(tmp_path), device="cpu", load_format="dummy")
     arch = config.arch
     assert arch is not None and config.max_model_len == 131072
     assert [arch.layer_sliding_window(i) for i in range(4)] == [128, None, 128, None]
-    assert GptOssMoeConfig.from_hf(arch.hf_config) == GptOssMoeConfig(32, 4, 7.0)
+    assert GptOssMoeConfig.from_hf(arch.hf_config) == GptOssMoeConfig(32, 4, 7.0, 2880)
 
     hf = GptOssRotaryEmbedding(GptOssConfig(**RELEASED_20B))
     positions = torch.tensor([0, 1, 127, 4095, 4096, 65536, 131071])

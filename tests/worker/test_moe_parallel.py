@@ -152,12 +152,9 @@ def test_qwen3_moe_greedy_tokens_at_tp2_and_expert_parallel_equal_one_rank(
     and at TP=2 with --enable-expert-parallel."""
     from safetensors.torch import load_file, save_file
 
-    from engine_core.resolve import resolved_config
-    from executor.multiproc import MultiprocExecutor
     from protocol.sampling_params import SamplingParams
     from tests.tiny_models import make_tiny_model
-    from tests.worker.driver import StepDriver
-    from tests.worker.runner_utils import make_runner
+    from tests.worker.runner_utils import make_runner, random_prompts, run_multiproc
 
     model_dir = make_tiny_model(
         tmp_path,
@@ -174,22 +171,11 @@ def test_qwen3_moe_greedy_tokens_at_tp2_and_expert_parallel_equal_one_rank(
     save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
 
     greedy = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6)
-    gen = torch.Generator().manual_seed(7)
-    prompts = {f"len{n}": torch.randint(3, 512, (n,), generator=gen).tolist() for n in (1, 9, 30)}
+    prompts = random_prompts(512, (1, 9, 30))
     _, driver = make_runner(model_dir, kv_cache_memory="4MiB")
     expected = driver.run(prompts, greedy, 6, chunk=16)
     for expert_parallel in (False, True):
-        config = resolved_config(
-            model=str(model_dir),
-            device="cpu",
-            kv_cache_memory="4MiB",
-            tensor_parallel_size=2,
-            enable_expert_parallel=expert_parallel,
+        outputs, _ = run_multiproc(
+            model_dir, prompts, greedy, 6, chunk=16, enable_expert_parallel=expert_parallel
         )
-        executor = MultiprocExecutor(config, num_threads=1)
-        try:
-            num_blocks = executor.initialize()
-            tp_driver = StepDriver(executor, num_blocks, config.cache.block_size)
-            assert tp_driver.run(prompts, greedy, 6, chunk=16) == expected, expert_parallel
-        finally:
-            executor.shutdown()
+        assert outputs == expected, expert_parallel
