@@ -29,13 +29,14 @@ class AttentionFeatures:
         window = arch.sliding_window
         return cls(
             sliding_window=window is not None and window < max_model_len,
-            sinks=arch.model_type in SINK_MODEL_TYPES,
+            sinks=arch.architecture in SINK_ARCHITECTURES,
             mla=arch.kv_latent_dim is not None,
         )
 
 
-# Model types whose attention layers carry a learned sink logit per head (gpt-oss's `sinks`).
-SINK_MODEL_TYPES = frozenset({"gpt_oss"})
+# Architectures whose attention layers carry a learned sink logit per head (gpt-oss's `sinks`);
+# their model classes (gpu_worker/models/) read the same set.
+SINK_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
 
 
 PLAIN_ATTENTION = AttentionFeatures()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -14,6 +15,7 @@ from config.cache import CacheConfig
 from config.checkpoint import check_checkpoint
 from config.device import DeviceConfig
 from config.errors import ConfigError
+from config.family_arch import check_family_config
 from config.generation_config import check_generation_config, default_sampling_params
 from config.load import LoadConfig
 from config.model import ModelConfig
@@ -65,6 +67,7 @@ class EngineConfig:
         if self.model.quantization == "gguf":
             self.load.load_format = "gguf"  # the loader reads the GGUF file itself
         check_checkpoint(self.model_path, self.arch, self.load.load_format)
+        check_family_config(self.arch, self.parallel, Path(self.model_path).name)
         self.torch_dtype_name = _resolve_dtype(
             self.model.dtype, self.arch.torch_dtype, self.device_type
         )

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from config.hf_defaults import filled
+
 # Rope scaling types the model code implements; anything else is refused at load time.
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 
@@ -45,7 +47,10 @@ class ModelArchConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelArchConfig:
-        """Parse a Hugging Face config dict; raises ValueError naming the source on bad input."""
+        """Parse a Hugging Face config dict, with transformers' defaults for its model_type where
+        a field is left out (config/hf_defaults.py; hf_config keeps them); raises ValueError
+        naming the source on bad input."""
+        cfg = filled(cfg)
         archs = cfg.get("architectures") or []
         if not archs:
             raise ValueError(
@@ -179,7 +184,9 @@ def _layer_window(cfg: dict[str, Any], layer_idx: int) -> int | None:
     if not window:
         return None
     switched = cfg.get("model_type") in _SWITCHED_WINDOW_TYPES
-    if not cfg.get("use_sliding_window", not switched):
+    # Only these configs read use_sliding_window (transformers' Mistral, Mixtral and gpt-oss
+    # ignore the field).
+    if switched and not cfg.get("use_sliding_window", False):
         return None
     layer_types = cfg.get("layer_types")
     if layer_types is not None:

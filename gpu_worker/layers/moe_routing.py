@@ -3,41 +3,17 @@
 One MoERouting says how a family routes (Mixtral and Qwen3-MoE: softmax, top-k, renormalised;
 gpt-oss: top-k of the logits, softmax over them, the same; DeepSeek-V3: sigmoid scores, a
 correction bias that only steers the choice, top-k within the best groups, renormalised and
-scaled); select_experts() applies it to a step's router logits in a few batched ops.
+scaled; config/moe_arch.py defines it, where the configuration parses it); select_experts()
+applies it to a step's router logits in a few batched ops.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
+from config.moe_arch import MoERouting
 
-@dataclass(frozen=True, slots=True)
-class MoERouting:
-    """How router logits [T, E] become each token's top_k experts and their weights."""
-
-    top_k: int
-    scoring: Literal["softmax", "sigmoid"] = "softmax"
-    # Divide each token's chosen weights by their sum.
-    renormalize: bool = True
-    # Grouped top-k (DeepSeek): experts in num_groups equal groups, a token picks among the
-    # experts of its topk_groups best groups; a group's score is its best expert's ("max", V2)
-    # or the sum of its best two ("top2_sum", V3, bias included).
-    num_groups: int = 1
-    topk_groups: int = 1
-    group_score: Literal["max", "top2_sum"] = "max"
-    # Every chosen weight is multiplied by it (after renormalising).
-    routed_scaling_factor: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.top_k < 1:
-            raise ValueError(f"num_experts_per_tok must be at least 1, not {self.top_k}")
-        if self.num_groups < 1 or not 1 <= self.topk_groups <= self.num_groups:
-            raise ValueError(
-                f"topk_group ({self.topk_groups}) must be between 1 and n_group ({self.num_groups})"
-            )
+__all__ = ["MoERouting", "select_experts"]
 
 
 def select_experts(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import cast
 
 import torch
@@ -14,8 +14,10 @@ from gpu_worker.layers.attention import Attention
 from gpu_worker.layers.rotary import RotaryEmbedding
 from gpu_worker.models.blocks import DecoderLayer, DecoderModel, GatedMLP, SelfAttention
 from gpu_worker.models.fused_decode import FusedDecode
-from gpu_worker.models.weights import StackedShard, load_named_weights
+from gpu_worker.models.weights import ExpertShard, StackedShard, load_named_weights
 from gpu_worker.parallel.layers import ParallelLMHead
+
+Weights = Iterable[tuple[str, str, torch.Tensor]]
 
 
 class DecoderForCausalLM(nn.Module, ABC):
@@ -32,6 +34,8 @@ class DecoderForCausalLM(nn.Module, ABC):
         StackedShard("gate_up_proj", "gate_proj", 0),
         StackedShard("gate_up_proj", "up_proj", 1),
     )
+    # How the checkpoint names a mixture of experts' per-expert tensors (none: no experts).
+    expert_shards: tuple[ExpertShard, ...] = ()
 
     def __init__(self, cfg: ModelArchConfig) -> None:
         super().__init__()
@@ -86,8 +90,17 @@ class DecoderForCausalLM(nn.Module, ABC):
         """Attention modules in layer order, for binding KV caches."""
         return [cast(DecoderLayer, layer).self_attn.attn for layer in self.model.layers]
 
-    def load_weights(self, weights: Iterable[tuple[str, str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (source file, HF name, tensor) into the fused parameters."""
+    def load_weights(self, weights: Weights) -> None:
+        """Copy checkpoint tensors (source file, HF name, tensor) into the fused parameters and
+        the experts (expert_shards), after the family's rewrite_weights; refuses unknown,
+        misshapen or missing tensors (WeightLoadError)."""
         tied = self.cfg.tie_word_embeddings
         skip = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if tied else ())
-        load_named_weights(self, weights, self.stacked_shards, skip)
+        stream = self.rewrite_weights(weights)
+        load_named_weights(self, stream, self.stacked_shards, skip, experts=self.expert_shards)
+
+    def rewrite_weights(self, weights: Weights) -> Iterator[tuple[str, str, torch.Tensor]]:
+        """The checkpoint's tensors as this model names them: a family whose checkpoints name or
+        stack tensors otherwise (renamed blocks, whole-layer expert tensors) rewrites them
+        here; by default unchanged."""
+        yield from weights

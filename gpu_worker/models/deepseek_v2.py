@@ -15,123 +15,22 @@ routed_scaling_factor.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from config.mla_arch import MLAConfig
 from config.model_arch import ModelArchConfig
+from config.moe_arch import DeepseekMoEConfig
 from gpu_worker.layers.fused_moe import FusedMoE
-from gpu_worker.layers.moe_routing import MoERouting
 from gpu_worker.models.blocks import GatedMLP
-from gpu_worker.models.decoder import DecoderForCausalLM
-from gpu_worker.models.deepseek_mla import DeepseekMLA, MLAConfig
-from gpu_worker.models.moe_block import config_int, require_silu, unstack_experts
-from gpu_worker.models.weights import GATED_EXPERTS, StackedShard, load_named_weights
-
-_V2_DEFAULTS: dict[str, Any] = dict(
-    n_routed_experts=64,
-    first_k_dense_replace=0,
-    norm_topk_prob=False,
-    routed_scaling_factor=1.0,
-    n_shared_experts=2,
-)
-_V3_DEFAULTS: dict[str, Any] = dict(
-    n_routed_experts=256,
-    first_k_dense_replace=3,
-    norm_topk_prob=True,
-    routed_scaling_factor=2.5,
-    n_shared_experts=1,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class DeepseekMoEConfig:
-    """Where a DeepSeek model's experts are and how it routes to them."""
-
-    num_experts: int  # 0: every layer dense
-    first_dense_layers: int
-    layer_freq: int
-    intermediate_size: int
-    num_shared_experts: int
-    routing: MoERouting | None
-    correction_bias: bool  # V3: the router's e_score_correction_bias
-
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any], version: Literal[2, 3]) -> DeepseekMoEConfig:
-        """Parse config.json as transformers' DeepseekV2Config / DeepseekV3Config reads it;
-        ValueError naming the field that is missing, invalid or not supported."""
-        require_silu(cfg)
-        # transformers' defaults where config.json leaves a field out.
-        defaults = _V2_DEFAULTS if version == 2 else _V3_DEFAULTS
-        num_experts = int(cfg.get("n_routed_experts", defaults["n_routed_experts"]) or 0)
-        first_dense = int(cfg.get("first_k_dense_replace", defaults["first_k_dense_replace"]) or 0)
-        if not num_experts:
-            return cls(0, first_dense, 1, 0, 0, None, False)
-        scoring: Literal["softmax", "sigmoid"] = "softmax" if version == 2 else "sigmoid"
-        if cfg.get("scoring_func", scoring) != scoring:
-            raise ValueError(
-                f"config.json: scoring_func {cfg['scoring_func']!r} is not supported for "
-                f"DeepSeek-V{version} (it scores with {scoring})"
-            )
-        method = cfg.get("topk_method") or ("greedy" if version == 2 else "noaux_tc")
-        methods = ("greedy", "group_limited_greedy") if version == 2 else ("noaux_tc",)
-        if method not in methods:
-            raise ValueError(
-                f"config.json: topk_method {method!r} is not supported for DeepSeek-V{version} "
-                f"(supported: {', '.join(methods)})"
-            )
-        grouped = method != "greedy"
-        groups = int(cfg.get("n_group") or 1) if grouped else 1
-        topk_groups = int(cfg.get("topk_group") or 1) if grouped else 1
-        top_k = config_int(cfg, "num_experts_per_tok", minimum=1)
-        if num_experts % groups:
-            raise ValueError(
-                f"config.json: n_routed_experts ({num_experts}) is not divisible by n_group "
-                f"({groups})"
-            )
-        if top_k > topk_groups * (num_experts // groups):
-            # transformers would then pick experts of masked groups (with weight 0 in V2).
-            raise ValueError(
-                f"config.json: num_experts_per_tok ({top_k}) exceeds the experts of the "
-                f"topk_group ({topk_groups}) groups a token chooses from"
-            )
-        routing = MoERouting(
-            top_k=top_k,
-            scoring=scoring,
-            # transformers' V2 router never renormalises; DeepSeek's own code and vLLM do when
-            # norm_topk_prob, which every released V2 config leaves false.
-            renormalize=bool(cfg.get("norm_topk_prob", defaults["norm_topk_prob"])),
-            num_groups=groups,
-            topk_groups=topk_groups,
-            group_score="max" if version == 2 else "top2_sum",
-            routed_scaling_factor=float(
-                cfg.get("routed_scaling_factor", defaults["routed_scaling_factor"])
-            ),
-        )
-        return cls(
-            num_experts=num_experts,
-            first_dense_layers=first_dense,
-            layer_freq=config_int(cfg, "moe_layer_freq", minimum=1)
-            if "moe_layer_freq" in cfg
-            else 1,
-            intermediate_size=config_int(cfg, "moe_intermediate_size", minimum=1),
-            num_shared_experts=int(cfg.get("n_shared_experts", defaults["n_shared_experts"]) or 0),
-            routing=routing,
-            correction_bias=version == 3,
-        )
-
-    def is_sparse(self, layer_idx: int) -> bool:
-        """Whether layer layer_idx has the experts (vLLM's rule; transformers reads no
-        moe_layer_freq, which is 1 in every released config)."""
-        return (
-            self.num_experts > 0
-            and layer_idx >= self.first_dense_layers
-            and layer_idx % self.layer_freq == 0
-        )
+from gpu_worker.models.decoder import DecoderForCausalLM, Weights
+from gpu_worker.models.deepseek_mla import DeepseekMLA
+from gpu_worker.models.moe_block import unstack_experts
+from gpu_worker.models.weights import GATED_EXPERTS, StackedShard
 
 
 class DeepseekRouter(nn.Module):
@@ -184,6 +83,7 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
         StackedShard("gate_up_proj", "gate_proj", 0),
         StackedShard("gate_up_proj", "up_proj", 1),
     )
+    expert_shards = GATED_EXPERTS
 
     def __init__(self, cfg: ModelArchConfig) -> None:
         self.mla = MLAConfig.from_hf(cfg.hf_config)
@@ -202,16 +102,9 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
             return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
         return DeepseekMoE(cfg.hidden_size, self.moe)
 
-    def load_weights(self, weights: Iterable[tuple[str, str, torch.Tensor]]) -> None:
-        tied = self.cfg.tie_word_embeddings
-        skip = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if tied else ())
-        weights = unstack_experts(
-            _model_layers_only(weights, self.cfg.num_hidden_layers),
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        )
-        load_named_weights(self, weights, self.stacked_shards, skip, experts=GATED_EXPERTS)
+    def rewrite_weights(self, weights: Weights) -> Iterator[tuple[str, str, torch.Tensor]]:
+        layers = _model_layers_only(weights, self.cfg.num_hidden_layers)
+        return unstack_experts(layers, "gate_proj", "up_proj", "down_proj")
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
@@ -224,7 +117,7 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def _model_layers_only(
-    weights: Iterable[tuple[str, str, torch.Tensor]], num_layers: int
+    weights: Weights, num_layers: int
 ) -> Iterator[tuple[str, str, torch.Tensor]]:
     """The checkpoint without the layers past num_hidden_layers: V3's multi-token-prediction
     module (model.layers.61 of DeepSeek-V3), which transformers ignores as well."""

@@ -15,71 +15,36 @@ FusedMoE before load_named_weights sees them (expert_tensors)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
+from config.attention import SINK_ARCHITECTURES
 from config.model_arch import ModelArchConfig
+from config.moe_arch import GptOssMoeConfig, MoERouting
 from gpu_worker.layers.fused_moe import FusedMoE
-from gpu_worker.layers.linear import Linear
-from gpu_worker.layers.moe_routing import MoERouting
 from gpu_worker.loader.mxfp4 import dequantize_mxfp4
 from gpu_worker.models.blocks import SelfAttention
-from gpu_worker.models.decoder import DecoderForCausalLM
-from gpu_worker.models.moe_block import config_int
-from gpu_worker.models.weights import GATED_EXPERTS, WeightLoadError, load_named_weights
-
-# The clamped SwiGLU's sigmoid gain kernels/fused_moe.py computes ("swigluoai").
-SWIGLU_ALPHA = 1.702
-
-Weights = Iterable[tuple[str, str, torch.Tensor]]
-
-
-@dataclass(frozen=True, slots=True)
-class GptOssMoeConfig:
-    """The mixture-of-experts fields of a gpt-oss config.json."""
-
-    num_local_experts: int
-    num_experts_per_tok: int
-    swiglu_limit: float | None
-
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> GptOssMoeConfig:
-        """Parse config.json; ValueError naming a field that is missing, invalid or a value the
-        experts' kernel does not compute."""
-        alpha = float(cfg.get("swiglu_alpha", SWIGLU_ALPHA))
-        if alpha != SWIGLU_ALPHA:
-            raise ValueError(
-                f"config.json: swiglu_alpha {alpha} is not supported (the experts' kernel "
-                f"computes gpt-oss's {SWIGLU_ALPHA})"
-            )
-        limit = cfg.get("swiglu_limit", 7.0)
-        return cls(
-            num_local_experts=config_int(cfg, "num_local_experts", "num_experts", minimum=1),
-            num_experts_per_tok=config_int(
-                cfg, "num_experts_per_tok", "experts_per_token", minimum=1
-            ),
-            swiglu_limit=None if limit is None else float(limit),
-        )
+from gpu_worker.models.decoder import DecoderForCausalLM, Weights
+from gpu_worker.models.moe_block import Router
+from gpu_worker.models.weights import GATED_EXPERTS, WeightLoadError
 
 
 class GptOssMoeBlock(nn.Module):
     """x [T, H] -> the router-weighted sum of each token's top-k experts [T, H]; the router is
     replicated on every rank, the experts split as FusedMoE says."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, moe: GptOssMoeConfig) -> None:
+    def __init__(self, hidden_size: int, moe: GptOssMoeConfig) -> None:
         super().__init__()
         experts = moe.num_local_experts
-        self.router = Linear(hidden_size, experts, bias=True)
+        self.router = Router(hidden_size, experts, bias=True)
         # Softmax over the top-k logits equals the softmax over all, renormalised over the k.
         routing = MoERouting(top_k=moe.num_experts_per_tok, scoring="softmax", renormalize=True)
         self.experts = FusedMoE(
             experts,
             hidden_size,
-            intermediate_size,
+            moe.intermediate_size,
             routing,
             activation="swigluoai",
             bias=True,
@@ -91,6 +56,8 @@ class GptOssMoeBlock(nn.Module):
 
 
 class GptOssForCausalLM(DecoderForCausalLM):
+    expert_shards = GATED_EXPERTS
+
     def __init__(self, cfg: ModelArchConfig) -> None:
         self.moe = GptOssMoeConfig.from_hf(cfg.hf_config)
         super().__init__(cfg)
@@ -101,18 +68,14 @@ class GptOssForCausalLM(DecoderForCausalLM):
             qkv_bias=cfg.attention_bias,
             o_bias=cfg.attention_bias,
             sliding_window=cfg.layer_sliding_window(layer_idx),
-            sinks=True,
+            sinks=cfg.architecture in SINK_ARCHITECTURES,
         )
 
     def mlp_block(self, cfg: ModelArchConfig, layer_idx: int) -> nn.Module:
-        return GptOssMoeBlock(cfg.hidden_size, cfg.intermediate_size, self.moe)
+        return GptOssMoeBlock(cfg.hidden_size, self.moe)
 
-    def load_weights(self, weights: Weights) -> None:
-        tied = self.cfg.tie_word_embeddings
-        skip = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if tied else ())
-        device = next(self.parameters()).device
-        stream = expert_tensors(_sinks_renamed(weights), device)
-        load_named_weights(self, stream, self.stacked_shards, skip, experts=GATED_EXPERTS)
+    def rewrite_weights(self, weights: Weights) -> Iterator[tuple[str, str, torch.Tensor]]:
+        return expert_tensors(_sinks_renamed(weights), next(self.parameters()).device)
 
 
 def _sinks_renamed(weights: Weights) -> Iterator[tuple[str, str, torch.Tensor]]:

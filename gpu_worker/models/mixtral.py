@@ -11,19 +11,17 @@ save_pretrained(save_original_format=False) writes: both load."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from config.model_arch import ModelArchConfig
-from gpu_worker.layers.moe_routing import MoERouting
+from config.moe_arch import MixtralMoeConfig, MoERouting
 from gpu_worker.models.blocks import SelfAttention
-from gpu_worker.models.decoder import DecoderForCausalLM
-from gpu_worker.models.moe_block import SparseMoeBlock, config_int, require_silu, unstack_experts
-from gpu_worker.models.weights import ExpertShard, load_named_weights
+from gpu_worker.models.decoder import DecoderForCausalLM, Weights
+from gpu_worker.models.moe_block import SparseMoeBlock, unstack_experts
+from gpu_worker.models.weights import ExpertShard
 
 # Mixtral's expert projections: w1 gate, w3 up, w2 down.
 MIXTRAL_EXPERTS = (
@@ -33,24 +31,9 @@ MIXTRAL_EXPERTS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class MixtralMoeConfig:
-    """The mixture-of-experts fields of a Mixtral config.json."""
-
-    num_local_experts: int
-    num_experts_per_tok: int
-
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> MixtralMoeConfig:
-        """Parse config.json; ValueError naming the field that is missing or invalid."""
-        require_silu(cfg)
-        return cls(
-            num_local_experts=config_int(cfg, "num_local_experts", "num_experts", minimum=1),
-            num_experts_per_tok=config_int(cfg, "num_experts_per_tok", minimum=1),
-        )
-
-
 class MixtralForCausalLM(DecoderForCausalLM):
+    expert_shards = MIXTRAL_EXPERTS
+
     def __init__(self, cfg: ModelArchConfig) -> None:
         self.moe = MixtralMoeConfig.from_hf(cfg.hf_config)
         super().__init__(cfg)
@@ -64,20 +47,15 @@ class MixtralForCausalLM(DecoderForCausalLM):
         return SparseMoeBlock(
             cfg.hidden_size,
             self.moe.num_local_experts,
-            cfg.intermediate_size,
+            self.moe.intermediate_size,
             MoERouting(top_k=self.moe.num_experts_per_tok, renormalize=True),
         )
 
-    def load_weights(self, weights: Iterable[tuple[str, str, torch.Tensor]]) -> None:
-        tied = self.cfg.tie_word_embeddings
-        skip = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if tied else ())
-        weights = unstack_experts(_as_module_names(weights), "w1", "w3", "w2")
-        load_named_weights(self, weights, self.stacked_shards, skip, experts=MIXTRAL_EXPERTS)
+    def rewrite_weights(self, weights: Weights) -> Iterator[tuple[str, str, torch.Tensor]]:
+        return unstack_experts(_as_module_names(weights), "w1", "w3", "w2")
 
 
-def _as_module_names(
-    weights: Iterable[tuple[str, str, torch.Tensor]],
-) -> Iterator[tuple[str, str, torch.Tensor]]:
+def _as_module_names(weights: Weights) -> Iterator[tuple[str, str, torch.Tensor]]:
     """The checkpoints' block_sparse_moe is the decoder layer's mlp (as transformers 5 renames
     it on loading)."""
     for source, name, tensor in weights:

@@ -1,12 +1,11 @@
 """The sparse feed-forward block Qwen3-MoE and Mixtral share: a router (`gate`, a linear map
-hidden -> one logit per expert, no bias) and the experts (FusedMoE at `experts`), plus the
-readers of the config.json fields both families parse and of transformers 5's stacked expert
-tensors."""
+hidden -> one logit per expert, no bias; gpt-oss's has a bias) and the experts (FusedMoE at
+`experts`), plus the reader of transformers 5's stacked expert tensors. The config.json fields
+are parsed in config/moe_arch.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -17,20 +16,21 @@ from gpu_worker.layers.moe_routing import MoERouting
 
 
 class Router(nn.Module):
-    """x [T, H] -> router logits [T, E] = x @ weight^T, weight [E, H] without bias, replicated
-    on every rank (each computes every token's choice).
+    """x [T, H] -> router logits [T, E] = x @ weight^T (+ bias [E] when bias), weight [E, H],
+    replicated on every rank (each computes every token's choice).
 
     Not the engine's Linear: its CPU layouts are for wide projections; on a router's few dozen
     output columns the split layout it gets is 2-3x slower than torch's matmul (H 512, E 16,
     2 threads, medians of 7 alternating rounds: 16 vs 5 us at 1 token, 30 vs 14 at 64, 1435
     vs 612 at 2048)."""
 
-    def __init__(self, hidden_size: int, num_experts: int) -> None:
+    def __init__(self, hidden_size: int, num_experts: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(num_experts), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class SparseMoeBlock(nn.Module):
@@ -47,32 +47,6 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.experts(x, self.gate(x))
-
-
-def config_int(cfg: Mapping[str, Any], *names: str, minimum: int = 0) -> int:
-    """The integer config.json gives under the first of names present; ValueError naming
-    config.json and the field when none is, or it is not an integer >= minimum."""
-    name = next((n for n in names if cfg.get(n) is not None), None)
-    if name is None:
-        raise ValueError(
-            f"config.json: missing field {names[0]!r} ({cfg.get('architectures', ['?'])[0]} "
-            f"needs it)"
-        )
-    value = cfg[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"config.json: field {name!r} must be an integer >= {minimum}, not {value!r}"
-        )
-    return value
-
-
-def require_silu(cfg: Mapping[str, Any]) -> None:
-    """The experts compute SwiGLU (silu(gate) * up); refuse another hidden_act."""
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(
-            f"config.json: hidden_act {act!r} is not supported for the experts (only 'silu')"
-        )
 
 
 def unstack_experts(

@@ -6,79 +6,22 @@ layers keep the dense gated MLP of intermediate_size."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from config.model_arch import ModelArchConfig
-from gpu_worker.layers.moe_routing import MoERouting
+from config.moe_arch import MoERouting, Qwen3MoeConfig
 from gpu_worker.models.blocks import GatedMLP, SelfAttention
-from gpu_worker.models.decoder import DecoderForCausalLM
-from gpu_worker.models.moe_block import SparseMoeBlock, config_int, require_silu, unstack_experts
-from gpu_worker.models.weights import GATED_EXPERTS, load_named_weights
-
-
-@dataclass(frozen=True, slots=True)
-class Qwen3MoeConfig:
-    """The mixture-of-experts fields of a Qwen3-MoE config.json, with transformers' defaults."""
-
-    num_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    norm_topk_prob: bool = False
-    decoder_sparse_step: int = 1
-    mlp_only_layers: frozenset[int] = frozenset()
-
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> Qwen3MoeConfig:
-        """Parse config.json; ValueError naming the field that is missing or invalid.
-        transformers 5 writes num_experts as num_local_experts."""
-        require_silu(cfg)
-        if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
-            # transformers slides every layer of a Qwen3-MoE then (max_window_layers is not
-            # read), which config/model_arch.py's Qwen rule does not describe.
-            raise ValueError(
-                "config.json: use_sliding_window is not supported for Qwen3-MoE (no released "
-                "checkpoint sets it)"
-            )
-        only = cfg.get("mlp_only_layers") or []
-        if not isinstance(only, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in only
-        ):
-            raise ValueError(
-                f"config.json: field 'mlp_only_layers' must be a list of layer indices, "
-                f"not {only!r}"
-            )
-        num_experts = config_int(cfg, "num_experts", "num_local_experts")
-        sparse = num_experts > 0
-        return cls(
-            num_experts=num_experts,
-            num_experts_per_tok=config_int(cfg, "num_experts_per_tok", minimum=1) if sparse else 0,
-            moe_intermediate_size=(
-                config_int(cfg, "moe_intermediate_size", minimum=1) if sparse else 0
-            ),
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-            decoder_sparse_step=(
-                config_int(cfg, "decoder_sparse_step", minimum=1)
-                if "decoder_sparse_step" in cfg
-                else 1
-            ),
-            mlp_only_layers=frozenset(only),
-        )
-
-    def is_sparse(self, layer_idx: int) -> bool:
-        """Whether layer layer_idx has the experts (transformers' Qwen3MoeDecoderLayer rule)."""
-        return (
-            layer_idx not in self.mlp_only_layers
-            and self.num_experts > 0
-            and (layer_idx + 1) % self.decoder_sparse_step == 0
-        )
+from gpu_worker.models.decoder import DecoderForCausalLM, Weights
+from gpu_worker.models.moe_block import SparseMoeBlock, unstack_experts
+from gpu_worker.models.weights import GATED_EXPERTS
 
 
 class Qwen3MoeForCausalLM(DecoderForCausalLM):
+    expert_shards = GATED_EXPERTS
+
     def __init__(self, cfg: ModelArchConfig) -> None:
         self.moe = Qwen3MoeConfig.from_hf(cfg.hf_config)
         super().__init__(cfg)
@@ -98,8 +41,5 @@ class Qwen3MoeForCausalLM(DecoderForCausalLM):
         routing = MoERouting(top_k=moe.num_experts_per_tok, renormalize=moe.norm_topk_prob)
         return SparseMoeBlock(cfg.hidden_size, moe.num_experts, moe.moe_intermediate_size, routing)
 
-    def load_weights(self, weights: Iterable[tuple[str, str, torch.Tensor]]) -> None:
-        tied = self.cfg.tie_word_embeddings
-        skip = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if tied else ())
-        weights = unstack_experts(weights, "gate_proj", "up_proj", "down_proj")
-        load_named_weights(self, weights, self.stacked_shards, skip, experts=GATED_EXPERTS)
+    def rewrite_weights(self, weights: Weights) -> Iterator[tuple[str, str, torch.Tensor]]:
+        return unstack_experts(weights, "gate_proj", "up_proj", "down_proj")

@@ -233,8 +233,10 @@ def test_checkpoint_missing_an_expert_tensor_is_refused_naming_it(tmp_path, fami
 @pytest.mark.parametrize(
     ("family", "edit", "message"),
     [
-        ("qwen3_moe", {"num_experts_per_tok": None}, "missing field 'num_experts_per_tok'"),
-        ("qwen3_moe", {"moe_intermediate_size": None}, "missing field 'moe_intermediate_size'"),
+        # A field left out takes transformers' default (tests/test_family_config.py); a value
+        # the model cannot use is refused.
+        ("qwen3_moe", {"num_experts_per_tok": "2"}, "'num_experts_per_tok' must be an integer"),
+        ("qwen3_moe", {"moe_intermediate_size": 0}, "'moe_intermediate_size' must be an integer"),
         ("qwen3_moe", {"decoder_sparse_step": 0}, "'decoder_sparse_step' must be an integer >= 1"),
         ("qwen3_moe", {"mlp_only_layers": "0"}, "'mlp_only_layers' must be a list"),
         ("qwen3_moe", {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
@@ -243,24 +245,24 @@ def test_checkpoint_missing_an_expert_tensor_is_refused_naming_it(tmp_path, fami
             {"use_sliding_window": True, "sliding_window": 8},
             "use_sliding_window is not supported",
         ),
-        ("mixtral", {"num_local_experts": None}, "missing field 'num_local_experts'"),
+        ("mixtral", {"num_local_experts": 0}, "'num_local_experts' must be an integer >= 1"),
         ("mixtral", {"num_experts_per_tok": 0}, "'num_experts_per_tok' must be an integer >= 1"),
         ("mixtral", {"num_experts_per_tok": 5}, r"num_experts_per_tok \(5\) exceeds"),
     ],
 )
 def test_invalid_moe_config_is_refused_naming_the_field(tmp_path, family, edit, message):
+    """Refused when the configuration resolves (config/family_arch.py), before the model is
+    built."""
+    from config.errors import ConfigError
+    from engine_core.resolve import resolved_config
+
     model_dir = make_tiny_model(tmp_path, family, **CASES[family][1])
     path = model_dir / "config.json"
     cfg = json.loads(path.read_text())
-    for key, value in edit.items():
-        if value is None:
-            cfg.pop(key, None)
-            cfg.pop({"num_experts": "num_local_experts"}.get(key, key), None)
-        else:
-            cfg[key] = value
+    cfg.update(edit)
     path.write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=message):
-        make_runner(model_dir, kv_cache_memory="4MiB")
+    with pytest.raises(ConfigError, match=message):
+        resolved_config(model=str(model_dir), device="cpu")
 
 
 def test_qwen3_moe_reads_num_experts_as_released_configs_name_it(tmp_path):

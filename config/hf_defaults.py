@@ -1,0 +1,129 @@
+"""What transformers fills in where a family's config.json leaves a field out.
+
+A config.json written by hand or by an older tool may omit fields whose value transformers'
+config class supplies; reading such a field with a default of our own would build another model
+than transformers does, with no error. TRANSFORMERS_DEFAULTS copies the defaults of the fields the
+engine reads from transformers 5.24's config classes (keyed by model_type, which picks the class),
+and filled() applies them. tests/test_hf_defaults.py holds the table equal to the classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# gpt-oss's rotary embedding when config.json has none (GptOssConfig.__post_init__).
+_GPT_OSS_ROPE: dict[str, Any] = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+    "rope_theta": 150000.0,
+}
+
+# The MLA fields DeepseekV2Config and DeepseekV3Config share (q_lora_rank 1536: a config.json
+# without it has the low-rank query projection; V2-Lite writes null).
+_MLA: dict[str, Any] = {
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+}
+
+TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qwen3_moe": {
+        "num_local_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": False,
+        "decoder_sparse_step": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768,
+    },
+    "mixtral": {
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096 * 32,
+        "rope_theta": 1e6,
+    },
+    "gpt_oss": {
+        "num_local_experts": 128,
+        "num_experts_per_tok": 4,
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+        "sliding_window": 128,
+        "head_dim": 64,
+        "attention_bias": True,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 131072,
+        "rope_parameters": _GPT_OSS_ROPE,
+    },
+    "deepseek_v2": {
+        **_MLA,
+        "n_routed_experts": 64,
+        "n_shared_experts": 2,
+        "routed_scaling_factor": 1.0,
+        "first_k_dense_replace": 0,
+        "norm_topk_prob": False,
+        "topk_method": "greedy",
+        "moe_intermediate_size": 1407,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+    },
+    "deepseek_v3": {
+        **_MLA,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "routed_scaling_factor": 2.5,
+        "first_k_dense_replace": 3,
+        "norm_topk_prob": True,
+        "n_group": 8,
+        "topk_group": 4,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 2048,
+        "rope_interleave": True,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+    },
+}
+
+# transformers' attribute_map: a config.json may give a field under either name.
+_ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
+    "qwen3_moe": {"num_local_experts": ("num_experts",)},
+    "mixtral": {"num_local_experts": ("num_experts",)},
+    # experts_per_token: OpenAI's original config.json.
+    "gpt_oss": {
+        "num_local_experts": ("num_experts",),
+        "num_experts_per_tok": ("experts_per_token",),
+    },
+    "deepseek_v2": {"n_routed_experts": ("num_experts",)},
+    "deepseek_v3": {"n_routed_experts": ("num_local_experts",)},
+}
+
+
+def filled(cfg: dict[str, Any], model_type: str | None = None) -> dict[str, Any]:
+    """cfg with transformers' default for each field of TRANSFORMERS_DEFAULTS[model_type]
+    (default: cfg's model_type) that cfg leaves out under all of its names; a field present,
+    even as null, keeps its value. gpt-oss without layer_types alternates sliding and full
+    layers from a sliding one, as GptOssConfig does. A new dict; cfg is not changed."""
+    kind = cfg.get("model_type", "") if model_type is None else model_type
+    out = dict(cfg)
+    aliases = _ALIASES.get(kind, {})
+    for name, value in TRANSFORMERS_DEFAULTS.get(kind, {}).items():
+        if name in out or any(a in out for a in aliases.get(name, ())):
+            continue
+        out[name] = dict(value) if isinstance(value, dict) else value
+    if kind == "gpt_oss" and out.get("layer_types") is None and "num_hidden_layers" in out:
+        out["layer_types"] = [
+            "sliding_attention" if i % 2 == 0 else "full_attention"
+            for i in range(int(out["num_hidden_layers"]))
+        ]
+    return out
