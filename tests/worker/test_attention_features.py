@@ -6,7 +6,6 @@ NaN), and the per-layer window as transformers decides it."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,42 +17,13 @@ from gpu_worker.attention.torch_backend import TorchAttentionBackend
 from kernels import cpu_binding
 from kernels.paged_attention import paged_attention_ref
 from kernels.write_kv import write_kv_ref
+from tests.worker.paged_batches import random_batch
 
 CPU = torch.device("cpu")
 needs_c = pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 
 # (cached context, new queries): decodes, a fresh prompt, chunks after a context, all mixed.
 MIXED = [(40, 1), (0, 37), (3, 1), (21, 19), (70, 1), (55, 30)]
-
-
-def _batch(requests, block_size, num_kv_heads, group, head_dim, seed):
-    """The step (StepBatch), q/k/v, and a random cache [2, N, bs, Hkv, D] (the torch layout)."""
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    seq_lens = np.array([c + q for c, q in requests], dtype=np.int32)
-    q_lens = np.array([q for _, q in requests], dtype=np.int32)
-    per_req = [-(-int(s) // block_size) for s in seq_lens]
-    num_blocks = sum(per_req) + 2
-    ids = rng.permutation(num_blocks)
-    block_table = np.full((len(requests), max(per_req) + 1), -1, dtype=np.int32)
-    used = 0
-    for i, n in enumerate(per_req):
-        block_table[i, :n] = ids[used : used + n]
-        used += n
-    qsl = np.zeros(len(requests) + 1, dtype=np.int32)
-    qsl[1:] = np.cumsum(q_lens)
-    positions = np.concatenate([np.arange(c, c + q) for c, q in requests])
-    req = np.repeat(np.arange(len(requests)), q_lens)
-    slots = block_table[req, positions // block_size].astype(np.int64) * block_size + (
-        positions % block_size
-    )
-    step = StepBatch(qsl, seq_lens, block_table, slots, block_size)
-    tokens, heads = int(qsl[-1]), num_kv_heads * group
-    q = torch.randn(tokens, heads, head_dim, generator=gen)
-    k = torch.randn(tokens, num_kv_heads, head_dim, generator=gen)
-    v = torch.randn(tokens, num_kv_heads, head_dim, generator=gen)
-    cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
-    return step, q, k, v, cache
 
 
 def _unread_blocks(step: StepBatch, window: int | None) -> list[int]:
@@ -107,7 +77,7 @@ def _run(backend_cls, step, q, k, v, cache, window, sinks):
 
 
 def _check(backend_cls, requests, window, with_sinks, *, block_size=16, kv=2, group=3, dim=64):
-    step, q, k, v, cache = _batch(requests, block_size, kv, group, dim, seed=len(requests))
+    step, q, k, v, cache = random_batch(requests, block_size, kv, group, dim, seed=len(requests))
     sinks = torch.randn(kv * group, generator=torch.Generator().manual_seed(7)) * 2
     sinks = sinks if with_sinks else None
     expected = _expected(step, q, k, v, cache, window, sinks)
@@ -119,7 +89,7 @@ def _check(backend_cls, requests, window, with_sinks, *, block_size=16, kv=2, gr
 def test_reference_equals_dense_attention_with_mask_and_sinks():
     """paged_attention_ref against transformers' gpt-oss eager attention, written out: scores,
     a sliding-window causal mask, the sink appended as a last logit and dropped after softmax."""
-    step, q, k, v, cache = _batch([(25, 9)], 8, 2, 2, 16, seed=3)
+    step, q, k, v, cache = random_batch([(25, 9)], 8, 2, 2, 16, seed=3)
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
     window, scale = 6, 0.25
     ref = cache.clone()
@@ -187,7 +157,7 @@ def test_torch_backend_takes_other_head_sizes(dim):
 def test_layers_of_one_step_with_different_windows(backend_cls):
     """gpt-oss alternates windowed and full layers: one step's metadata serves both, in either
     order, and each layer gets its own window."""
-    step, q, k, v, cache = _batch(MIXED, 16, 2, 2, 64, seed=11)
+    step, q, k, v, cache = random_batch(MIXED, 16, 2, 2, 64, seed=11)
     backend = backend_cls()
     meta = backend.build(step, DeviceBatch.from_step(step, CPU), CPU)
     for window in (8, None, 8, 30, None):
@@ -210,7 +180,7 @@ def test_layers_of_one_step_with_different_windows(backend_cls):
 def test_c_kernel_refuses_sinks_of_the_wrong_shape():
     from kernels.paged_attention import paged_attention_cpu
 
-    step, q, k, v, cache = _batch([(5, 2)], 16, 1, 2, 64, seed=0)
+    step, q, k, v, cache = random_batch([(5, 2)], 16, 1, 2, 64, seed=0)
     key_cache = cache[0].permute(0, 2, 3, 1).contiguous()
     value_cache = cache[1].permute(0, 2, 1, 3).contiguous()
     tables = [torch.from_numpy(a) for a in (step.block_table, step.query_start_loc, step.seq_lens)]

@@ -1,9 +1,8 @@
 """The CPU attention backend (TorchAttentionBackend) against the plain PyTorch reference.
 
-Batches are built by hand, as the input batch would build them: requests packed one after
-another (query_start_loc), each with some context already in the paged cache and this step's
-query tokens (seq_lens = context + query), blocks handed out in shuffled order, and the block
-table padded with -1 so reading past a request's blocks fails loudly.
+Batches are built by hand, as the input batch would build them (tests/worker/paged_batches.py):
+requests packed one after another, each with some context already in the paged cache and this
+step's query tokens, blocks handed out in shuffled order, the block table padded with -1.
 """
 
 from __future__ import annotations
@@ -12,62 +11,20 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_worker.attention.metadata import DeviceBatch, StepBatch
+from gpu_worker.attention.metadata import DeviceBatch
 from gpu_worker.attention.torch_backend import TorchAttentionBackend
 from kernels.paged_attention import paged_attention_ref
 from kernels.write_kv import write_kv_ref
+from tests.worker.paged_batches import random_batch
 
 CPU = torch.device("cpu")
-
-
-def _make_batch(
-    requests: list[tuple[int, int]],
-    block_size: int,
-    num_kv_heads: int,
-    group: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    seed: int,
-):
-    """requests: (cached context length, query length) each; returns tensors and the StepBatch."""
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    seq_lens = np.array([ctx + q for ctx, q in requests], dtype=np.int32)
-    q_lens = np.array([q for _, q in requests], dtype=np.int32)
-    blocks_per_req = [-(-int(s) // block_size) for s in seq_lens]
-    num_blocks = sum(blocks_per_req) + 3  # a few blocks nobody owns
-    ids = rng.permutation(num_blocks)
-    block_table = np.full((len(requests), max(blocks_per_req) + 2), -1, dtype=np.int32)
-    taken = 0
-    for i, n in enumerate(blocks_per_req):
-        block_table[i, :n] = ids[taken : taken + n]
-        taken += n
-    query_start_loc = np.zeros(len(requests) + 1, dtype=np.int32)
-    query_start_loc[1:] = np.cumsum(q_lens)
-    positions = np.concatenate([np.arange(ctx, ctx + q) for ctx, q in requests])
-    req_of_token = np.repeat(np.arange(len(requests)), q_lens)
-    slot_mapping = (
-        block_table[req_of_token, positions // block_size].astype(np.int64) * block_size
-        + positions % block_size
-    )
-    step = StepBatch(query_start_loc, seq_lens, block_table, slot_mapping, block_size)
-
-    tokens, num_heads = int(query_start_loc[-1]), num_kv_heads * group
-    q = torch.randn(tokens, num_heads, head_dim, generator=gen).to(dtype)
-    k = torch.randn(tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
-    v = torch.randn(tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
-    # Random everywhere: cached context, and garbage in slots that this step must not read.
-    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(
-        dtype
-    )
-    return step, q, k, v, kv_cache
 
 
 def _check(
     requests, block_size=16, num_kv_heads=2, group=1, head_dim=16, dtype=torch.float32, seed=0
 ):
-    step, q, k, v, kv_cache = _make_batch(
-        requests, block_size, num_kv_heads, group, head_dim, dtype, seed
+    step, q, k, v, kv_cache = random_batch(
+        requests, block_size, num_kv_heads, group, head_dim, seed, dtype
     )
     scale = head_dim**-0.5
     ref_cache = kv_cache.clone()
@@ -180,8 +137,8 @@ def test_half_precision(dtype):
 def test_metadata_is_reused_across_layers():
     """build() runs once per step; every layer's forward reuses it with its own cache."""
     requests = [(17, 1), (0, 9), (31, 4)]
-    step, q, k, v, cache0 = _make_batch(requests, 16, 2, 3, 16, torch.float32, seed=5)
-    _, q1, k1, v1, cache1 = _make_batch(requests, 16, 2, 3, 16, torch.float32, seed=6)
+    step, q, k, v, cache0 = random_batch(requests, 16, 2, 3, 16, seed=5)
+    _, q1, k1, v1, cache1 = random_batch(requests, 16, 2, 3, 16, seed=6)
     backend = TorchAttentionBackend()
     meta = backend.build(step, DeviceBatch.from_step(step, CPU), CPU)
     args = [torch.from_numpy(a) for a in (step.block_table, step.query_start_loc, step.seq_lens)]
