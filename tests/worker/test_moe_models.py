@@ -24,7 +24,14 @@ from gpu_worker.models.moe_block import SparseMoeBlock
 from gpu_worker.models.weights import WeightLoadError
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model, make_tiny_model_with_tokenizer
-from tests.worker.runner_utils import make_runner
+from tests.worker.runner_utils import (
+    assert_last_logits_close,
+    assert_same_tokens,
+    hf_causal_lm,
+    hf_greedy,
+    make_runner,
+    random_prompts,
+)
 
 NEW_TOKENS = 8
 PROMPT_LENS = (1, 7, 16, 45)
@@ -98,28 +105,6 @@ def _perturb(model_dir: Path) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-def _prompts(vocab: int) -> dict[str, list[int]]:
-    gen = torch.Generator().manual_seed(7)
-    return {f"len{n}": torch.randint(3, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS}
-
-
-def _hf_reference(model_dir: Path, prompts: dict[str, list[int]]):
-    """transformers' greedy tokens and last-position logits of each prompt (fp32)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # like ignore_eos
-    tokens, last = {}, {}
-    with torch.inference_mode():
-        for req_id, ids in prompts.items():
-            seq = model.generate(
-                torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
-            )
-            tokens[req_id] = seq[0, len(ids) :].tolist()
-            last[req_id] = model(torch.tensor([ids])).logits[0, -1].float()
-    return tokens, last
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     """(runner, driver, prompts, HF greedy tokens, HF last logits)."""
@@ -132,46 +117,27 @@ def case(request, tmp_path_factory):
     blocks = [layer.mlp for layer in runner.model.model.layers]
     assert tuple("moe" if isinstance(b, SparseMoeBlock) else "dense" for b in blocks) == kinds
     assert all(isinstance(b, SparseMoeBlock | GatedMLP) for b in blocks)
-    prompts = _prompts(runner.arch.vocab_size)
-    tokens, last = _hf_reference(model_dir, prompts)
-    return runner, driver, prompts, tokens, last
+    prompts = random_prompts(runner.arch.vocab_size, PROMPT_LENS)
+    tokens, logits = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
+    return runner, driver, prompts, tokens, {r: x[-1] for r, x in logits.items()}
 
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
 
 
-def _check(outputs, reference):
-    mismatched = {r: (o, reference[r]) for r, o in outputs.items() if o != reference[r]}
-    assert not mismatched, f"{len(mismatched)} prompts differ from transformers: {mismatched}"
-
-
 def test_all_requests_in_one_batch(case):
     _, driver, prompts, reference, _ = case
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
 
 
 def test_prompts_split_into_chunks(case):
     _, driver, prompts, reference, _ = case
-    _check(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=5), reference)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=5), reference)
 
 
 def test_last_position_logits_match_transformers(case, monkeypatch):
     runner, driver, prompts, _, ref_last = case
-    captured: list[torch.Tensor] = []
-    compute_logits = runner.model.compute_logits
-
-    def capture(hidden, out=None):
-        logits = compute_logits(hidden, out)
-        captured.append(logits.clone())
-        return logits
-
-    monkeypatch.setattr(runner.model, "compute_logits", capture)
-    monkeypatch.setattr(runner, "fused_greedy", False)
-    driver.run(prompts, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1), 1)
-    assert len(captured) == 1 and captured[0].shape == (len(prompts), runner.arch.vocab_size)
-    for row, req_id in enumerate(prompts):
-        diff = (captured[0][row] - ref_last[req_id]).abs().max().item()
-        assert diff < LOGIT_ATOL, f"{req_id}: last-position logits differ by {diff}"
+    assert_last_logits_close(runner, driver, prompts, ref_last, LOGIT_ATOL, monkeypatch)
 
 
 def _expert_params(runner) -> dict[str, torch.Tensor]:
