@@ -250,11 +250,12 @@ def test_qwen2_config_without_layer_types_slides_from_max_window_layers():
 
 
 def test_gpt_oss_needs_sinks_and_other_families_do_not():
-    def arch(model_type):
+    """Keyed by architecture, as GptOssForCausalLM turns its sinks on (SINK_ARCHITECTURES)."""
+
+    def arch(architecture):
         return ModelArchConfig.from_dict(
             dict(
-                architectures=["X"],
-                model_type=model_type,
+                architectures=[architecture],
                 hidden_size=64,
                 num_attention_heads=4,
                 num_hidden_layers=2,
@@ -263,8 +264,8 @@ def test_gpt_oss_needs_sinks_and_other_families_do_not():
             )
         )
 
-    assert AttentionFeatures.of(arch("gpt_oss"), 4096).sinks
-    assert not AttentionFeatures.of(arch("llama"), 4096).sinks
+    assert AttentionFeatures.of(arch("GptOssForCausalLM"), 4096).sinks
+    assert not AttentionFeatures.of(arch("LlamaForCausalLM"), 4096).sinks
 
 
 def test_every_backend_is_chosen_for_windows_and_sinks():
