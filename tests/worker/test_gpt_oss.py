@@ -27,6 +27,7 @@ from config.errors import ConfigError
 from gpu_worker.layers.fused_moe import FusedMoE
 from gpu_worker.loader.mxfp4 import dequantize_mxfp4
 from gpu_worker.models.gpt_oss import GptOssMoeBlock
+from gpu_worker.models.moe_block import Router
 from gpu_worker.models.weights import WeightLoadError
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model, make_tiny_model_with_tokenizer
@@ -220,6 +221,11 @@ def test_layers_as_the_config_says(case):
     assert [layer.self_attn.attn.sliding_window for layer in layers] == [WINDOW, None, WINDOW]
     for ours, theirs in zip(layers, model.model.layers, strict=True):
         assert isinstance(ours.mlp, GptOssMoeBlock) and isinstance(ours.mlp.experts, FusedMoE)
+        # The router is moe_block's Router (F.linear with bias), which the CPU layout pass
+        # leaves as the checkpoint has it, equal to transformers' router.
+        assert type(ours.mlp.router) is Router
+        assert torch.equal(ours.mlp.router.weight, theirs.mlp.router.weight.detach())
+        assert torch.equal(ours.mlp.router.bias, theirs.mlp.router.bias.detach())
         assert torch.equal(ours.self_attn.attn.sinks, theirs.self_attn.sinks.detach())
     assert runner.arch.rope_scaling is not None and runner.arch.rope_scaling["rope_type"] == "yarn"
 
