@@ -97,12 +97,12 @@ class AttentionSupport:
 # EngineConfig.resolve() refuses a configuration none of them runs. Derived from the kernels;
 # each runs sliding windows and sinks (docs/models/attention-features.md); none implements
 # soft-capping or a KV cache of another dtype. MLA models run on the MLA backends alone, which
-# run any head and block size: on CUDA kernels/mla_attention.py (Triton; CUDA graphs), on the CPU
+# run any head and block size: on CUDA kernels/triton/mla_attention.py (CUDA graphs), on the CPU
 # gpu_worker/attention/mla_backend.py (plain torch ops, planned on the host).
 
 ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
     "cuda": (
-        # kernels/paged_attention.py and write_kv.py (Triton).
+        # kernels/triton/paged_attention.py and write_kv.py.
         AttentionSupport(
             "triton",
             # Powers of two <= 128: at 256, BLOCK_N = 256 makes head_dim-128 K+V tiles 128 KiB a

@@ -12,11 +12,12 @@ from kernels.cpu_binding import available
 F = TypeVar("F", bound=Callable)
 
 
-def kernel_for(device: torch.device, triton_impl: F, cpu_impl: F, torch_impl: F) -> F:
-    """triton_impl on CUDA, cpu_impl (a C binding) on a CPU where the C kernels are built,
-    torch_impl otherwise."""
+def kernel_for(device: torch.device, triton_impl: Callable[[], F], cpu_impl: F, torch_impl: F) -> F:
+    """triton_impl() on CUDA, cpu_impl (a C binding) on a CPU where the C kernels are built,
+    torch_impl otherwise. triton_impl returns the Triton launcher, importing its module
+    (kernels/triton/<op>.py) only then: a process that never asks for CUDA never imports Triton."""
     if device.type == "cuda":
-        return triton_impl
+        return triton_impl()
     if device.type == "cpu" and available():
         return cpu_impl
     return torch_impl

@@ -1,4 +1,4 @@
-"""GGUF quantized weights in the layout of the Triton kernels (kernels/gguf_matmul.py).
+"""GGUF quantized weights in the layout of the Triton kernels (kernels/triton/gguf_matmul.py).
 
 Every type is held as planes of row-major [N, ...] arrays, so that rows of one type concatenate
 (a fused qkv or gate_up projection is one weight) and a program reads each plane contiguously:

@@ -1,14 +1,15 @@
 """Split-context (flash-decoding) attention for decode-only steps over a paged KV cache.
 
-A decode step with few sequences gives the one-pass kernel (kernels/paged_attention.py) only
+A decode step with few sequences gives the one-pass kernel (kernels/triton/paged_attention.py) only
 num_seqs * num_kv_heads programs, each walking its whole context: on a long context most of the
 device sits idle. Here a first kernel runs one program per (sequence, kv head, partition of
-partition_size tokens) and writes each partition's running max, sum and un-normalised output to
-fp32 scratch; a second kernel combines the partitions of each (sequence, query head) by
-log-sum-exp rescaling, and counts a layer's sinks there, once.
+partition_size tokens) and writes each partition's running max, sum and un-normalised output to fp32
+scratch; a second kernel combines the partitions of each (sequence, query head) by log-sum-exp
+rescaling, and counts a layer's sinks there, once.
 
 With a sliding window the partitions start at the partition boundary at or before the window's
 first key, so the grid covers the window, not the context, and nothing before it is read.
+Triton only, like kernels/triton/: only the Triton attention backend imports it (on CUDA).
 """
 
 from __future__ import annotations
@@ -19,14 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_attention import (
-    LOG2E,
-    attend_tile,
-    check_features,
-    check_paged_inputs,
-    dot_types,
-    paged_strides,
-)
+from kernels.paged_attention import check_features, check_paged_inputs, paged_strides
+from kernels.triton.paged_attention import LOG2E, attend_tile, dot_types
 
 # Tokens per partition on the device (vLLM's paged attention v2 uses 512 too).
 PARTITION_SIZE = 512

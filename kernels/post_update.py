@@ -4,8 +4,8 @@ Each request of the step has computed up to seq_lens[i] (num_computed[slots[i]])
 that sampled (sample_slots[j]) gains its sampled token, written after its known tokens in
 token_ids, so the next step reads it as its input id, and counts it in num_tokens and
 num_output. One kernel, three implementations side by side: torch ops (the reference, and the
-path without either), Triton (CUDA) and C (kernels/cpu/post_update.c); post_update_for() picks
-one for a device.
+path without either), Triton (CUDA, kernels/triton/post_update.py) and C
+(kernels/cpu/post_update.c); post_update_for() picks one for a device.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import triton
-import triton.language as tl
 
 from kernels.cpu_binding import check_cpu, library
 from kernels.dispatch import kernel_for
@@ -53,56 +51,6 @@ def post_update_torch(
     ones = torch.ones_like(sample_slots)
     num_tokens.index_add_(0, sample_slots, ones)
     num_output.index_add_(0, sample_slots, ones)
-
-
-@triton.jit(do_not_specialize=["num_samples"])
-def _post_update_kernel(
-    slots_ptr,
-    seq_lens_ptr,
-    sample_slots_ptr,
-    sampled_ptr,
-    num_samples,
-    num_computed_ptr,
-    num_tokens_ptr,
-    token_ids_ptr,
-    token_stride,
-    num_output_ptr,
-):
-    i = tl.program_id(0)
-    slot = tl.load(slots_ptr + i)
-    tl.store(num_computed_ptr + slot, tl.load(seq_lens_ptr + i).to(tl.int64))
-    if i < num_samples:  # S <= B: program i also appends sampling row i's token
-        s = tl.load(sample_slots_ptr + i)
-        n = tl.load(num_tokens_ptr + s)
-        tl.store(token_ids_ptr + s * token_stride + n, tl.load(sampled_ptr + i))
-        tl.store(num_tokens_ptr + s, n + 1)
-        tl.store(num_output_ptr + s, tl.load(num_output_ptr + s) + 1)
-
-
-def post_update_triton(
-    slots: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sample_slots: torch.Tensor,
-    sampled: torch.Tensor,
-    num_computed: torch.Tensor,
-    num_tokens: torch.Tensor,
-    token_ids: torch.Tensor,
-    num_output: torch.Tensor,
-) -> None:
-    """One launch of one program per request of the step."""
-    if slots.shape[0]:
-        _post_update_kernel[(slots.shape[0],)](
-            slots,
-            seq_lens,
-            sample_slots,
-            sampled,
-            sample_slots.shape[0],
-            num_computed,
-            num_tokens,
-            token_ids,
-            token_ids.stride(0),
-            num_output,
-        )
 
 
 def post_update_cpu(
@@ -178,8 +126,16 @@ def post_update_cpu(
     )
 
 
+def _triton() -> PostUpdateFn:
+    """The Triton launcher, imported only when a CUDA device asks for it."""
+    from kernels.triton.post_update import post_update_triton
+
+    return post_update_triton
+
+
 def post_update_for(device: torch.device) -> PostUpdateFn:
     """The implementation for a device: Triton on CUDA, C on a CPU where the kernels are built,
     torch ops otherwise. Each takes (slots, seq_lens, sample_slots, sampled, num_computed,
     num_tokens, token_ids, num_output) and updates the last four in place."""
-    return kernel_for(device, post_update_triton, post_update_cpu, post_update_torch)
+    cpu_impl: PostUpdateFn = post_update_cpu  # F is the contract, not this def's own signature
+    return kernel_for(device, _triton, cpu_impl, post_update_torch)

@@ -1,6 +1,6 @@
 """GGUF-quantized matmuls of the CPU path (kernels/cpu/quant_linear.c) over weights packed by
 kernels.gguf_quant.pack(): x @ W^T, fused with an argmax for a few rows, the weight dequantized,
-and rows of it (an embedding lookup). Activations fp32. C only: on CUDA, kernels.gguf_matmul
+and rows of it (an embedding lookup). Activations fp32. C only: on CUDA, kernels.triton.gguf_matmul
 runs the same weights in kernels.gguf_device's layout.
 """
 

@@ -1,5 +1,5 @@
-"""Time the Triton GGUF matmul (kernels/gguf_matmul.py) on a model's projection shapes against
-cuBLAS on the same weights dequantized to bf16, on a GPU.
+"""Time the Triton GGUF matmul (kernels/triton/gguf_matmul.py) on a model's projection shapes
+against cuBLAS on the same weights dequantized to bf16, on a GPU.
 
     python scripts/bench_gguf_matmul.py [--types Q4_K,Q8_0] [--rows 1,4,16,64]
 
@@ -19,8 +19,8 @@ import torch
 from gguf import GGMLQuantizationType as GGMLType
 
 from bench.random_gguf import random_blocks
-from kernels import gguf_matmul
 from kernels.gguf_device import pack_device
+from kernels.triton import gguf_matmul
 
 # Llama-3-8B: (name, out, in, per layer?)
 SHAPES = {

@@ -1,5 +1,5 @@
-"""Multi-head latent attention through the Triton kernel in kernels/mla_attention.py: the CUDA
-backend of MLA models (DeepSeek-V2/V3).
+"""Multi-head latent attention through the Triton kernel in kernels/triton/mla_attention.py: the
+CUDA backend of MLA models (DeepSeek-V2/V3).
 
 The latent cache and the contract are mla_backend.py's (one vector [c_kv | k_pe] per token, one
 KV head of it; forward's k is the step's latent vectors, v their c_kv part). The kernel reads
@@ -15,7 +15,7 @@ from config.attention import attention_support
 from gpu_worker.attention.backend import AttentionBackend
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from gpu_worker.attention.mla_backend import MLATorchBackend, check_latent_kv
-from kernels.mla_attention import mla_attention, write_latent
+from kernels.triton.mla_attention import mla_attention, write_latent
 
 
 class MLATritonBackend(AttentionBackend[DeviceBatch]):

@@ -1,4 +1,5 @@
-"""Paged attention through the Triton kernels in kernels/ (the CUDA backend)."""
+"""Paged attention through the Triton kernels in kernels/triton/ (the CUDA backend); imported only
+when selected (gpu_worker/attention/select.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import torch
 from config.attention import attention_support
 from gpu_worker.attention.backend import AttentionBackend
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
-from kernels.paged_attention import paged_attention
 from kernels.paged_decode import SPLIT_MIN_SEQ_LEN, paged_decode_split, use_split_decode
-from kernels.write_kv import write_kv
+from kernels.triton.paged_attention import paged_attention
+from kernels.triton.write_kv import write_kv
 
 # The interpreter (CPU tensors, tests) has no SMs: decide as on an H100 so tests take GPU paths.
 _NOMINAL_NUM_SMS = 132

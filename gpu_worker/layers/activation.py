@@ -14,6 +14,8 @@ def silu_and_mul(y: torch.Tensor) -> torch.Tensor:
     if cpu_binding.applies(y):
         return activation.silu_and_mul_cpu(y)
     if y.device.type == "cuda" and activation.fits(y):
-        return activation.silu_and_mul(y)
+        from kernels.triton.activation import silu_and_mul as silu_and_mul_triton
+
+        return silu_and_mul_triton(y)
     gate, up = y.chunk(2, dim=-1)
     return F.silu(gate) * up

@@ -1,5 +1,6 @@
 """RMSNorm, optionally fused with the residual add: one Triton kernel on CUDA
-(kernels/rms_norm.py), the C kernels for fp32 on the CPU, else torch ops."""
+(kernels/triton/rms_norm.py, imported only there), the C kernels for fp32 on the CPU (kernels/
+rms_norm.py), else torch ops."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cuda":
             if rms_norm.flattens(x):
-                return rms_norm.rms_norm(x, self.weight, self.eps)
+                from kernels.triton.rms_norm import rms_norm as rms_norm_triton
+
+                return rms_norm_triton(x, self.weight, self.eps)
         if x.dtype == torch.float32:
             return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         y = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
@@ -34,7 +37,9 @@ class RMSNorm(nn.Module):
             return rms_norm.add_rms_norm_cpu(x, residual, self.weight, self.eps)
         if x.device.type == "cuda" and residual.shape == x.shape and residual.dtype == x.dtype:
             if rms_norm.flattens(x) and rms_norm.flattens(residual):
+                from kernels.triton.rms_norm import add_rms_norm
+
                 # One kernel: residual += x in place, then the norm of the rounded sum.
-                return rms_norm.add_rms_norm(x, residual, self.weight, self.eps)
+                return add_rms_norm(x, residual, self.weight, self.eps)
         residual = x + residual
         return self.forward(residual), residual

@@ -146,7 +146,7 @@ class GGUFTritonLinearMethod(GGUFLinearMethod[DeviceQuantWeight]):
     def __init__(self, parts: Sequence[DeviceQuantWeight]) -> None:
         runs = _runs(list(parts)) if parts else []  # rows of one type concatenate anywhere
         super().__init__(parts, [run[0] if len(run) == 1 else concat(run) for run in runs])
-        from kernels import gguf_matmul  # Triton: imported where the weights are on CUDA
+        from kernels.triton import gguf_matmul  # imported where the weights are on CUDA
 
         self._kernels = gguf_matmul
 

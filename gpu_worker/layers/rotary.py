@@ -141,11 +141,13 @@ class RotaryEmbedding(nn.Module):
 
     def apply_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate x [T, heads, head_dim] in place (one fused pass in fp32: the C kernel on the CPU,
-        kernels/rotary.py on CUDA); returns x."""
+        kernels/triton/rotary.py on CUDA); returns x."""
         if cpu_binding.applies(x) and x.stride(1) == x.shape[2] and x.stride(2) == 1:
             return rotary.rotary_cpu_(x, cos, sin)
         if x.device.type == "cuda":
             if rotary.fits(x):
-                return rotary.rotary_(x, cos, sin)
+                from kernels.triton.rotary import rotary_
+
+                return rotary_(x, cos, sin)
         x.copy_(self.apply(x, cos, sin))
         return x

@@ -1,5 +1,5 @@
-"""The fused elementwise Triton kernels (kernels/rms_norm.py, kernels/rotary.py,
-kernels/activation.py) against the torch formulas the layers run without them.
+"""The fused elementwise Triton kernels (kernels/triton/rms_norm.py, kernels/triton/rotary.py,
+kernels/triton/activation.py) against the torch formulas the layers run without them.
 
 References are computed in fp32 from the same (rounded) inputs; a 16-bit result must lie within
 one ulp of it (the device rounds to nearest, the interpreter truncates: both are within one ulp).
@@ -16,6 +16,9 @@ import torch.nn.functional as F
 from gpu_worker.layers.norm import RMSNorm
 from gpu_worker.layers.rotary import RotaryEmbedding
 from kernels import activation, rms_norm, rotary
+from kernels.triton import activation as triton_activation
+from kernels.triton import rms_norm as triton_rms_norm
+from kernels.triton import rotary as triton_rotary
 from tests.kernels.paged_inputs import cuda_only
 
 EPS = 0.1
@@ -71,7 +74,7 @@ def test_rms_norm_matches_torch(tokens, hidden, dtype, weight_dtype, device):
     weight = (1 + _rand(gen, hidden, scale=0.5)).to(weight_dtype).to(device)
     before = wide.clone()
 
-    out = rms_norm.rms_norm(x, weight, EPS)
+    out = triton_rms_norm.rms_norm(x, weight, EPS)
 
     assert out.shape == x.shape and out.is_contiguous()
     assert_within_ulp(out, _norm_ref(x, weight, EPS), dtype)
@@ -94,7 +97,7 @@ def test_rms_norm_heads_view_and_out(device):
     buf = torch.full((tokens, heads, head_dim + 8), 7.0, dtype=torch.bfloat16, device=device)
     out = buf[..., :head_dim]
 
-    result = rms_norm.rms_norm(q, weight, EPS, out=out)
+    result = triton_rms_norm.rms_norm(q, weight, EPS, out=out)
 
     assert result is out
     assert_within_ulp(out, _norm_ref(q, weight, EPS), torch.bfloat16)
@@ -106,7 +109,7 @@ def test_rms_norm_eps_and_weight_matter(device):
     gen = torch.Generator().manual_seed(3)
     x = _rand(gen, 2, 200, scale=0.5).to(device)
     weight = (1 + _rand(gen, 200, scale=0.5)).to(device)
-    out = rms_norm.rms_norm(x, weight, EPS).cpu()
+    out = triton_rms_norm.rms_norm(x, weight, EPS).cpu()
     assert not torch.allclose(out, _norm_ref(x, weight, 1e-6), rtol=1e-2)
     assert not torch.allclose(out, _norm_ref(x, torch.ones_like(weight), EPS), rtol=1e-2)
 
@@ -124,7 +127,7 @@ def test_add_rms_norm_updates_residual_in_place(tokens, hidden, dtype, device):
     weight = (1 + _rand(gen, hidden, scale=0.5)).to(dtype).to(device)
     x_before, res_before, buf_before = x.clone(), residual.clone(), res_buf.clone()
 
-    normed, res_out = rms_norm.add_rms_norm(x, residual, weight, EPS)
+    normed, res_out = triton_rms_norm.add_rms_norm(x, residual, weight, EPS)
 
     # residual now holds x + residual (in its dtype), in place; x is unchanged.
     assert res_out is residual
@@ -146,11 +149,13 @@ def test_add_rms_norm_updates_residual_in_place(tokens, hidden, dtype, device):
 def test_rms_norm_rejects_bad_inputs(device):
     x = torch.zeros(2, 8, device=device)
     with pytest.raises(AssertionError, match="weight shape"):
-        rms_norm.rms_norm(x, torch.ones(4, device=device), EPS)
+        triton_rms_norm.rms_norm(x, torch.ones(4, device=device), EPS)
     with pytest.raises(AssertionError, match="residual shape"):
-        rms_norm.add_rms_norm(x, torch.zeros(2, 4, device=device), torch.ones(8, device=device), 1)
+        triton_rms_norm.add_rms_norm(
+            x, torch.zeros(2, 4, device=device), torch.ones(8, device=device), 1
+        )
     with pytest.raises(AssertionError, match="contiguous"):
-        rms_norm.rms_norm(x.t(), torch.ones(2, device=device), EPS)
+        triton_rms_norm.rms_norm(x.t(), torch.ones(2, device=device), EPS)
     assert not rms_norm.flattens(x.t())
     assert rms_norm.flattens(torch.zeros(2, 3, 4, 8)[:, :, 1])
 
@@ -179,7 +184,7 @@ def test_rotary_matches_torch(tokens, head_dim, dtype, table_dtype, device):
     before = qkv.clone()
     expected = rope.apply(qk.float().cpu(), cos.float(), sin.float())
 
-    result = rotary.rotary_(qk, cos.to(device), sin.to(device))
+    result = triton_rotary.rotary_(qk, cos.to(device), sin.to(device))
 
     assert result is qk
     assert_within_ulp(qk, expected, dtype)
@@ -196,7 +201,7 @@ def test_rotary_position_matters(device):
     rope = RotaryEmbedding(64, 64, 10000.0)
     x = torch.randn(2, 2, 64, generator=torch.Generator().manual_seed(0)).to(device)
     cos, sin = rope.cos_sin(torch.tensor([3, 40]), torch.float32)
-    out = rotary.rotary_(x.clone(), cos.to(device), sin.to(device)).cpu()
+    out = triton_rotary.rotary_(x.clone(), cos.to(device), sin.to(device)).cpu()
     swapped = rope.apply(x.cpu(), cos.flip(0), sin.flip(0))
     assert not torch.allclose(out, swapped, atol=1e-3)
     assert_within_ulp(out, rope.apply(x.cpu(), cos, sin), torch.float32)
@@ -206,9 +211,9 @@ def test_rotary_rejects_bad_inputs(device):
     x = torch.zeros(2, 3, 8, device=device)
     cos = torch.zeros(2, 1, 8, device=device)
     with pytest.raises(AssertionError, match="even"):
-        rotary.rotary_(torch.zeros(2, 3, 7, device=device), cos[..., :7], cos[..., :7])
+        triton_rotary.rotary_(torch.zeros(2, 3, 7, device=device), cos[..., :7], cos[..., :7])
     with pytest.raises(AssertionError, match="cos shape"):
-        rotary.rotary_(x, cos[:1], cos)
+        triton_rotary.rotary_(x, cos[:1], cos)
     assert not rotary.fits(x.transpose(1, 2))
     assert rotary.fits(x)
 
@@ -230,7 +235,7 @@ def test_silu_and_mul_matches_torch(tokens, inter, dtype, device):
     wide = _rand(gen, tokens, 2 * inter + 24, scale=3.0).to(dtype).to(device)
     y = wide[:, : 2 * inter]  # strided rows
 
-    out = activation.silu_and_mul(y)
+    out = triton_activation.silu_and_mul(y)
 
     assert out.shape == (tokens, inter) and out.is_contiguous()
     assert_within_ulp(out, _silu_ref(y), dtype)
@@ -241,18 +246,18 @@ def test_silu_and_mul_matches_torch(tokens, inter, dtype, device):
 
 def test_silu_and_mul_column_blocks_and_leading_dims(device, monkeypatch):
     # Several column blocks per row, the last one partial, over [2, T, 2I].
-    monkeypatch.setattr(activation, "_INTERPRETER_BLOCK", 64)
-    monkeypatch.setattr(activation, "_BLOCK", 64)
+    monkeypatch.setattr(triton_activation, "_INTERPRETER_BLOCK", 64)
+    monkeypatch.setattr(triton_activation, "_BLOCK", 64)
     gen = torch.Generator().manual_seed(11)
     y = _rand(gen, 2, 3, 400, scale=3.0).to(torch.bfloat16).to(device)
 
-    out = activation.silu_and_mul(y)
+    out = triton_activation.silu_and_mul(y)
 
     assert out.shape == (2, 3, 200)
     assert_within_ulp(out, _silu_ref(y), torch.bfloat16)
     assert not activation.fits(y.transpose(0, 2))
     with pytest.raises(AssertionError, match="even"):
-        activation.silu_and_mul(y[..., :7])
+        triton_activation.silu_and_mul(y[..., :7])
 
 
 # --- wiring (CUDA only: on the CPU the layers keep their C-kernel and torch paths) ----------

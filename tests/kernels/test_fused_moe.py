@@ -19,10 +19,8 @@ from kernels.fused_moe import (
     fused_experts,
     fused_experts_cpu,
     fused_experts_torch,
-    fused_experts_triton,
-    moe_align,
-    padded_capacity,
 )
+from kernels.triton.fused_moe import fused_experts_triton, moe_align, padded_capacity
 from tests.kernels.paged_inputs import TOLERANCE, cuda_only
 
 HIDDEN, INTER, EXPERTS = 64, 32, 8

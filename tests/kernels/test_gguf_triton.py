@@ -1,8 +1,8 @@
-"""The Triton GGUF kernels (kernels/gguf_matmul.py on kernels/gguf_device.py's planes) against
-gguf's dequantize, bit for bit, and against dequantize-then-matmul in float64 for the matmul:
-every type they run, an odd number of output rows (a partial last block of them), K past one
-tile, the one-row and the few-rows kernels, the dequantize-then-cuBLAS path for many rows,
-bias, outputs written into a wider tensor, and 16-bit activations.
+"""The Triton GGUF kernels (kernels/triton/gguf_matmul.py on kernels/gguf_device.py's planes)
+against gguf's dequantize, bit for bit, and against dequantize-then-matmul in float64 for the
+matmul: every type they run, an odd number of output rows (a partial last block of them), K past one
+tile, the one-row and the few-rows kernels, the dequantize-then-cuBLAS path for many rows, bias,
+outputs written into a wider tensor, and 16-bit activations.
 
 On the CPU they run under Triton's interpreter (tests/conftest.py); shapes stay small."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as GGMLType
 
-from kernels import gguf_matmul
 from kernels.gguf_device import DeviceQuantWeight, concat, pack_device
+from kernels.triton import gguf_matmul
 from tests.kernels.test_quant_linear import TYPES, quantized
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import paged_attention as pa_module
 from kernels import paged_decode as pd_module
-from kernels import write_kv as kv_module
-from kernels.paged_attention import paged_attention
 from kernels.paged_decode import paged_decode_split
-from kernels.write_kv import write_kv
+from kernels.triton import paged_attention as pa_module
+from kernels.triton import write_kv as kv_module
+from kernels.triton.paged_attention import paged_attention
+from kernels.triton.write_kv import write_kv
 from tests.kernels.paged_inputs import make_batch
 
 native = pytest.importorskip("triton._C.libtriton", reason="Triton's native module")

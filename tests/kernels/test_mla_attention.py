@@ -1,5 +1,5 @@
-"""kernels/mla_attention.py: the Triton latent attention and latent write (TRITON_INTERPRET=1 on
-the CPU, tests/conftest.py) against the torch reference, on scattered blocks with decodes,
+"""kernels/triton/mla_attention.py: the Triton latent attention and latent write (TRITON_INTERPRET=1
+on the CPU, tests/conftest.py) against the torch reference, on scattered blocks with decodes,
 prefill and chunks after cached context; and the reference against dense attention."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.mla_attention import mla_attention, mla_attention_ref, write_latent
+from kernels.mla_attention import mla_attention_ref
+from kernels.triton.mla_attention import mla_attention, write_latent
 
 LATENT, ROPE = 32, 16
 

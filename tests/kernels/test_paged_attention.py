@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from kernels.paged_attention import paged_attention, paged_attention_ref
+from kernels.paged_attention import paged_attention_ref
+from kernels.triton.paged_attention import paged_attention
 from tests.kernels.paged_inputs import assert_close_to_reference, cuda_only, make_batch
 
 __all__ = ["make_batch"]  # tests/kernels/test_cpu_kernels.py imports it from here

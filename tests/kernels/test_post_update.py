@@ -7,12 +7,8 @@ import pytest
 import torch
 
 from kernels import cpu_binding
-from kernels.post_update import (
-    post_update_cpu,
-    post_update_for,
-    post_update_torch,
-    post_update_triton,
-)
+from kernels.post_update import post_update_cpu, post_update_for, post_update_torch
+from kernels.triton.post_update import post_update_triton
 from tests.kernels.paged_inputs import DEVICE
 
 

@@ -13,8 +13,8 @@ from kernels.prepare_inputs import (
     prepare_inputs_cpu,
     prepare_inputs_for,
     prepare_inputs_torch,
-    prepare_inputs_triton,
 )
+from kernels.triton.prepare_inputs import prepare_inputs_triton
 from tests.kernels.paged_inputs import DEVICE
 
 BLOCK_SIZE = 16

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.write_kv import write_kv, write_kv_ref
+from kernels.triton.write_kv import write_kv
+from kernels.write_kv import write_kv_ref
 
 
 @pytest.mark.parametrize(

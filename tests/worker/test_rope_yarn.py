@@ -12,7 +12,8 @@ import torch
 
 from config.model_arch import ModelArchConfig
 from gpu_worker.layers.rotary import RotaryEmbedding, yarn_attention_factor
-from kernels import cpu_binding, rotary
+from kernels import cpu_binding
+from kernels.triton import rotary
 from tests.kernels.paged_inputs import DEVICE
 
 HEAD_DIM, THETA, MAX_POS = 64, 150000.0, 4096
