@@ -30,10 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu_binding import available, check_cpu, library
+from kernels.moe_activation import ACTIVATION_CODES, ACTIVATIONS
 
-ACTIVATIONS = ("silu", "swigluoai")
-# The kernels' code for each (kernels/cpu/fused_moe.c's enum).
-_ACTIVATION_CODES = {"silu": 0, "swigluoai": 1}
 _OAI_ALPHA = 1.702
 
 
@@ -148,7 +146,7 @@ def fused_experts_cpu(
     """fused_experts_torch's result by the C kernel, for fp32 CPU tensors and weights laid out
     by block_experts_cpu; ValueError for a layout it would misread or an expert id out of
     range."""
-    if activation not in _ACTIVATION_CODES:
+    if activation not in ACTIVATION_CODES:
         raise ValueError(
             f"MoE activation {activation!r} is not supported: {', '.join(ACTIVATIONS)}"
         )
@@ -205,7 +203,7 @@ def fused_experts_cpu(
         None if b2 is None else b2.data_ptr(),
         experts,
         inter,
-        _ACTIVATION_CODES[activation],
+        ACTIVATION_CODES[activation],
         swiglu_limit is not None,
         0.0 if swiglu_limit is None else swiglu_limit,
         out.data_ptr(),

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fused_moe import _ACTIVATION_CODES, ACTIVATIONS
+from kernels.moe_activation import ACTIVATION_CODES, ACTIVATIONS
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -236,7 +236,7 @@ def fused_experts_triton(
     """fused_experts_torch's result by the Triton kernels (CUDA, or the CPU under
     TRITON_INTERPRET=1): [T, H] in x's dtype, products accumulated in fp32, the activation
     output h rounded to x's dtype. block_m (a power of two >= 16) overrides the heuristic."""
-    if activation not in _ACTIVATION_CODES:
+    if activation not in ACTIVATION_CODES:
         raise ValueError(
             f"MoE activation {activation!r} is not supported: {', '.join(ACTIVATIONS)}"
         )
@@ -283,7 +283,7 @@ def fused_experts_triton(
         0.0 if swiglu_limit is None else float(swiglu_limit),
         TOP_K=top_k,
         HAS_BIAS=b13 is not None,
-        ACTIVATION=_ACTIVATION_CODES[activation],
+        ACTIVATION=ACTIVATION_CODES[activation],
         HAS_LIMIT=swiglu_limit is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.prepare_inputs import PreparedInputs, check_outputs, empty_outputs
+from kernels.step_inputs import PreparedInputs, check_outputs, empty_outputs
 
 
 # Arguments that change every step must not make Triton compile a variant per value.
