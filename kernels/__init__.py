@@ -22,6 +22,9 @@ inside the caller's CUDA branch or by a backend module that is itself imported o
 and the C binding the same name ending in _cpu.
 An op whose choice depends on the tensors' layout, not only their device (grammar_bitmask),
 dispatches under its plain name.
+What both an op's module and its Triton module need lives in a third one (step_inputs:
+prepare_inputs' outputs; moe_activation: fused_moe's activations), so that the dispatcher's lazy
+import of the Triton module makes no import loop (tests/test_import_direction.py).
 
 The ops: paged_attention, paged_decode (split-K decode), write_kv, mla_attention (latent attention);
 fused_moe (mixture of experts); activation (SwiGLU's silu_and_mul), rms_norm, rotary; linear (the
