@@ -7,7 +7,7 @@ gpu_worker/decode_inputs.py); a decode step of B requests writes its inputs stra
 buffers (InputPreparer) and replays the graph of the smallest captured size >= B. Mixed and
 prefill steps run eagerly.
 
-Attention's split-context decode (kernels/paged_decode.py) picks its grid from the longest
+Attention's split-context decode (kernels/triton/paged_decode.py) picks its grid from the longest
 context, a host value; a graph is captured with the grid of max_model_len, whose partitions past
 a sequence's length return at once, so sizes that split get a second graph for long contexts.
 All graphs share one memory pool, captured largest first so smaller ones reuse its blocks.

@@ -2,9 +2,9 @@
 
 One layout for every op: kernels/<op>.py holds what runs without Triton, kernels/triton/<op>.py the
 op's Triton kernels, and kernels/cpu/<op>.c the C source of its CPU kernel. Only the modules under
-kernels/triton/ and kernels/paged_decode.py (Triton only) import triton, and nothing imports them
-until a Triton kernel is about to run (on CUDA, or in the tests under TRITON_INTERPRET=1): a CPU
-process never imports Triton (tests/test_no_triton_on_cpu.py).
+kernels/triton/ import triton, and nothing imports them until a Triton kernel is about to run (on
+CUDA, or in the tests under TRITON_INTERPRET=1): a CPU process never imports Triton
+(tests/test_no_triton_on_cpu.py).
 - kernels/triton/<op>.py: the Triton kernel and its launcher;
 - in kernels/<op>.py, <name>_cpu: the binding of the C kernel, for fp32 CPU tensors; it checks
   the layout it hands to C (kernels/cpu_binding.py) and calls the library kernels/cpu_library.py
@@ -16,10 +16,10 @@ process never imports Triton (tests/test_no_triton_on_cpu.py).
   (kernels/dispatch.py: the Triton launcher comes from a function that imports its module, called
   only for CUDA); then the Triton launcher is <name>_triton.
 An op keeps the parts it has: linear, quant_linear and argmax are C only, paged_decode and
-gguf_matmul Triton only (kernels/paged_decode.py, kernels/triton/gguf_matmul.py). Where the caller
-chooses (an attention backend, a layer), the Triton launcher has the op's plain name, imported
-inside the caller's CUDA branch or by a backend module that is itself imported only when selected,
-and the C binding the same name ending in _cpu.
+gguf_matmul Triton only (kernels/triton/ alone). Where the caller chooses (an attention backend, a
+layer), the Triton launcher has the op's plain name, imported inside the caller's CUDA branch or by
+a backend module that is itself imported only when selected, and the C binding the same name ending
+in _cpu.
 An op whose choice depends on the tensors' layout, not only their device (grammar_bitmask),
 dispatches under its plain name.
 What both an op's module and its Triton module need lives in a third one (step_inputs:

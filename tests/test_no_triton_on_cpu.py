@@ -35,8 +35,7 @@ _TRITON_USERS = {
 }
 
 
-# The Triton-only op module outside kernels/triton/.
-_TRITON_OPS = ("kernels.triton", "kernels.paged_decode")
+_TRITON_OPS = ("kernels.triton",)
 
 
 def _is_triton(module: str) -> bool:
@@ -73,7 +72,7 @@ for model in sys.argv[1:]:
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     tokens = llm.generate([[1, 5, 9, 13]], params)[0].outputs[0].token_ids
     triton = sorted(m for m in sys.modules if m == "triton" or m.startswith("triton.")
-                    or m.startswith(("kernels.triton", "kernels.paged_decode")))
+                    or m.startswith("kernels.triton"))
     found[model] = {"tokens": len(tokens), "triton": triton}
 print(json.dumps(found))
 """
@@ -134,13 +133,12 @@ def _top_level_imports(tree: ast.Module) -> list[str]:
     ],
 )
 def test_only_kernels_triton_imports_triton(package: str) -> None:
-    """No module outside kernels/triton/ (and paged_decode) imports triton when it is imported,
-    and none but the Triton attention backends (imported when selected) imports those modules
-    that way."""
+    """No module outside kernels/triton/ imports triton when it is imported, and none but the
+    Triton attention backends (imported when selected) imports kernels.triton that way."""
     offenders = []
     for path in sorted((ROOT / package).rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("kernels/triton/") or rel == "kernels/paged_decode.py":
+        if rel.startswith("kernels/triton/"):
             continue
         names = _top_level_imports(ast.parse(path.read_text(), rel))
         bad = [n for n in names if n == "triton" or n.startswith("triton.")]

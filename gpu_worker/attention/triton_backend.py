@@ -10,8 +10,8 @@ import torch
 from config.attention import attention_support
 from gpu_worker.attention.backend import AttentionBackend
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
-from kernels.paged_decode import SPLIT_MIN_SEQ_LEN, paged_decode_split, use_split_decode
 from kernels.triton.paged_attention import paged_attention
+from kernels.triton.paged_decode import SPLIT_MIN_SEQ_LEN, paged_decode_split, use_split_decode
 from kernels.triton.write_kv import write_kv
 
 # The interpreter (CPU tensors, tests) has no SMs: decide as on an H100 so tests take GPU paths.

@@ -11,8 +11,8 @@ import torch
 from gpu_worker.attention.metadata import DeviceBatch
 from gpu_worker.attention.triton_backend import TritonAttentionBackend
 from kernels.paged_attention import paged_attention_ref
-from kernels.paged_decode import SPLIT_MIN_SEQ_LEN, num_partitions, paged_decode_split
 from kernels.triton.paged_attention import paged_attention
+from kernels.triton.paged_decode import SPLIT_MIN_SEQ_LEN, num_partitions, paged_decode_split
 from tests.kernels.paged_inputs import assert_close_to_reference, make_batch
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import paged_decode as pd_module
-from kernels.paged_decode import paged_decode_split
 from kernels.triton import paged_attention as pa_module
+from kernels.triton import paged_decode as pd_module
 from kernels.triton import write_kv as kv_module
 from kernels.triton.paged_attention import paged_attention
+from kernels.triton.paged_decode import paged_decode_split
 from kernels.triton.write_kv import write_kv
 from tests.kernels.paged_inputs import make_batch
 

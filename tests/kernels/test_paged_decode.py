@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernels.paged_attention import paged_attention_ref
-from kernels.paged_decode import (
+from kernels.triton.paged_decode import (
     PARTITION_SIZE,
     SPLIT_MIN_SEQ_LEN,
     num_partitions,

@@ -11,7 +11,7 @@ from gpu_worker.attention import triton_backend
 from gpu_worker.attention.metadata import DeviceBatch
 from gpu_worker.attention.triton_backend import TritonAttentionBackend
 from kernels.paged_attention import paged_attention_ref
-from kernels.paged_decode import SPLIT_MIN_SEQ_LEN
+from kernels.triton.paged_decode import SPLIT_MIN_SEQ_LEN
 from kernels.write_kv import write_kv_ref
 from tests.kernels.paged_inputs import assert_close_to_reference, make_batch
 

@@ -138,7 +138,7 @@ def test_greedy_with_graphs_equals_eager(tiny, monkeypatch, async_scheduling):
 
 @cuda_only
 def test_long_contexts_replay_the_split_attention_graphs(tiny, monkeypatch):
-    # A 2100-token prompt: decode attention splits its context (kernels/paged_decode.py).
+    # A 2100-token prompt: decode attention splits its context (kernels/triton/paged_decode.py).
     prompts = [[(7 * j) % 500 + 3 for j in range(2100)], list(range(5, 40))]
     eager, _ = _generate(tiny, prompts, [8, 8], monkeypatch, enforce_eager=True)
     graphs, replays = _generate(tiny, prompts, [8, 8], monkeypatch, cuda_graph_sizes=[1, 2, 4])

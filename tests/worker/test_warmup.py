@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from gpu_worker.attention.triton_backend import TritonAttentionBackend
 from gpu_worker.warmup import warm_up_shapes
-from kernels import paged_decode as pd_module
 from kernels.triton import paged_attention as pa_module
+from kernels.triton import paged_decode as pd_module
 from kernels.triton import write_kv as kv_module
 from protocol.sampling_params import SamplingParams
 from tests.kernels.test_kernel_specialization import Launches, specialization_key

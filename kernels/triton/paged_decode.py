@@ -9,7 +9,6 @@ rescaling, and counts a layer's sinks there, once.
 
 With a sliding window the partitions start at the partition boundary at or before the window's
 first key, so the grid covers the window, not the context, and nothing before it is read.
-Triton only, like kernels/triton/: only the Triton attention backend imports it (on CUDA).
 """
 
 from __future__ import annotations
