@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpu_worker.layers.moe_routing import MoERouting, select_experts
+from config.moe_arch import MoERouting
+from gpu_worker.layers.moe_routing import select_experts
 from gpu_worker.parallel.group import expert_parallel, tp_all_reduce, tp_rank, tp_world_size
 from kernels.fused_moe import (
     ACTIVATIONS,

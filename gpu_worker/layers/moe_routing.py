@@ -13,8 +13,6 @@ import torch
 
 from config.moe_arch import MoERouting
 
-__all__ = ["MoERouting", "select_experts"]
-
 
 def select_experts(
     router_logits: torch.Tensor,

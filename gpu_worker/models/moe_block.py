@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from config.moe_arch import MoERouting
 from gpu_worker.layers.fused_moe import FusedMoE
-from gpu_worker.layers.moe_routing import MoERouting
 
 
 class Router(nn.Module):

@@ -231,8 +231,8 @@ def test_cpu_kernel_refuses_what_it_would_misread() -> None:
 def test_layer_cpu_layout_gives_the_stacked_layouts_output() -> None:
     """FusedMoE.use_cpu_layout (the loader's CPU pass) switches the layer to the C kernel with
     the same result; with 48-wide experts (not a multiple of 32) it keeps the stacked layout."""
+    from config.moe_arch import MoERouting
     from gpu_worker.layers.fused_moe import FusedMoE
-    from gpu_worker.layers.moe_routing import MoERouting
 
     if not available():
         pytest.skip("the C kernels are not built here")

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
+from config.moe_arch import MoERouting
 from gpu_worker.layers.fused_moe import FusedMoE
-from gpu_worker.layers.moe_routing import MoERouting
 from gpu_worker.parallel import group
 
 HIDDEN, INTER, EXPERTS, TOKENS = 32, 24, 8, 11
