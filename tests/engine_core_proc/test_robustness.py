@@ -214,12 +214,13 @@ def test_engine_core_exits_when_its_parent_dies(engine_args):
 
 
 def test_start_up_failure_is_reported(engine_args, tmp_path):
-    # The configuration resolves (config.json and the tokenizer are there); loading the
-    # weights fails in the child.
-    model = tmp_path / "no-weights"
+    # The configuration resolves (config.json, the tokenizer and a weights file are there);
+    # reading the weights, which are not safetensors, fails in the child.
+    model = tmp_path / "bad-weights"
     shutil.copytree(
         engine_args["model"], model, ignore=shutil.ignore_patterns("*.safetensors", "*.bin")
     )
+    (model / "model.safetensors").write_bytes(b"not a safetensors file")
     args = {**engine_args, "model": str(model)}
     with pytest.raises(EngineDeadError, match="exited with code 1 during start-up"):
         EngineCoreClient(engine_args=args, startup_timeout=60)
