@@ -95,8 +95,13 @@ def _arch(**fields) -> ModelArchConfig:
 def test_the_sliding_window_is_read_where_the_config_turns_it_on():
     assert _arch().sliding_window is None
     assert _arch(sliding_window=4096).sliding_window == 4096  # Mistral: on when given
-    assert _arch(sliding_window=4096, use_sliding_window=False).sliding_window is None  # Qwen2
-    assert _arch(sliding_window=4096, use_sliding_window=True).sliding_window == 4096
+    # Mistral ignores use_sliding_window, as transformers does; Qwen2 reads it, then windows
+    # the layers from max_window_layers on.
+    assert _arch(sliding_window=4096, use_sliding_window=False).sliding_window == 4096
+    qwen2 = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", sliding_window=4096)
+    assert _arch(**qwen2, use_sliding_window=False).sliding_window is None
+    assert _arch(**qwen2, use_sliding_window=True, max_window_layers=0).sliding_window == 4096
+    assert _arch(**qwen2, use_sliding_window=True, max_window_layers=2).sliding_window is None
     full = ["full_attention", "full_attention"]
     assert _arch(sliding_window=4096, layer_types=full).sliding_window is None
     mixed = ["sliding_attention", "full_attention"]
