@@ -15,7 +15,7 @@ from config.cache import CacheConfig
 from config.checkpoint import check_checkpoint
 from config.device import DeviceConfig
 from config.errors import ConfigError
-from config.family_arch import check_family_config
+from config.family_arch import FAMILY_PARSERS, check_family_config
 from config.generation_config import check_generation_config, default_sampling_params
 from config.load import LoadConfig
 from config.model import ModelConfig
@@ -111,6 +111,14 @@ class EngineConfig:
             raise ConfigError(
                 f"tensor_parallel_size {tp} must divide the number of attention heads ({heads}) "
                 f"and of KV heads ({kv_heads})"
+            )
+        # A dense family's every gated MLP splits intermediate_size over the ranks (a mixture of
+        # experts' split is check_family_config's).
+        if self.arch.architecture not in FAMILY_PARSERS and self.arch.intermediate_size % tp:
+            raise ConfigError(
+                f"model {Path(self.model_path).name} ({self.arch.architecture}): config.json's "
+                f"intermediate_size ({self.arch.intermediate_size}) is not divisible by "
+                f"tensor_parallel_size {tp}"
             )
         return self
 

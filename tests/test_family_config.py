@@ -244,6 +244,31 @@ def test_experts_that_do_not_split_over_the_ranks_are_refused_when_resolving(
     resolved_config(model=str(folder), device="cpu", load_format="dummy", **parallel)
 
 
+def test_a_dense_mlp_that_does_not_split_over_the_ranks_is_refused_when_resolving(tmp_path):
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 129,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ConfigError,
+        match=r"model llama \(LlamaForCausalLM\): config.json's intermediate_size \(129\) is "
+        r"not divisible by tensor_parallel_size 2",
+    ):
+        resolved_config(
+            model=str(folder), device="cpu", load_format="dummy", tensor_parallel_size=2
+        )
+    resolved_config(model=str(folder), device="cpu", load_format="dummy")
+
+
 def test_cli_refuses_a_family_field_in_one_line_with_status_2(tmp_path, capsys):
     """The reviewer's reproduction: a tiny Qwen3-MoE with use_sliding_window printed two
     tracebacks and EngineDeadError from the engine core; now one line, exit status 2."""
