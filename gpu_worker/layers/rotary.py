@@ -118,10 +118,11 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         self.half = head_dim // 2
         # YaRN scales cos and sin (so q.k by its square); the kernels take the tables as they are.
-        magnitude = 1.0
+        cos, sin = emb.cos(), emb.sin()
         if scaling is not None and _rope_type(scaling) == "yarn":
             magnitude = yarn_attention_factor(scaling)
-        cos, sin = emb.cos() * magnitude, emb.sin() * magnitude
+            cos *= magnitude
+            sin *= magnitude
         sin[:, : self.half] *= -1  # folds rotate-half's negation into the table
         self.register_buffer("cos", cos.float(), persistent=False)
         self.register_buffer("sin", sin.float(), persistent=False)
