@@ -179,7 +179,7 @@ def test_disabled_by_environment() -> None:
     assert cpu_binding.available()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 12, 13, 29, 300])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11, 12, 13, 29, 300])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_matches_matmul(rows: int, bias: bool) -> None:
     gen = torch.Generator().manual_seed(rows)
