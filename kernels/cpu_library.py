@@ -54,6 +54,10 @@ _SIGNATURES = {
     "silu_and_mul_f32": (None, [_P, _I64, _P, _I64, _I64, _I64, _I32]),
     "add_rms_norm_f32": (None, [_P, _P, _P, _P, _I64, _I64, _F32, _I32]),
     "rotary_f32": (None, [_P, _I64, _I64, _I32, _I32, _P, _P, _I32]),
+    "qk_norm_rotary_f32": (
+        None,
+        [_P, _I64, _I64, _I32, _I32, _I32, _P, _P, _F32, _P, _P, _I32],
+    ),
     "quant_linear_f32": (_I32, [_I32, _P, _I64, _P, _P, _P, _I64, _I64, _I32, _I32, _I32]),
     "quant_dequantize_f32": (_I32, [_I32, _P, _P, _I64, _I32, _I32, _I32]),
     "quant_rows_f32": (_I32, [_I32, _P, _I32, _I32, _P, _I64, _P, _I32]),

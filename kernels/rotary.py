@@ -49,3 +49,47 @@ def rotary_cpu_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
         torch.get_num_threads(),
     )
     return x
+
+
+def qk_norm_rotary_cpu_(
+    x: torch.Tensor,
+    q_heads: int,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
+    """Per-head RMSNorm (q_weight over the first q_heads heads, k_weight over the rest), then
+    rotary_cpu_'s rotation, in place on x [T, q_heads + k_heads, D]; returns x."""
+    for t, name in ((q_weight, "q_weight"), (k_weight, "k_weight")):
+        check_cpu(t, name)
+        if t.shape != x.shape[-1:] or not t.is_contiguous():
+            raise ValueError(f"{name} {tuple(t.shape)} is not a packed [{x.shape[-1]}]")
+    if not 0 <= q_heads <= x.shape[1]:
+        raise ValueError(f"q_heads {q_heads} out of range for x {tuple(x.shape)}")
+    for t, name in ((x, "x"), (cos, "cos"), (sin, "sin")):
+        check_cpu(t, name)
+    check_rows(x, "x")
+    tokens, heads, head_dim = x.shape
+    if (
+        not (cos.is_contiguous() and sin.is_contiguous())
+        or cos.numel() != tokens * head_dim
+        or sin.shape != cos.shape
+    ):
+        raise ValueError(f"rotary tables {tuple(cos.shape)} do not match x {tuple(x.shape)}")
+    library().qk_norm_rotary_f32(
+        x.data_ptr(),
+        x.stride(0),
+        tokens,
+        q_heads,
+        heads - q_heads,
+        head_dim,
+        q_weight.data_ptr(),
+        k_weight.data_ptr(),
+        eps,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return x

@@ -152,3 +152,22 @@ class RotaryEmbedding(nn.Module):
                 return rotary_(x, cos, sin)
         x.copy_(self.apply(x, cos, sin))
         return x
+
+    def fuses_qk_norm(self, x: torch.Tensor) -> bool:
+        """Whether qk_norm_apply_ runs in one C kernel on x [T, heads, head_dim]: fp32 CPU tensors
+        with the kernels built and each token's heads packed."""
+        return cpu_binding.applies(x) and x.stride(1) == x.shape[2] and x.stride(2) == 1
+
+    def qk_norm_apply_(
+        self,
+        x: torch.Tensor,
+        q_heads: int,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        eps: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per-head RMSNorm of q (x's first q_heads heads, q_weight) and k (the rest, k_weight)
+        then the rotation, in place on x in one pass (where fuses_qk_norm); returns x."""
+        return rotary.qk_norm_rotary_cpu_(x, q_heads, q_weight, k_weight, eps, cos, sin)

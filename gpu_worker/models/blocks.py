@@ -87,18 +87,18 @@ class SelfAttention(nn.Module):
         qkv = self.qkv_proj(x)
         tokens, heads, kv_heads = qkv.shape[0], self.num_heads, self.num_kv_heads
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, kv_heads, self.head_dim)
-        if self.qk_norm:
-            q = self.q_norm(qkv[:, : self.q_size].reshape(tokens, heads, self.head_dim))
-            k = self.k_norm(
-                qkv[:, self.q_size : self.q_size + self.kv_size].reshape(
-                    tokens, kv_heads, self.head_dim
-                )
-            )
+        qk = qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, self.head_dim)
+        if self.qk_norm and not rotary.fuses_qk_norm(qk):
+            q, k = self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])
             q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
         else:
-            # q and k rotate together: one set of ops instead of two.
-            qk = qkv[:, : self.q_size + self.kv_size].view(tokens, heads + kv_heads, self.head_dim)
-            q, k = rotary.apply_(qk, cos, sin).split([heads, kv_heads], dim=1)
+            if self.qk_norm:  # both norms and both rotations in one C pass, in place in qkv
+                qk = rotary.qk_norm_apply_(
+                    qk, heads, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin
+                )
+            else:  # q and k rotate together: one set of ops instead of two
+                qk = rotary.apply_(qk, cos, sin)
+            q, k = qk.split([heads, kv_heads], dim=1)
         out = self.attn(q, k, v)
         return self.o_proj(out.reshape(-1, self.q_size))
 

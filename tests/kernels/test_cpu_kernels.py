@@ -11,7 +11,7 @@ from gpu_worker.layers.rotary import RotaryEmbedding
 from kernels import activation, argmax, cpu_binding, rms_norm
 from kernels import linear as cpu_linear
 from kernels.paged_attention import paged_attention_cpu, paged_attention_ref
-from kernels.rotary import rotary_cpu_
+from kernels.rotary import qk_norm_rotary_cpu_, rotary_cpu_
 from kernels.write_kv import write_kv_cpu, write_kv_ref
 from tests.kernels.library_env import library_env
 from tests.kernels.test_paged_attention import make_batch
@@ -164,6 +164,32 @@ def test_rotary_in_place_matches_rotate_half(head_dim: int) -> None:
     assert rotary_cpu_(qk, cos, sin) is qk
     torch.testing.assert_close(qk, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(qkv[:, 8 * head_dim :], rest)  # v untouched
+
+
+@pytest.mark.parametrize("head_dim,tokens", [(64, 6), (128, 6), (64, 300)])
+def test_qk_norm_rotary_matches_norms_then_rotation(head_dim: int, tokens: int) -> None:
+    """Qwen3's per-head q/k norms and the rotation in one pass equal torch's rms_norm of q and of k
+    (each with its weight) then rotate-half; v, after q and k in the row, is untouched."""
+    rotary = RotaryEmbedding(head_dim, 4096, 10000.0)
+    positions = torch.randint(0, 4096, (tokens,))
+    cos, sin = rotary.cos_sin(positions, torch.float32)
+    qkv = torch.randn(tokens, 12 * head_dim)  # 6 q heads, 2 k heads, then 4 heads of v
+    q_weight, k_weight = torch.rand(head_dim) + 0.5, torch.rand(head_dim) + 0.5
+    qk = qkv[:, : 8 * head_dim].view(tokens, 8, head_dim)
+    norm = torch.nn.functional.rms_norm
+    expected = torch.cat(
+        [
+            rotary.apply(norm(qk[:, :6], (head_dim,), q_weight, 1e-6), cos, sin),
+            rotary.apply(norm(qk[:, 6:], (head_dim,), k_weight, 1e-6), cos, sin),
+        ],
+        dim=1,
+    )
+    rest = qkv[:, 8 * head_dim :].clone()
+    assert qk_norm_rotary_cpu_(qk, 6, q_weight, k_weight, 1e-6, cos, sin) is qk
+    torch.testing.assert_close(qk, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(qkv[:, 8 * head_dim :], rest)
+    with pytest.raises(ValueError, match="q_weight"):
+        qk_norm_rotary_cpu_(qk, 6, q_weight[:-1], k_weight, 1e-6, cos, sin)
 
 
 def test_disabled_by_environment() -> None:
