@@ -92,7 +92,9 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
     output_lens = rng.integers(16, 129, 64).tolist()
     prompts = random_prompts(llm.get_tokenizer(), rng, prompt_lens)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in output_lens]
-    llm.generate(prompts[:4], params[:4], use_tqdm=False)  # warm-up
+    # Warm-up on other prompts: the measured ones must not start with their prefix cached.
+    warm = random_prompts(llm.get_tokenizer(), np.random.default_rng(1), prompt_lens[:4])
+    llm.generate([{"prompt_token_ids": p} for p in warm], params[:4], use_tqdm=False)
     elapsed = timed(
         lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     )
