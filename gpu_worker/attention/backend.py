@@ -77,6 +77,7 @@ class AttentionBackend(ABC, Generic[Metadata]):
         *,
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """Write this step's k and v ([T, Hkv, D]) into kv_cache at the metadata's slots (a
         slot of -1 writes nothing), then attend q ([T, Hq, D], Hq a multiple of Hkv) causally
@@ -85,7 +86,8 @@ class AttentionBackend(ABC, Generic[Metadata]):
         The layer's features, passed only where it has them (a backend whose support lacks one
         is never handed it: selection refuses the model first): sliding_window, a query at
         position p attends to keys at p - sliding_window + 1 .. p only; sinks [Hq], a logit per
-        query head added to the softmax's denominator (exp(sink)) that attends to nothing."""
+        query head added to the softmax's denominator (exp(sink)) that attends to nothing;
+        logits_soft_cap c, each scaled score s becomes c * tanh(s / c) before the softmax."""
 
     def graph_metadata(self, buffers: DeviceBatch, device: torch.device) -> Metadata:
         """The metadata a captured decode graph holds (asked only when supports_cuda_graphs):

@@ -77,6 +77,7 @@ class CpuAttentionBackend(AttentionBackend[CpuAttnMetadata]):
         *,
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; writes k/v into the cache, returns [T, Hq, D]."""
         key_cache, value_cache = self.split_cache(kv_cache)

@@ -78,12 +78,15 @@ class MLATorchBackend(AttentionBackend[MLAMetadata]):
         *,
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """q: [T, H, L] the absorbed queries ([q_nope W_UK | q_pe]); k: [T, 1, L] this step's
         latent vectors [c_kv | k_pe], written into the cache at the slots; v: k's first Dv
         elements (c_kv), which the cache already holds, so it is not written. Returns [T, H, Dv],
         each head's attention-weighted sum of its context's c_kv."""
-        assert sliding_window is None and sinks is None, "the MLA backend's support has neither"
+        assert sliding_window is None and sinks is None and logits_soft_cap is None, (
+            "the MLA backend's support has none of them"
+        )
         check_latent_kv(k, v)
         cache = kv_cache.view(-1, kv_cache.shape[-1])
         cache.index_copy_(0, meta.slot_mapping, k[:, 0])

@@ -62,6 +62,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttnMetadata]):
         *,
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; writes k/v into the cache, returns [T, Hq, D]."""
         num_kv_heads, head_dim = k.shape[1], k.shape[2]

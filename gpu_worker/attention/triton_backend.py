@@ -73,6 +73,7 @@ class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
         *,
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]. A layer whose window is shorter
         than the split's threshold reads too few keys to gain from splitting them: it takes the

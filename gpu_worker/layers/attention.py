@@ -28,11 +28,14 @@ class Attention(nn.Module):
         *,
         sliding_window: int | None = None,
         sinks: bool = False,
+        logits_soft_cap: float | None = None,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window = sliding_window
+        # Gemma 2: scores become cap * tanh(scores / cap) before the softmax (scores scaled).
+        self.logits_soft_cap = logits_soft_cap
         self.sinks: nn.Parameter | None = None
         if sinks:
             self.sinks = nn.Parameter(torch.empty(num_heads), requires_grad=False)
@@ -48,4 +51,6 @@ class Attention(nn.Module):
             features["sliding_window"] = self.sliding_window
         if self.sinks is not None:
             features["sinks"] = self.sinks
+        if self.logits_soft_cap is not None:
+            features["logits_soft_cap"] = self.logits_soft_cap
         return step.backend.forward(q, k, v, self.kv_cache, step.metadata, self.scale, **features)

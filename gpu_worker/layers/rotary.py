@@ -116,6 +116,9 @@ class RotaryEmbedding(nn.Module):
             torch.arange(max_positions, dtype=torch.float64), _inv_freq(head_dim, theta, scaling)
         )
         emb = torch.cat([freqs, freqs], dim=-1)
+        self.head_dim = head_dim
+        # The leading dims of each head that rotate (all here; Phi's partial_rotary_factor less).
+        self.rotary_dim = head_dim
         self.half = head_dim // 2
         # YaRN scales cos and sin (so q.k by its square); the kernels take the tables as they are.
         cos, sin = emb.cos(), emb.sin()

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from config.model_arch import ModelArchConfig
+from gpu_worker.layers.activation import GATED_ACTIVATIONS
 from gpu_worker.layers.attention import Attention
 from gpu_worker.layers.cpu_linear import SwiGLUPairsLinearMethod
 from gpu_worker.layers.norm import RMSNorm
@@ -47,8 +48,12 @@ class SelfAttention(nn.Module):
         qk_norm: bool = False,
         sliding_window: int | None = None,
         sinks: bool = False,
+        scale: float | None = None,
+        logits_soft_cap: float | None = None,
     ) -> None:
-        """sliding_window, sinks: this layer's (gpu_worker/layers/attention.py's Attention)."""
+        """sliding_window, sinks, logits_soft_cap: this layer's (gpu_worker/layers/attention.py's
+        Attention); scale: the scores' factor (default head_dim ** -0.5; Gemma's
+        query_pre_attn_scalar ** -0.5, Granite's attention_multiplier)."""
         super().__init__()
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.num_heads = divide(heads, "num_attention_heads")
@@ -68,9 +73,10 @@ class SelfAttention(nn.Module):
             self.num_heads,
             self.num_kv_heads,
             self.head_dim,
-            self.head_dim**-0.5,
+            self.head_dim**-0.5 if scale is None else scale,
             sliding_window=sliding_window,
             sinks=sinks,
+            logits_soft_cap=logits_soft_cap,
         )
 
     def shard_slice(self, shard_id: str | int) -> tuple[int, int]:
@@ -111,18 +117,27 @@ class GatedMLP(nn.Module):
     layout of both projections together (use_fused_swiglu, use_thread_split): its `layout`.
     """
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu") -> None:
+        """activation: the gate's, "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU)."""
         super().__init__()
+        if activation not in GATED_ACTIVATIONS:
+            raise ValueError(
+                f"gated MLP activation {activation!r} is not supported: "
+                f"{', '.join(GATED_ACTIVATIONS)}"
+            )
+        self.activation = activation
         self.intermediate = divide(intermediate_size, "intermediate_size")
         self.gate_up_proj = ColumnParallelLinear(hidden_size, 2 * intermediate_size)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
-        self.layout: MLPLayout = PlainMLP()
+        self.layout: MLPLayout = PlainMLP(GATED_ACTIVATIONS[activation])
 
     def use_fused_swiglu(self) -> bool:
         """CPU fp32 with 512-bit vectors: gate/up weights blocked in pairs for the fused
         SwiGLU kernel, which never writes the [tokens, 2I] intermediate. False where it does not
         apply or pay (then the children take the plain blocked layout)."""
         weight = self.gate_up_proj.weight
+        if self.activation != "silu":
+            return False
         if weight is None or not SwiGLUPairsLinearMethod.applies(weight):
             return False
         pairs = SwiGLUPairsLinearMethod(weight)
@@ -135,6 +150,8 @@ class GatedMLP(nn.Module):
         (ThreadSplitMLP), where the intermediate size divides evenly; the projections' methods
         then only count the bytes it holds for them (ThreadSplitPart)."""
         gate_up, down = self.gate_up_proj.weight, self.down_proj.weight
+        if self.activation != "silu":  # ThreadSplitMLP computes SwiGLU
+            return
         if gate_up is None or down is None or self.intermediate % splits:
             return
         split = ThreadSplitMLP(gate_up, down, splits)
@@ -181,7 +198,7 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """The body: token embedding, decoder layers and final norm."""
 
-    def __init__(self, cfg: ModelArchConfig, layers: Iterable[DecoderLayer]) -> None:
+    def __init__(self, cfg: ModelArchConfig, layers: Iterable[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(layers)

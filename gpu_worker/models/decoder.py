@@ -41,19 +41,40 @@ class DecoderForCausalLM(nn.Module, ABC):
         super().__init__()
         self.cfg = cfg
         self.model = DecoderModel(
-            cfg,
-            (
-                DecoderLayer(cfg, self.attention_block(cfg, i), self.mlp_block(cfg, i))
-                for i in range(cfg.num_hidden_layers)
-            ),
+            cfg, (self.decoder_layer(cfg, i) for i in range(cfg.num_hidden_layers))
         )
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = RotaryEmbedding(
+        self.rotary = self.model_rotary(cfg)
+        # Each layer's rotary embedding: the model's, or the family's own for that layer
+        # (layer_rotary); an nn.ModuleList of the distinct ones keeps their tables on the device.
+        own = [self.layer_rotary(cfg, i) for i in range(cfg.num_hidden_layers)]
+        self.layer_rotaries = [r if r is not None else self.rotary for r in own]
+        self.extra_rotaries = nn.ModuleList({id(r): r for r in own if r is not None}.values())
+        self.fused_decode = FusedDecode(self)
+
+    def model_rotary(self, cfg: ModelArchConfig) -> RotaryEmbedding:
+        """The rotary embedding of every layer that layer_rotary leaves to the model: head_dim
+        wide, the config's rope_theta and rope_scaling."""
+        return RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )
-        self.fused_decode = FusedDecode(self)
+
+    def layer_rotary(self, cfg: ModelArchConfig, layer_idx: int) -> RotaryEmbedding | None:
+        """Layer layer_idx's own rotary embedding (Gemma 3's sliding layers: another base and no
+        scaling), or None for the model's (model_rotary). Return one object for all the layers
+        that share it: its tables are looked up once a step."""
+        return None
+
+    def decoder_layer(self, cfg: ModelArchConfig, layer_idx: int) -> nn.Module:
+        """Layer layer_idx: the pre-norm DecoderLayer over attention_block and mlp_block, or a
+        family's own layer (sandwich norms, post-norms, residual multipliers) with the same
+        forward(x, residual, rotary, cos, sin) -> (x, residual) and a `self_attn` whose `attn`
+        is the layer's Attention. The CPU's fused decode step takes DecoderLayer only."""
+        return DecoderLayer(
+            cfg, self.attention_block(cfg, layer_idx), self.mlp_block(cfg, layer_idx)
+        )
 
     @abstractmethod
     def attention_block(self, cfg: ModelArchConfig, layer_idx: int) -> SelfAttention:
@@ -64,26 +85,38 @@ class DecoderForCausalLM(nn.Module, ABC):
         unless the family has another (a mixture of experts, gpu_worker/layers/fused_moe.py)."""
         return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The first hidden states [T, hidden]: the token embeddings, scaled where a family
+        scales them (Gemma by sqrt(hidden_size), Granite by embedding_multiplier)."""
+        return self.model.embed_tokens(input_ids)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         if (fused := self.fused_decode.run(x, cos, sin)) is not None:
             return fused
+        tables = {id(self.rotary): (cos, sin)}
+        for r in self.extra_rotaries:
+            tables[id(r)] = cast(RotaryEmbedding, r).cos_sin(positions, x.dtype)
         residual: torch.Tensor | None = None
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, self.rotary, cos, sin)
+        for layer, rotary in zip(self.model.layers, self.layer_rotaries, strict=True):
+            x, residual = layer(x, residual, rotary, *tables[id(rotary)])
         assert residual is not None  # a model has at least one layer
         x, _ = self.model.norm.forward_with_residual(x, residual)
         return x
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [N, vocab] in fp32 for the given hidden states [N, hidden]; out, a reused
-        [N, vocab] fp32 buffer, receives them where the kernels can write into it (CPU)."""
+        [N, vocab] fp32 buffer, receives them where the kernels can write into it (CPU). A
+        family that transforms them (Gemma 2's final soft-capping, Granite's logits_scaling)
+        overrides this, in place where it can."""
         return self.lm_head(hidden, out).float()
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """The argmax token of each row of hidden [N, hidden] without the logits, or None where
-        no kernel fuses the output projection with the argmax (then: compute_logits)."""
+        no kernel fuses the output projection with the argmax (then: compute_logits). Valid
+        for compute_logits' increasing transforms (soft-capping, a positive scale); a family
+        with any other overrides this to return None."""
         return self.lm_head.greedy_tokens(hidden)
 
     def attention_layers(self) -> list[Attention]:

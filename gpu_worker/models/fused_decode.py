@@ -20,7 +20,7 @@ from torch import nn
 from gpu_worker.attention.cpu_backend import CpuAttnMetadata
 from gpu_worker.forward_context import get_attn_metadata
 from gpu_worker.layers.linear import Linear
-from gpu_worker.models.blocks import DecoderLayer, GatedMLP
+from gpu_worker.models.blocks import DecoderLayer, GatedMLP, SelfAttention
 from gpu_worker.parallel.group import tp_world_size
 from kernels import cpu_binding
 from kernels.decode_stack import (
@@ -43,12 +43,17 @@ def _weight(linear: Linear) -> StackWeight | None:
     return StackWeight(layout, linear.out_features, linear.in_features, data, linear.bias)
 
 
-def _layer(layer: DecoderLayer) -> StackLayer | None:
+def _layer(layer: nn.Module) -> StackLayer | None:
+    if type(layer) is not DecoderLayer:  # a family's own layer: other norms or multipliers
+        return None
     attn, mlp = layer.self_attn, layer.mlp
     if (
-        not isinstance(mlp, GatedMLP)  # the kernel computes the gated MLP only
+        type(mlp) is not GatedMLP  # the kernel computes the SiLU-gated MLP only
+        or type(attn) is not SelfAttention
+        or mlp.activation != "silu"
         or attn.qk_norm
         or attn.attn.sinks is not None  # the kernel's softmax has no sinks
+        or attn.attn.logits_soft_cap is not None
         or attn.attn.head_dim not in HEAD_DIMS
         or attn.attn.kv_cache.dim() != 5
         or attn.attn.num_heads % attn.attn.num_kv_heads
@@ -90,8 +95,12 @@ class FusedDecode:
     def _build(self) -> DecodeStack | None:
         inner, cfg = self.model.model, self.model.cfg
         layers = [_layer(layer) for layer in inner.layers]
+        rotary = self.model.rotary
         if (
             not layers
+            # One table of the model's for every layer, rotating whole heads.
+            or any(r is not rotary for r in self.model.layer_rotaries)
+            or rotary.rotary_dim != rotary.head_dim
             or any(ly is None for ly in layers)
             or cfg.intermediate_size % 32
             or inner.norm.weight.dtype != torch.float32

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -23,10 +24,14 @@ class MLPLayout(ABC):
 
 
 class PlainMLP(MLPLayout):
-    """Each projection through its own method, the activation between them."""
+    """Each projection through its own method, the activation between them (SiLU unless
+    given another of GATED_ACTIVATIONS)."""
+
+    def __init__(self, act_and_mul: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul) -> None:
+        self.act_and_mul = act_and_mul
 
     def forward(self, gate_up: Linear, down: Linear, x: torch.Tensor) -> torch.Tensor:
-        return down(silu_and_mul(gate_up(x)))
+        return down(self.act_and_mul(gate_up(x)))
 
 
 class FusedSwiGLUMLP(MLPLayout):
