@@ -2,7 +2,10 @@
 
 No block is reserved as a null block: every one of num_blocks is allocatable. The runner pads
 its block tables with 0 but only ever writes through real entries (slot_mapping covers real
-tokens only), so a placeholder is not needed and the engine reports num_blocks as given.
+tokens only), so a placeholder is not needed and the engine reports num_blocks as given. The
+pool's null_block (id 0, outside the pool) stands in a request's block list for a block freed
+behind a sliding window (kv_cache_manager.py): the list stays positional, and no kernel reads
+an entry before the window, so its id aliasing block 0 is harmless.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[BlockHash, KVCacheBlock] = {}
+        # Never allocated, freed, referenced or cached: see the module's docstring.
+        self.null_block = KVCacheBlock(0)
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         """Take n blocks from the head of the free queue, evicting their cached hashes."""
@@ -125,10 +130,10 @@ class BlockPool:
         """Register blocks[start:end] under block_hashes[start:end] in the prefix cache."""
         if not self.enable_caching:
             return
-        cached = self.cached
+        cached, null = self.cached, self.null_block
         for i in range(start, end):
             block = blocks[i]
-            if block.block_hash is not None:
+            if block.block_hash is not None or block is null:
                 continue
             block_hash = block_hashes[i]
             # A twin computed concurrently keeps the first registration; this copy stays private.

@@ -1,8 +1,18 @@
-"""KVCacheManager: which blocks each request holds, prefix-cache lookups and slot allocation."""
+"""KVCacheManager: which blocks each request holds, prefix-cache lookups and slot allocation.
+
+With a model-wide sliding window W (config/kv_window.py) a request that has computed C tokens
+gives back its blocks wholly before position C - W + 1, which no later query of any layer reads
+(as vLLM's SlidingWindowManager): each such entry of its block list becomes the pool's
+null_block, so list indices stay positions. Freed blocks keep their prefix-cache hashes and
+join the free queue like a finished request's, evictable; a later prefix hit needs every block
+from the start still cached (the lookup stops at the first one evicted), and at admission the
+hits wholly before the new request's first window are not taken at all.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from engine_core.block_pool import BlockPool, KVCacheBlock
 from engine_core.request import Request
@@ -20,7 +30,12 @@ class KVCacheManager:
     alloc_one_path = True
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_caching: bool, max_model_len: int
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool,
+        max_model_len: int,
+        sliding_window: int | None = None,
     ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -29,6 +44,10 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # How many leading blocks of each request have been offered to the prefix cache.
         self.num_cached_blocks: dict[str, int] = {}
+        # The model-wide window behind which blocks are freed (None: every block is kept), and
+        # how many leading entries of each request's list are freed (the null block).
+        self.sliding_window = sliding_window
+        self.num_skipped_blocks: dict[str, int] = {}
         self._queries = 0
         self._hits = 0
 
@@ -63,12 +82,15 @@ class KVCacheManager:
     ) -> list[KVCacheBlock] | None:
         """Blocks for num_new_tokens more tokens after the computed ones (and the cache hits).
 
-        Returns the newly allocated blocks, or None, changing nothing, when they do not fit.
-        Caches the request's blocks that these tokens complete.
+        Returns the newly allocated blocks, or None, changing nothing, when they do not fit (the
+        blocks behind a model-wide window are given back either way). Caches the request's
+        blocks that these tokens complete.
         """
         req_id = request.request_id
         block_size = self.block_size
         req_blocks = self.req_to_blocks.get(req_id)
+        if self.sliding_window is not None and req_blocks:
+            self._free_behind_window(request, req_blocks)
         if req_blocks is not None and not new_computed_blocks:
             # The common case, a decode whose last block has room and completes no block to
             # cache: nothing to do (checked first, it is most of the calls).
@@ -117,20 +139,26 @@ class KVCacheManager:
                     request.cache_due_at = _NEVER
                 request.block_room = room
                 return [block]
-        computed = new_computed_blocks or ()
+        computed: Sequence[KVCacheBlock] = new_computed_blocks or ()
         if req_blocks is None:
             req_blocks = []
+        num_skipped = 0
+        if self.sliding_window is not None and computed:
+            computed, num_skipped = self._skip_hits_behind_window(request, req_blocks, computed)
         num_total_tokens = request.num_computed_tokens + len(computed) * block_size + num_new_tokens
         num_new_blocks = -(-num_total_tokens // block_size) - len(req_blocks) - len(computed)
         new_blocks: list[KVCacheBlock] = []
         if num_new_blocks > 0 or computed:
             # Hits nobody holds sit in the free queue and stop being allocatable once touched.
             num_free = self.pool.get_num_free_blocks()
-            num_free -= sum(1 for b in computed if b.ref_cnt == 0)
+            null = self.pool.null_block
+            num_free -= sum(1 for b in computed if b.ref_cnt == 0 and b is not null)
             if num_new_blocks > num_free:
                 return None
+            if num_skipped:
+                self.num_skipped_blocks[req_id] = len(req_blocks) + num_skipped
             if computed:
-                self.pool.touch(computed)
+                self.pool.touch(b for b in computed if b is not null)
                 req_blocks.extend(computed)
                 self.num_cached_blocks[req_id] = len(req_blocks)
             if num_new_blocks > 0:
@@ -177,8 +205,46 @@ class KVCacheManager:
         request.alloc_limit = request.block_room = 0
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
+        skipped = self.num_skipped_blocks.pop(request.request_id, 0)
         if blocks:
-            self.pool.free_blocks(reversed(blocks))
+            self.pool.free_blocks(reversed(blocks[skipped:]))
+
+    def _free_behind_window(self, request: Request, blocks: list[KVCacheBlock]) -> None:
+        """Give back the request's blocks wholly before its next query's window (that query is
+        at num_computed_tokens), caching the full ones first; their entries become null_block."""
+        assert self.sliding_window is not None
+        block_size = self.block_size
+        end = (request.num_computed_tokens - self.sliding_window + 1) // block_size
+        req_id = request.request_id
+        start = self.num_skipped_blocks.get(req_id, 0)
+        if end <= start:
+            return
+        if self.enable_caching:
+            # Full by now (they precede computed tokens); a hash can still be due for one when
+            # the window is short. Later caching starts past them: they are null entries then.
+            num_cached = self.num_cached_blocks.get(req_id, 0)
+            if num_cached < end:
+                upto = min(end, len(request.block_hashes))
+                if upto > num_cached:
+                    self.pool.cache_full_blocks(blocks, request.block_hashes, num_cached, upto)
+                self.num_cached_blocks[req_id] = end
+        freed = blocks[start:end]
+        blocks[start:end] = [self.pool.null_block] * (end - start)
+        self.num_skipped_blocks[req_id] = end
+        # Oldest first: the first evicted of them, as a finished request's prefix is last.
+        self.pool.free_blocks(freed)
+
+    def _skip_hits_behind_window(
+        self, request: Request, req_blocks: list[KVCacheBlock], hits: Sequence[KVCacheBlock]
+    ) -> tuple[Sequence[KVCacheBlock], int]:
+        """The prefix hits with those wholly before the first computed query's window (at the
+        hits' end) replaced by null_block, which the request never takes, and their count."""
+        assert self.sliding_window is not None
+        first = request.num_computed_tokens + len(hits) * self.block_size
+        skip = (first - self.sliding_window + 1) // self.block_size - len(req_blocks)
+        if skip <= 0:
+            return hits, 0
+        return [self.pool.null_block] * skip + list(hits[skip:]), skip
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """Block ids the request holds, in token order."""

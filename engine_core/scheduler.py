@@ -30,6 +30,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING
 
 from config.engine import EngineConfig
+from config.kv_window import freed_window
 from engine_core.block_hash import make_block_hasher
 from engine_core.block_pool import KVCacheBlock
 from engine_core.kv_cache_manager import KVCacheManager
@@ -63,7 +64,11 @@ class Scheduler:
         self.async_scheduling = bool(sched.async_scheduling)  # None (unresolved): off
         self.eos_token_id = eos_token_id
         self.kv = KVCacheManager(
-            num_blocks, cache.block_size, cache.enable_prefix_caching, self.max_model_len
+            num_blocks,
+            cache.block_size,
+            cache.enable_prefix_caching,
+            self.max_model_len,
+            freed_window(config),
         )
         self.block_hasher = (
             make_block_hasher(cache.block_size, cache.prefix_caching_hash_algo)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from config.cache import CacheConfig
 from config.engine import EngineConfig
 from config.model import ModelConfig
+from config.model_arch import ModelArchConfig
 from config.scheduler import SchedulerConfig
 from engine_core.scheduler import Scheduler
 from protocol.engine_core import EngineCoreRequest
@@ -28,8 +29,10 @@ def make_scheduler(
     policy: str = "fcfs",
     hash_algo: str = "sha256",
     async_scheduling: bool = False,
+    sliding_window: int | None = None,
 ) -> Scheduler:
-    """A Scheduler on a small EngineConfig."""
+    """A Scheduler on a small EngineConfig; sliding_window: of every layer of its (made-up)
+    model, so the KV cache manager frees blocks behind it."""
     config = EngineConfig(
         model=ModelConfig(max_model_len=max_model_len),
         cache=CacheConfig(
@@ -44,7 +47,26 @@ def make_scheduler(
             async_scheduling=async_scheduling,
         ),
     )
+    if sliding_window is not None:
+        config.arch = windowed_arch(sliding_window)
     return Scheduler(config, num_blocks, EOS)
+
+
+def windowed_arch(sliding_window: int, num_layers: int = 2) -> ModelArchConfig:
+    """A Mistral-shaped ModelArchConfig whose every layer attends within sliding_window."""
+    return ModelArchConfig.from_dict(
+        {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": num_layers,
+            "num_attention_heads": 4,
+            "vocab_size": 32000,
+            "max_position_embeddings": 4096,
+            "sliding_window": sliding_window,
+        }
+    )
 
 
 def make_request(
@@ -93,6 +115,8 @@ class FakeRunner:
 
     The KV cache is simulated: position p of a request stores a hash of its tokens up to p, so
     reading a block that another request overwrote, or that nobody computed, fails an assert.
+    With the scheduler's model-wide sliding window W, a step reads (as the kernels do) only the
+    keys from its first query's window on (computed - W + 1): entries before it may be freed.
     """
 
     def __init__(
@@ -104,6 +128,7 @@ class FakeRunner:
         self.max_num_seqs = scheduler.max_num_seqs
         self.budget = scheduler.max_num_batched_tokens
         self.max_model_len = scheduler.max_model_len
+        self.window = scheduler.kv.sliding_window
         self.kv: dict[int, int] = {}
         self.rows: dict[str, _Row] = {}
         self.sample = sample
@@ -135,7 +160,8 @@ class FakeRunner:
             row = self.rows[req_id]
             end = row.computed + n
             assert n >= 1 and end <= len(row.tokens) <= self.max_model_len, (req_id, n)
-            assert len(row.blocks) * bs >= end and len(set(row.blocks)) == len(row.blocks)
+            live = row.blocks[self._first_read(row.computed) // bs :]
+            assert len(row.blocks) * bs >= end and len(set(live)) == len(live)
             for pos in range(row.computed, end):
                 slot = row.blocks[pos // bs] * bs + pos % bs
                 assert slot not in written, f"{req_id} and {written[slot]} write slot {slot}"
@@ -144,8 +170,9 @@ class FakeRunner:
         sampled: list[list[int]] = []
         for req_id, n in so.num_scheduled_tokens.items():  # reads follow all writes, as per layer
             row = self.rows[req_id]
+            first = self._first_read(row.computed)
             row.computed += n
-            for pos in range(row.computed):
+            for pos in range(first, row.computed):
                 slot = row.blocks[pos // bs] * bs + pos % bs
                 assert self.kv.get(slot) == row.expected_kv(pos), f"{req_id}: stale KV at {pos}"
             if row.computed == len(row.tokens):
@@ -159,6 +186,10 @@ class FakeRunner:
             sampled_token_ids=sampled,
             logprobs=[None] * len(sampled),
         )
+
+    def _first_read(self, computed: int) -> int:
+        """The first position a step whose first query is at `computed` reads."""
+        return 0 if self.window is None else max(computed - self.window + 1, 0)
 
 
 def step(scheduler: Scheduler, runner: FakeRunner):
