@@ -25,10 +25,12 @@ class AttentionFeatures:
     def of(cls, arch: ModelArchConfig, max_model_len: int) -> AttentionFeatures:
         """What the model needs at this context length: a sliding window only where a sequence
         can outgrow it (within the window, full causal attention computes the same); sinks where
-        the family has them."""
+        the family has them; logits soft-capping where config.json sets attn_logit_softcapping
+        (Gemma 2, and Gemma 3 where a config sets it)."""
         window = arch.sliding_window
         return cls(
             sliding_window=window is not None and window < max_model_len,
+            logits_soft_cap=arch.hf_config.get("attn_logit_softcapping") is not None,
             sinks=arch.architecture in SINK_ARCHITECTURES,
             mla=arch.kv_latent_dim is not None,
         )
@@ -95,10 +97,11 @@ class AttentionSupport:
 # Each device type's attention backends, most preferred first: gpu_worker/attention/select.py
 # takes the first that runs a configuration (and whose code is usable there), and
 # EngineConfig.resolve() refuses a configuration none of them runs. Derived from the kernels;
-# each runs sliding windows and sinks (docs/models/attention-features.md); none implements
-# soft-capping or a KV cache of another dtype. MLA models run on the MLA backends alone, which
-# run any head and block size: on CUDA kernels/triton/mla_attention.py (CUDA graphs), on the CPU
-# gpu_worker/attention/mla_backend.py (plain torch ops, planned on the host).
+# each runs sliding windows, sinks and logits soft-capping (docs/models/attention-features.md,
+# docs/models/gemma.md); none implements a KV cache of another dtype. MLA models run on the MLA
+# backends alone, which run any head and block size: on CUDA kernels/triton/mla_attention.py
+# (CUDA graphs), on the CPU gpu_worker/attention/mla_backend.py (plain torch ops, planned on the
+# host).
 
 ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
     "cuda": (
@@ -113,6 +116,7 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
             head_dims=(16, 32, 64, 128, 256),
             dtypes=("float16", "bfloat16", "float32"),
             sliding_window=True,
+            logits_soft_cap=True,
             sinks=True,
         ),
         AttentionSupport("mla_triton", dtypes=("float16", "bfloat16", "float32"), mla=True),
@@ -125,10 +129,11 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
             head_dims=(64, 128),
             dtypes=("float32",),
             sliding_window=True,
+            logits_soft_cap=True,
             sinks=True,
         ),
         # gpu_worker/attention/torch_backend.py: gathers K/V into plain torch ops; runs anything.
-        AttentionSupport("torch", sliding_window=True, sinks=True),
+        AttentionSupport("torch", sliding_window=True, logits_soft_cap=True, sinks=True),
         AttentionSupport("mla_torch", mla=True),
     ),
 }

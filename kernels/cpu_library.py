@@ -43,9 +43,9 @@ _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_
 _SIGNATURES = {
     "paged_attention_f32": (
         ctypes.c_int,
-        # q..seq_lens, num_reqs..block_size, scale, window, sinks, num_threads
+        # q..seq_lens, num_reqs..block_size, scale, window, sinks, soft_cap, num_threads
         [_P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I32, _I32, _I32, _I32, _I32]
-        + [_F32, _I32, _P, _I32],
+        + [_F32, _I32, _P, _F32, _I32],
     ),
     "linear_f32": (None, [_P, _I64, _P, _P, _P, _I64, _I64, _I32, _I32, _I32]),
     "swiglu_f32": (None, [_P, _I64, _P, _P, _I64, _I64, _I32, _I32, _I32]),
@@ -53,7 +53,7 @@ _SIGNATURES = {
     "write_kv_f32": (None, [_P, _I64, _P, _I64, _P, _I64, _P, _P, _I32, _I32, _I32, _I32]),
     "silu_and_mul_f32": (None, [_P, _I64, _P, _I64, _I64, _I64, _I32]),
     "add_rms_norm_f32": (None, [_P, _P, _P, _P, _I64, _I64, _F32, _I32]),
-    "rotary_f32": (None, [_P, _I64, _I64, _I32, _I32, _P, _P, _I32]),
+    "rotary_f32": (None, [_P, _I64, _I64, _I32, _I32, _I32, _P, _P, _I32]),
     "qk_norm_rotary_f32": (
         None,
         [_P, _I64, _I64, _I32, _I32, _I32, _P, _P, _F32, _P, _P, _I32],

@@ -85,14 +85,21 @@ def paged_strides(
 
 
 def check_features(
-    sliding_window: int | None, sinks: torch.Tensor | None, num_q_heads: int
+    sliding_window: int | None,
+    sinks: torch.Tensor | None,
+    num_q_heads: int,
+    logits_soft_cap: float | None = None,
 ) -> None:
-    """Assert a sliding window of at least one position and sinks of one value per query head."""
+    """Assert a sliding window of at least one position, sinks of one value per query head and
+    a positive soft cap."""
     assert sliding_window is None or sliding_window >= 1, (
         f"sliding_window must be at least 1, got {sliding_window}"
     )
     assert sinks is None or (sinks.shape == (num_q_heads,) and sinks.is_contiguous()), (
         f"sinks must be a contiguous [{num_q_heads}], got {tuple(sinks.shape)}"
+    )
+    assert logits_soft_cap is None or logits_soft_cap > 0, (
+        f"logits_soft_cap must be positive, got {logits_soft_cap}"
     )
 
 
@@ -107,12 +114,14 @@ def paged_attention_cpu(
     out: torch.Tensor | None = None,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of packed queries q [T, Hq, D] over the paged caches, reading blocks
     in place; returns [T, Hq, D]. Caches in the CPU layout: key_cache [num_blocks, Hkv, D,
     block_size] (each block's keys transposed), value_cache [num_blocks, Hkv, block_size, D];
-    block_size a multiple of 16, D 64 or 128. sliding_window and sinks ([Hq] fp32) as in
-    paged_attention_ref; blocks wholly before a query tile's window are not read."""
+    block_size a multiple of 16, D 64 or 128. sliding_window, sinks ([Hq] fp32) and
+    logits_soft_cap as in paged_attention_ref; blocks wholly before a query tile's window are
+    not read."""
     for t, name in ((q, "q"), (key_cache, "key_cache"), (value_cache, "value_cache")):
         check_cpu(t, name)
     for t, name in (
@@ -149,6 +158,8 @@ def paged_attention_cpu(
             raise ValueError(f"sinks {tuple(sinks.shape)} must be a packed [{q_heads}]")
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap}")
     if out is None:
         out = torch.empty(tokens, q_heads, head_dim)
     check_rows(out, "out")
@@ -173,6 +184,7 @@ def paged_attention_cpu(
             scale,
             sliding_window or 0,
             None if sinks is None else sinks.data_ptr(),
+            logits_soft_cap or 0.0,
             torch.get_num_threads(),
         )
         if rc == -2:
@@ -196,11 +208,14 @@ def paged_attention_ref(
     out_dtype: torch.dtype | None = None,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of each request's packed queries over its paged K/V, computed in fp32;
     the result is on query's device, in out_dtype (default: query's dtype). sliding_window: a
     query at position p sees keys p - sliding_window + 1 .. p only; sinks [Hq]: a logit per query
-    head joining each softmax's denominator and attending to nothing (transformers' gpt-oss)."""
+    head joining each softmax's denominator and attending to nothing (transformers' gpt-oss);
+    logits_soft_cap c: each scaled score s becomes c * tanh(s / c) before the mask and the
+    softmax (transformers' Gemma 2 eager attention)."""
     device = query.device
     num_q_heads = query.shape[1]
     num_kv_heads = key_cache.shape[2]
@@ -221,6 +236,8 @@ def paged_attention_ref(
         v = value_cache[blocks, offsets].float().repeat_interleave(group, dim=1).transpose(0, 1)
         q = query[q_start:q_end].float().transpose(0, 1)  # [Hq, q_len, D]
         scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, q_len, seq_len]
+        if logits_soft_cap is not None:
+            scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
         q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
         allowed = positions[None, :] <= q_pos[:, None]
         if sliding_window is not None:

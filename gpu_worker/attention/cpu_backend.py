@@ -3,8 +3,9 @@
 K/V are written into the cache by slot mapping, then one kernel call attends every request of
 the step (decodes and prefill chunks alike) straight from its blocks: no gather, no padding.
 The cache keeps each block's keys transposed per KV head, so the kernel's score loop is plain
-vector FMAs (kernels/cpu/paged_attention.c). A layer's sliding window and sinks go to the same
-kernel: the walk starts at the window, the sinks seed each softmax.
+vector FMAs (kernels/cpu/paged_attention.c). A layer's sliding window, sinks and logits soft cap
+go to the same kernel: the walk starts at the window, the sinks seed each softmax, the cap bends
+each score before its softmax step.
 """
 
 from __future__ import annotations
@@ -92,4 +93,5 @@ class CpuAttentionBackend(AttentionBackend[CpuAttnMetadata]):
             scale,
             sliding_window=sliding_window,
             sinks=sinks,
+            logits_soft_cap=logits_soft_cap,
         )

@@ -4,7 +4,8 @@ A step is planned on the host by host_plan.py: decodes and prefill chunks in two
 with gather indices and masks built once a step (a sliding window's at its first layer of the
 step). Each group gathers its requests' K/V from the paged cache with one index per layer and
 runs one batched scaled_dot_product_attention. Sinks add one logit per head to the softmax's
-denominator, which scaled_dot_product_attention cannot: such layers run the softmax themselves.
+denominator and a soft cap bends every score before it, which scaled_dot_product_attention
+cannot: such layers run the softmax themselves.
 """
 
 from __future__ import annotations
@@ -70,15 +71,14 @@ class TorchAttentionBackend(AttentionBackend[TorchAttnMetadata]):
         value_cache = kv_cache[1].view(-1, num_kv_heads, head_dim)
         key_cache.index_copy_(0, meta.slot_mapping, k)
         value_cache.index_copy_(0, meta.slot_mapping, v)
+        bend = _Scores(scale, sinks, logits_soft_cap)
         if is_whole(meta.groups):
             group = meta.groups[0]
-            return self._attend(
-                q, key_cache, value_cache, group, group.view(sliding_window), scale, sinks
-            )
+            return self._attend(q, key_cache, value_cache, group, group.view(sliding_window), bend)
         out = torch.empty_like(q)
         for group in meta.groups:
             view = group.view(sliding_window)
-            group.scatter(out, self._attend(q, key_cache, value_cache, group, view, scale, sinks))
+            group.scatter(out, self._attend(q, key_cache, value_cache, group, view, bend))
         return out
 
     @staticmethod
@@ -88,8 +88,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttnMetadata]):
         value_cache: torch.Tensor,
         group: Group,
         view: KeyView,
-        scale: float,
-        sinks: torch.Tensor | None,
+        scores: _Scores,
     ) -> torch.Tensor:
         # index_select: advanced indexing costs ~10x more per call on CPU.
         qg = q if group.src_tokens is None else q.index_select(0, group.src_tokens)
@@ -99,33 +98,48 @@ class TorchAttentionBackend(AttentionBackend[TorchAttnMetadata]):
         kv_shape = (bg, -1, key_cache.shape[1], key_cache.shape[2])
         keys = key_cache.index_select(0, slots).view(kv_shape).transpose(1, 2)  # [Bg, Hkv, Lkv, D]
         values = value_cache.index_select(0, slots).view(kv_shape).transpose(1, 2)
-        if sinks is None:
+        if scores.sinks is None and scores.soft_cap is None:
             out = F.scaled_dot_product_attention(
-                qg, keys, values, attn_mask=view.mask, scale=scale, enable_gqa=True
+                qg, keys, values, attn_mask=view.mask, scale=scores.scale, enable_gqa=True
             )
         else:
-            out = _attend_with_sinks(qg, keys, values, view.mask, scale, sinks)
+            out = _attend_explicitly(qg, keys, values, view.mask, scores)
         return out.transpose(1, 2).reshape(bg * lq, q.shape[1], q.shape[2])
 
 
-def _attend_with_sinks(
+@dataclass(frozen=True, slots=True)
+class _Scores:
+    """How a layer turns q.k into softmax logits: the scale, then the soft cap c (s becomes
+    c * tanh(s / c)), then the mask; sinks [Hq] join each softmax's denominator."""
+
+    scale: float
+    sinks: torch.Tensor | None
+    soft_cap: float | None
+
+
+def _attend_explicitly(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     mask: torch.Tensor | None,
-    scale: float,
-    sinks: torch.Tensor,
+    how: _Scores,
 ) -> torch.Tensor:
-    """Attention of q [Bg, Hq, Lq, D] over keys/values [Bg, Hkv, Lkv, D] whose softmax also counts
-    exp(sinks[h]) in each row's denominator (transformers' gpt-oss eager attention): [Bg, Hq,
-    Lq, D]."""
+    """Attention of q [Bg, Hq, Lq, D] over keys/values [Bg, Hkv, Lkv, D] with the scores
+    materialised: soft-capped (transformers' Gemma 2 eager attention) and with exp(sinks[h])
+    counted in each row's denominator (its gpt-oss eager attention) where the layer has them:
+    [Bg, Hq, Lq, D]."""
     bg, hq, lq, d = q.shape
     hkv = keys.shape[1]
     qg = q.reshape(bg, hkv, hq // hkv * lq, d)  # a kv head's query heads, one after another
-    scores = torch.matmul(qg, keys.transpose(2, 3)).view(bg, hq, lq, -1) * scale
+    scores = torch.matmul(qg, keys.transpose(2, 3)).view(bg, hq, lq, -1) * how.scale
+    if how.soft_cap is not None:
+        scores = torch.tanh(scores / how.soft_cap) * how.soft_cap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    sink = sinks.to(scores.dtype).view(1, hq, 1, 1).expand(bg, hq, lq, 1)
-    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    if how.sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        sink = how.sinks.to(scores.dtype).view(1, hq, 1, 1).expand(bg, hq, lq, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     out = torch.matmul(probs.reshape(bg, hkv, hq // hkv * lq, -1), values)
     return out.view(bg, hq, lq, d)

@@ -92,6 +92,7 @@ class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
                 max_seq_len=meta.max_seq_len,
                 sliding_window=sliding_window,
                 sinks=sinks,
+                logits_soft_cap=logits_soft_cap,
             )
         return paged_attention(
             q,
@@ -104,4 +105,5 @@ class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
             max_query_len=meta.max_query_len,
             sliding_window=sliding_window,
             sinks=sinks,
+            logits_soft_cap=logits_soft_cap,
         )

@@ -15,7 +15,8 @@
  * seq_len - q_len + j and sees positions 0..itself, or with a sliding window W only positions
  * itself - W + 1..itself: the walk then starts at the tile's first query's window (rounded down
  * to a vector), so blocks before it are never read. Sinks (a logit per query head, gpt-oss) join
- * each softmax's denominator as its initial running max and sum, and attend to nothing.
+ * each softmax's denominator as its initial running max and sum, and attend to nothing. A soft
+ * cap c (Gemma 2) turns each visible scaled score s into c * tanh(s / c) before its softmax step.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -43,7 +44,15 @@ typedef struct {
     float scale;
     int32_t window;     /* > 0: a query at p sees keys p - window + 1..p; 0: every key before it */
     const float *sinks; /* [Hq] natural-log sink per query head, or NULL */
+    float soft_cap;     /* > 0: scores become soft_cap * tanh(score / soft_cap); 0: none */
 } params_t;
+
+/* Gemma 2's attention logits soft-capping on the scores sv[t0..nv). */
+static inline void soft_cap_scores(float *restrict sv, int32_t t0, int32_t nv, float cap)
+{
+    const float inv = 1.0f / cap;
+    for (int32_t t = t0; t < nv; t++) sv[t] = cap * tanhf(sv[t] * inv);
+}
 
 /* K and V base pointers of the NC position vectors of the chunk starting at `start` (a multiple
  * of VW, so vectors never straddle blocks: block_size is a multiple of 16); vectors past `last`
@@ -165,12 +174,14 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
             const int32_t nv = visible < n ? visible : n;                                          \
             float *sv = s + vi * CHUNK, *av = acc + vi * D;                                        \
             if (win == 0) { /* a constant 0 start: this copy compiles as without windows */      \
+                if (p->soft_cap > 0.0f) soft_cap_scores(sv, 0, nv, p->soft_cap);                   \
                 softmax_step_##D(sv, 0, nv, vp, m + vi, l + vi, av);                               \
                 continue;                                                                          \
             }                                                                                      \
             /* The window's first position in this chunk. */                                     \
             const int32_t t0 = pos[vi] - win + 1 - start;                                          \
             if (t0 >= nv) continue;                                                                \
+            if (p->soft_cap > 0.0f) soft_cap_scores(sv, t0 > 0 ? t0 : 0, nv, p->soft_cap);         \
             softmax_step_##D(sv, t0 > 0 ? t0 : 0, nv, vp, m + vi, l + vi, av);                     \
         }                                                                                          \
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {                                     \
@@ -207,7 +218,7 @@ void paged_attention_decode_head(const float *q, float *out, const float *k_cach
                                  int32_t head_dim, int32_t block_size, float scale, float *scratch)
 {
     const params_t p = {q, 0, out, 0, k_cache, v_cache, group, num_kv_heads, block_size, scale,
-                        0, NULL};
+                        0, NULL, 0.0f};
     if (head_dim == 64)
         attend_tile_64(&p, block_table, 0, 1, seq_len, 0, 1, kv_head, scratch);
     else
@@ -216,7 +227,8 @@ void paged_attention_decode_head(const float *q, float *out, const float *k_cach
 
 /* q: [T, Hq, D] rows q_stride apart (heads packed); out: [T, Hq, D] rows out_stride apart;
  * caches in the layout above; block_tables: [R, bt_stride]; query_start_loc: [R + 1];
- * seq_lens: [R]; window: the sliding window (0: none); sinks: [Hq] or NULL. Returns 0; -1 when
+ * seq_lens: [R]; window: the sliding window (0: none); sinks: [Hq] or NULL; soft_cap: the
+ * attention logits soft cap (0: none). Returns 0; -1 when
  * scratch memory ran out; -2 for a head_dim other than 64 or 128 or a block_size that is not a
  * multiple of 16. */
 int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t out_stride,
@@ -224,12 +236,12 @@ int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t ou
                         int64_t bt_stride, const int32_t *query_start_loc, const int32_t *seq_lens,
                         int32_t num_reqs, int32_t num_q_heads, int32_t num_kv_heads,
                         int32_t head_dim, int32_t block_size, float scale, int32_t window,
-                        const float *sinks, int32_t num_threads)
+                        const float *sinks, float soft_cap, int32_t num_threads)
 {
     if ((head_dim != 64 && head_dim != 128) || block_size % 16) return -2;
     const params_t p = {q, q_stride, out, out_stride, k_cache, v_cache,
                         num_q_heads / num_kv_heads, num_kv_heads, block_size, scale,
-                        window > 0 ? window : 0, sinks};
+                        window > 0 ? window : 0, sinks, soft_cap > 0.0f ? soft_cap : 0.0f};
     const int32_t tile_tokens = p.group >= TILE_VECTORS ? 1 : TILE_VECTORS / p.group;
     int64_t num_tiles = 0;
     for (int32_t r = 0; r < num_reqs; r++) {

@@ -63,13 +63,14 @@ def attend_tile(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MAY_BE_EMPTY: tl.constexpr = False,
+    SOFT_CAP: tl.constexpr = 0.0,
 ):
     """One key tile of the online softmax, shared by the one-pass and the split-decode kernels:
     keys and values at positions k_pos (k_valid: to be read) of the request whose block-table
     row starts at bt_row, read through the table for kv_head; scores where `allowed` is false
     count as -inf. MAY_BE_EMPTY: a row may have seen no allowed key yet (a sliding window), so
-    its running max may still be -inf. Returns the updated running max, sum and un-normalised
-    output."""
+    its running max may still be -inf. SOFT_CAP c > 0: each scaled score s becomes
+    c * tanh(s / c) (Gemma 2). Returns the updated running max, sum and un-normalised output."""
     block = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
     in_block = k_pos % BLOCK_SIZE
     k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
@@ -77,6 +78,10 @@ def attend_tile(
     k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=k_valid[None, :], other=0.0)
     k = k.to(tl.float32).to(DOT_DTYPE)
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+    if SOFT_CAP > 0:
+        # The scores are in log2 units (s * log2(e)): c * tanh(s / c) there is the same with
+        # c * log2(e) as the cap.
+        s = soft_cap(s, SOFT_CAP * LOG2E)
     s = tl.where(allowed, s, float("-inf"))
 
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -91,6 +96,16 @@ def attend_tile(
     v = v.to(tl.float32).to(DOT_DTYPE)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def soft_cap(s, cap):
+    """cap * tanh(s / cap), elementwise, with tanh from one exp2 of a non-positive argument
+    (no overflow at any score)."""
+    x = tl.abs(s) / cap
+    e = tl.exp2(x * (-2.0 * LOG2E))  # exp(-2|x|) in (0, 1]
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(s < 0, -t, t) * cap
 
 
 @triton.jit
@@ -142,6 +157,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -210,6 +226,7 @@ def _paged_attention_kernel(
             DOT_DTYPE,
             DOT_PRECISION,
             SLIDING_WINDOW > 0,
+            SOFT_CAP,
         )
 
     if SLIDING_WINDOW > 0:
@@ -246,13 +263,14 @@ def paged_attention(
     max_query_len: int | None = None,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of each request's packed queries over its paged K/V; matches
-    paged_attention_ref, sliding_window and sinks ([Hq], on query's device) included. With a
-    window, each query tile's walk starts at its first query's window: earlier blocks are not
-    read."""
+    paged_attention_ref, sliding_window, sinks ([Hq], on query's device) and logits_soft_cap
+    included. With a window, each query tile's walk starts at its first query's window: earlier
+    blocks are not read."""
     out, shapes = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
-    check_features(sliding_window, sinks, shapes.num_q_heads)
+    check_features(sliding_window, sinks, shapes.num_q_heads, logits_soft_cap)
     if shapes.num_tokens == 0 or shapes.num_seqs == 0:
         return out
 
@@ -290,6 +308,7 @@ def paged_attention(
         DOT_PRECISION=dot_precision,
         SLIDING_WINDOW=sliding_window or 0,
         HAS_SINKS=sinks is not None,
+        SOFT_CAP=float(logits_soft_cap or 0.0),
         num_warps=4,
     )
     return out

@@ -91,6 +91,7 @@ def _decode_partition_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -152,6 +153,8 @@ def _decode_partition_kernel(
             BLOCK_SIZE,
             DOT_DTYPE,
             DOT_PRECISION,
+            False,
+            SOFT_CAP,
         )
 
     # Scratch row (seq, q_head) holds one entry per partition; acc is the same layout with a
@@ -261,16 +264,17 @@ def paged_decode_split(
     partition_size: int | None = None,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Decode attention (every request has 0 or 1 query token) of each request's query over its
     paged K/V, split along the context; matches paged_attention_ref for such batches.
     max_seq_len must be at least seq_lens.max() (a host value: nothing is read from the device);
     partition_size (default PARTITION_SIZE, or the block size if larger) must be a power of two
-    and a multiple of the block size. sliding_window and sinks ([Hq]) as in paged_attention_ref;
-    with a window the partitions cover the window only."""
+    and a multiple of the block size. sliding_window, sinks ([Hq]) and logits_soft_cap as in
+    paged_attention_ref; with a window the partitions cover the window only."""
     out, shapes = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
     num_tokens, num_q_heads, head_dim, block_size, num_kv_heads, num_seqs, group = shapes
-    check_features(sliding_window, sinks, num_q_heads)
+    check_features(sliding_window, sinks, num_q_heads, logits_soft_cap)
     if partition_size is None:
         partition_size = max(PARTITION_SIZE, block_size)
     assert partition_size & (partition_size - 1) == 0 and partition_size >= block_size, (
@@ -321,6 +325,7 @@ def paged_decode_split(
         DOT_DTYPE=dot_dtype,
         DOT_PRECISION=dot_precision,
         SLIDING_WINDOW=sliding_window or 0,
+        SOFT_CAP=float(logits_soft_cap or 0.0),
         num_warps=4,
     )
     _decode_reduce_kernel[(num_seqs, num_q_heads)](

@@ -44,26 +44,37 @@ def test_every_backend_class_is_in_the_table():
 
 def test_no_backend_claims_a_feature_it_does_not_implement():
     for _, support in ENTRIES:
-        assert not support.logits_soft_cap
+        # Soft-capping: every per-head backend (tests/kernels/test_attention_softcap.py).
+        assert support.logits_soft_cap == (not support.mla)
         assert support.kv_cache_dtypes == ("auto",)
         # MLA: the latent-cache backend alone (tests/worker/test_deepseek.py).
         assert support.mla == support.backend.startswith("mla_")
 
 
 @pytest.mark.parametrize(
-    ("features", "words"),
+    ("features", "words", "backends"),
     [
-        (AttentionFeatures(logits_soft_cap=True), "attention logits soft-capping"),
+        (
+            AttentionFeatures(mla=True, logits_soft_cap=True),
+            "attention logits soft-capping",
+            {"cpu": ("mla_torch",), "cuda": "mla_triton"},
+        ),
+        (
+            AttentionFeatures(mla=True, logits_soft_cap=True),
+            "a latent (MLA) KV cache",
+            {"cpu": ("cpu", "torch"), "cuda": "triton"},
+        ),
     ],
 )
-def test_a_feature_no_backend_runs_is_refused_naming_each_backend(features, words):
+def test_a_feature_no_backend_runs_is_refused_naming_each_backend(features, words, backends):
     with pytest.raises(ConfigError) as refused:
         attention_backends_for("cpu", 16, 64, "float32", features)
-    for backend in ("cpu", "torch"):
+    for backend in backends["cpu"]:
         assert f"{words} is not supported by the {backend} attention kernels on cpu" in str(
             refused.value
         )
-    with pytest.raises(ConfigError, match=re.escape(f"{words} is not supported by the triton")):
+    cuda = backends["cuda"]
+    with pytest.raises(ConfigError, match=re.escape(f"{words} is not supported by the {cuda} ")):
         attention_backends_for("cuda", 16, 128, "bfloat16", features)
     with pytest.raises(ConfigError, match=re.escape(words)):
         attention_backend(torch.device("cpu"), torch.float32, 64, 16, features)
