@@ -459,7 +459,7 @@ class _ChatAnswer:
         elif parser is not None:
             extracted = parser.extract(text)
             message.content = extracted.content
-            message.tool_calls = message_calls(extracted, self.tools.parallel)
+            message.tool_calls = message_calls(extracted, self.tools.parallel, parser.call_id)
             reason = finish_reason(reason, message.tool_calls is not None)
         return ChatChoice(
             index=index,

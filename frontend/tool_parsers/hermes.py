@@ -44,6 +44,7 @@ class HermesToolParser(ToolCallParser):
         """Feed the call's object up to a </tool_call> outside its strings (an unclosed
         object ends there)."""
         call = self._call
+        assert call is not None
         end = text.find(END, i)
         while end >= 0:
             i = self._feed_call(text[:end], i)

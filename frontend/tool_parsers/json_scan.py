@@ -234,3 +234,51 @@ def _loads(raw: str):
         return json.loads(raw)
     except ValueError:
         return None
+
+
+class ArgumentsScanner:
+    """A call whose name the format gives before its arguments (Mistral's name[ARGS]{...},
+    DeepSeek's fenced JSON): its arguments, one JSON object, fed in pieces after any blank.
+
+    feed() returns the raw text of the object as it grows; valid once it closed as a JSON object.
+    A parser may set failed when the text around the object does not fit its format.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name: str | None = name
+        self.done = False
+        self.failed = False
+        self._value: JsonValueScanner | None = None
+        self._raw: list[str] = []
+
+    @property
+    def in_string(self) -> bool:
+        """The text so far ends inside a string of the arguments."""
+        return self._value is not None and not self.done and self._value.in_string
+
+    @property
+    def valid(self) -> bool:
+        """The arguments closed and are a JSON object."""
+        if not self.done or self.failed:
+            return False
+        return isinstance(_loads("".join(self._raw)), dict)
+
+    def feed(self, text: str, pos: int = 0) -> tuple[int, str]:
+        """Consume text[pos:] up to the object's end: (the index after it, new arguments text)."""
+        i, n = pos, len(text)
+        if self._value is None:
+            while i < n and text[i] in WHITESPACE:
+                i += 1
+            if i == n or self.done or self.failed:
+                return i, ""
+            if text[i] != "{":
+                self.failed = True
+                return i, ""
+            self._value = JsonValueScanner()
+        if self.done or self.failed:
+            return i, ""
+        end = self._value.feed(text, i)
+        piece = text[i:end]
+        self._raw.append(piece)
+        self.done = self._value.done
+        return end, piece

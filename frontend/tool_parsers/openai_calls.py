@@ -4,7 +4,7 @@ finish reason."""
 
 from __future__ import annotations
 
-import uuid
+from collections.abc import Callable
 
 from frontend.openai_protocol import (
     ChatDelta,
@@ -13,12 +13,12 @@ from frontend.openai_protocol import (
     FunctionCall,
     ToolCall,
 )
-from frontend.tool_parsers.streamer import ExtractedToolCalls, ToolCallParser
+from frontend.tool_parsers.streamer import ExtractedToolCalls, ToolCallParser, openai_call_id
 
 
 def call_id() -> str:
     """A new tool call id, in OpenAI's form."""
-    return f"call_{uuid.uuid4().hex[:24]}"
+    return openai_call_id()
 
 
 def finish_reason(reason: str | None, called: bool) -> str | None:
@@ -26,11 +26,14 @@ def finish_reason(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-def message_calls(extracted: ExtractedToolCalls, parallel: bool) -> list[ToolCall] | None:
-    """The calls of a whole output for the response message (only the first without parallel)."""
+def message_calls(
+    extracted: ExtractedToolCalls, parallel: bool, new_id: Callable[[], str] = call_id
+) -> list[ToolCall] | None:
+    """The calls of a whole output for the response message (only the first without parallel),
+    with ids from new_id (the parser's call_id: some formats need their own)."""
     calls = extracted.calls if parallel else extracted.calls[:1]
     return [
-        ToolCall(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+        ToolCall(id=new_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
         for c in calls
     ] or None
 
@@ -57,7 +60,7 @@ class StreamedCalls:
                     self.called = True
                     call = DeltaToolCall(
                         index=event.index,
-                        id=call_id(),
+                        id=self.parser.call_id(),
                         type="function",
                         function=DeltaFunctionCall(name=event.name, arguments=""),
                     )

@@ -28,6 +28,7 @@ class CallSequenceParser(ToolCallParser):
                 return
             if self._state == CALL:
                 i = self._feed_call(text, i)
+                assert self._call is not None
                 if self._call.done or self._call.failed:
                     self._state = self.after_call if self._end_call() else CONTENT
             else:

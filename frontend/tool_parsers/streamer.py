@@ -11,7 +11,8 @@ them, so a stream's pieces join to the non-streaming answer.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import uuid
+from typing import NamedTuple, Protocol
 
 from frontend.tool_parsers.json_scan import CallObjectScanner
 
@@ -19,7 +20,7 @@ from frontend.tool_parsers.json_scan import CallObjectScanner
 class ToolCallDelta(NamedTuple):
     """A piece of one tool call: its name on the call's first piece, then arguments text."""
 
-    index: int  # the call's position in the output, from 0
+    index: int  # type: ignore[assignment]  # the call's position in the output, from 0
     name: str | None
     arguments: str
 
@@ -42,6 +43,28 @@ class ExtractedToolCalls(NamedTuple):
     calls: list[ToolCall]
 
 
+class CallScanner(Protocol):
+    """What reads one call's text: CallObjectScanner (a JSON call object), ArgumentsScanner
+    (a call whose name came first: its JSON arguments)."""
+
+    name: str | None
+    done: bool
+    failed: bool
+
+    @property
+    def valid(self) -> bool: ...
+
+    @property
+    def in_string(self) -> bool: ...
+
+    def feed(self, text: str, pos: int = 0) -> tuple[int, str]: ...
+
+
+def openai_call_id() -> str:
+    """A new tool call id, in OpenAI's form."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 def partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of text that could begin marker (held until more text)."""
     for k in range(min(len(marker) - 1, len(text)), 0, -1):
@@ -60,6 +83,9 @@ class ToolCallParser:
 
     # Whether the calls' markers are special tokens that decoding must keep.
     needs_special_tokens = False
+    # Whether the parser reads the request's tools (their parameters' JSON schemas): it is
+    # then made with tools={name: parameters schema}.
+    uses_tool_schemas = False
 
     def __init__(self, eager: bool = True) -> None:
         self.eager = eager
@@ -67,7 +93,7 @@ class ToolCallParser:
         self._out: list[StreamEvent] = []
         self._held_whitespace = ""
         self._wrote_content = False
-        self._call: CallObjectScanner | None = None
+        self._call: CallScanner | None = None
         self._call_raw: list[str] = []
         self._call_events: list[ToolCallDelta] = []
         self._call_args: list[str] = []
@@ -97,6 +123,11 @@ class ToolCallParser:
         self.eager = False
         return collect(self.feed(text) + self.finish())
 
+    @staticmethod
+    def call_id() -> str:
+        """A new id for a call this parser read (OpenAI's form unless the format needs its own)."""
+        return openai_call_id()
+
     # ---- for subclasses ----
 
     def _consume(self, text: str) -> None:
@@ -114,21 +145,28 @@ class ToolCallParser:
         self._held_whitespace += text[len(body) :]
 
     def _begin_call(
-        self, marker: str = "", argument_keys: tuple[str, ...] = ("arguments", "parameters")
+        self,
+        marker: str = "",
+        argument_keys: tuple[str, ...] = ("arguments", "parameters"),
+        scanner: CallScanner | None = None,
     ) -> None:
-        """A call starts (marker: its opening text, returned to the content if it fails)."""
-        self._call = CallObjectScanner(argument_keys)
+        """A call starts (marker: its opening text, returned to the content if it fails), read by
+        scanner (default: a JSON call object with these argument keys)."""
+        self._call = scanner if scanner is not None else CallObjectScanner(argument_keys)
         self._call_raw = [self._held_whitespace + marker]
         self._held_whitespace = ""
         self._call_events, self._call_args = [], []
         self._call_started = self._call_sent = False
 
-    def _feed_call(self, text: str, pos: int) -> int:
-        """Feed text[pos:] to the call's object; the index after what it consumed."""
+    def _feed_call(self, text: str, pos: int, record: bool = True) -> int:
+        """Feed text[pos:] to the call's scanner; the index after what it consumed. record=False:
+        the text is not the model's (arguments a parser converted; it records the model's text
+        with _record)."""
         call = self._call
         assert call is not None
         end, arguments = call.feed(text, pos)
-        self._call_raw.append(text[pos:end])
+        if record:
+            self._call_raw.append(text[pos:end])
         if arguments:
             self._call_args.append(arguments)
         if call.name is not None:

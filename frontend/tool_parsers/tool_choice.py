@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -64,9 +64,13 @@ def resolve_tool_choice(
                 "tool_choice",
             )
         parser = TOOL_PARSERS[auto_parser]
+        make: Callable[..., ToolCallParser] = parser
+        if parser.uses_tool_schemas:  # e.g. qwen3_coder converts values by their types
+            schemas = {name: fn.parameters or _NO_PARAMETERS for name, fn in functions.items()}
+            make = functools.partial(cast(Callable[..., ToolCallParser], parser), tools=schemas)
         return ToolChoice(
             template_tools,
-            parser=parser,
+            parser=make,
             parallel=parallel,
             keep_special_tokens=parser.needs_special_tokens,
         )
@@ -108,8 +112,8 @@ def _required_schema(functions: dict[str, FunctionDefinition], parallel: bool) -
     calls = []
     for fn in functions.values():
         parameters = dict(fn.parameters or _NO_PARAMETERS)
-        for name, schema in parameters.pop("$defs", {}).items():
-            if defs.setdefault(name, schema) != schema:
+        for name, definition in parameters.pop("$defs", {}).items():
+            if defs.setdefault(name, definition) != definition:
                 raise bad_request(
                     f"the tools define $defs {name!r} differently; tool_choice "
                     "'required' needs one definition",
