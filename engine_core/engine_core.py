@@ -84,7 +84,7 @@ class EngineCore:
                 config = self.config
                 assert config.arch is not None
                 manager = StructuredOutputManager(
-                    config.model.tokenizer or config.model_path,
+                    config.tokenizer_path,
                     config.arch.vocab_size,
                     list(config.arch.eos_token_ids),
                     config.scheduler.max_num_seqs,
@@ -105,7 +105,9 @@ class EngineCore:
         constraint = request.sampling_params.structured_outputs
         if constraint is not None:
             try:
-                req.grammar = self._structured_output().request_grammar(constraint)
+                req.grammar = self._structured_output().request_grammar(
+                    constraint, request.sampling_params.reasoning_end_token_ids
+                )
             except ValueError as e:
                 raise InvalidRequestError(str(e)) from None
         return req

@@ -41,6 +41,7 @@ def validate_request(req: EngineCoreRequest, config: EngineConfig) -> None:
         ("logit_bias", (params.logit_bias or {}).keys()),
         ("allowed_token_ids", params.allowed_token_ids or ()),
         ("bad_words", (t for w in params.bad_words_token_ids or () for t in w)),
+        ("reasoning_end", (t for w in params.reasoning_end_token_ids or () for t in w)),
     ):
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:

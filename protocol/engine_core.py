@@ -94,7 +94,7 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
 # ---- The wire protocol of the engine core process (docs/protocol.md) ----
 
 # Bumped on any change a peer of the previous version would misread.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class RequestType(enum.IntEnum):

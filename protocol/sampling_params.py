@@ -84,6 +84,11 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     # last token of a sequence is banned when the output so far ends with the tokens before it.
     bad_words: list[str] | None = None
     bad_words_token_ids: list[list[int]] | None = None
+    # A reasoning model's structured_outputs apply to its answer only: the grammar starts after
+    # the output first ends with one of these token sequences (the reasoning's end, e.g.
+    # [[id of "</think>"]]); None: from the first token. The API server and LLM.chat set it
+    # from --reasoning-parser (frontend/reasoning).
+    reasoning_end_token_ids: list[list[int]] | None = None
     # Keep only the prompt's last k tokens (-1: as many as the model's context allows);
     # applied where the prompt is tokenized.
     truncate_prompt_tokens: int | None = None
@@ -150,6 +155,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise ValueError("bad_words must be non-empty strings")
         if self.bad_words_token_ids is not None and any(not w for w in self.bad_words_token_ids):
             raise ValueError("bad_words_token_ids must hold non-empty token id lists")
+        if self.reasoning_end_token_ids is not None and (
+            not self.reasoning_end_token_ids or any(not s for s in self.reasoning_end_token_ids)
+        ):
+            raise ValueError("reasoning_end_token_ids must hold non-empty token id lists")
         if self.truncate_prompt_tokens is not None and not (
             self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1
         ):

@@ -15,7 +15,7 @@ import msgspec
 from protocol.sampling_params import SamplingParams
 
 # Bumped on any change a peer of the previous version would misread.
-TOKENIZER_PROTOCOL_VERSION = 3
+TOKENIZER_PROTOCOL_VERSION = 4
 
 
 class ApiRequestType(enum.IntEnum):

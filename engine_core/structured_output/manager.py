@@ -20,6 +20,7 @@ import xgrammar as xgr
 
 from engine_core.structured_output.backend import GrammarBackend, bitmask_width
 from engine_core.structured_output.grammar import build_grammar, grammar_key
+from engine_core.structured_output.reasoning_gate import ReasoningGate
 from protocol.sampling_params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
@@ -29,13 +30,22 @@ _CACHE_SIZE = 512
 
 
 class RequestGrammar:
-    """One request's constraint: its compile (shared) and, once compiled, its own matcher."""
+    """One request's constraint: its compile (shared) and, once compiled, its own matcher;
+    for a reasoning model, the gate that holds the grammar back until the reasoning ends."""
 
-    __slots__ = ("compiled", "_matcher")
+    __slots__ = ("compiled", "_matcher", "reasoning")
 
-    def __init__(self, compiled: Future[xgr.CompiledGrammar]) -> None:
+    def __init__(
+        self, compiled: Future[xgr.CompiledGrammar], reasoning: ReasoningGate | None = None
+    ) -> None:
         self.compiled = compiled
         self._matcher: xgr.GrammarMatcher | None = None
+        self.reasoning = reasoning
+
+    @property
+    def active(self) -> bool:
+        """True once the grammar constrains the output (no reasoning, or it has ended)."""
+        return self.reasoning is None or self.reasoning.ended
 
     @property
     def ready(self) -> bool:
@@ -54,7 +64,11 @@ class RequestGrammar:
         return self._matcher
 
     def accept(self, token_id: int) -> bool:
-        """Advance past a sampled token; False when the grammar does not allow it."""
+        """Advance past a sampled token; False when the grammar does not allow it. A token of
+        the reasoning goes to the gate instead (the grammar starts with the next one)."""
+        if self.reasoning is not None and not self.reasoning.ended:
+            self.reasoning.feed(token_id)
+            return True
         return self.matcher.accept_token(token_id)
 
     @property
@@ -79,17 +93,22 @@ class StructuredOutputManager:
         # Rows for the requests that sample in one step; shipped as bytes with the step.
         self._bitmask = torch.zeros((max_num_seqs, bitmask_width(vocab_size)), dtype=torch.int32)
 
-    def request_grammar(self, params: StructuredOutputsParams) -> RequestGrammar:
+    def request_grammar(
+        self, params: StructuredOutputsParams, reasoning_end: list[list[int]] | None = None
+    ) -> RequestGrammar:
         """Start (or share) the compile of a request's constraint; ValueError when invalid.
+        With reasoning_end the grammar applies only after the output ends with one of those
+        token sequences (ReasoningGate).
 
         Thread-safe: the engine core process calls it from its I/O thread.
         """
         key = grammar_key(params)
+        gate = ReasoningGate(reasoning_end) if reasoning_end else None
         with self._lock:
             compiled = self._cache.get(key)
             if compiled is not None and not (compiled.done() and compiled.exception()):
                 self._cache.move_to_end(key)
-                return RequestGrammar(compiled)
+                return RequestGrammar(compiled, gate)
         grammar = build_grammar(params)  # parse outside the lock; raises ValueError
         with self._lock:
             if self._backend is None:  # the first constrained request loads the vocabulary
@@ -103,7 +122,7 @@ class StructuredOutputManager:
                 self._cache[key] = compiled
                 while len(self._cache) > _CACHE_SIZE:
                     self._cache.popitem(last=False)
-            return RequestGrammar(compiled)
+            return RequestGrammar(compiled, gate)
 
     @staticmethod
     def wait_any(grammars: list[RequestGrammar], timeout: float) -> None:
@@ -114,7 +133,10 @@ class StructuredOutputManager:
         """The next-token bitmask of each grammar, one row each, as little-endian int32 bytes."""
         bitmask = self._bitmask
         for row, grammar in enumerate(grammars):
-            grammar.matcher.fill_next_token_bitmask(bitmask, row)
+            if grammar.active:
+                grammar.matcher.fill_next_token_bitmask(bitmask, row)
+            else:  # still reasoning: every token allowed
+                bitmask[row].fill_(-1)
         return bitmask[: len(grammars)].numpy().astype("<i4", copy=False).tobytes()
 
     def shutdown(self) -> None:
