@@ -43,9 +43,37 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
         (
             "--model",
             "model",
-            dict(help="model directory or .gguf file (default: SmolLM2-135M-Instruct)"),
+            dict(
+                help="model directory, .gguf file, Hugging Face Hub id (org/name) or a Hub GGUF "
+                "repository's file (org/name:Q4_K_M) (default: SmolLM2-135M-Instruct)"
+            ),
         ),
-        ("--tokenizer", "tokenizer", dict(help="tokenizer directory (default: the model's)")),
+        (
+            "--tokenizer",
+            "tokenizer",
+            dict(help="tokenizer directory or Hub id (default: the model's)"),
+        ),
+        (
+            "--revision",
+            "revision",
+            dict(help="a Hub model's branch, tag or commit (default: main)"),
+        ),
+        (
+            "--tokenizer-revision",
+            "tokenizer_revision",
+            dict(help="a Hub tokenizer's branch, tag or commit (default: --revision)"),
+        ),
+        (
+            "--hf-token",
+            "hf_token",
+            dict(
+                nargs="?",
+                const=True,
+                metavar="TOKEN",
+                help="Hugging Face token for private or gated Hub models (default, or without "
+                "a value: $HF_TOKEN, else the one `hf auth login` saved)",
+            ),
+        ),
         (
             "--served-model-name",
             "served_model_name",
@@ -314,6 +342,14 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "load": [
         ("--load-format", "load_format", dict(choices=LOAD_FORMATS, help="dummy: random weights")),
         ("--device", "device", dict(choices=DEVICES, help="auto: CUDA when present, else CPU")),
+        (
+            "--download-dir",
+            "download_dir",
+            dict(
+                help="Hugging Face cache to find Hub models in and download them to (default: "
+                "$HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)"
+            ),
+        ),
     ],
 }
 

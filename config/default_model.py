@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from config.gguf_convert import convert_gguf
+from config.hub import HubOptions, gguf_file, parse_hub_id, snapshot_dir
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_ALIASES = frozenset({DEFAULT_MODEL, f"HuggingFaceTB/{DEFAULT_MODEL}"})
@@ -47,8 +48,9 @@ def gguf_cache_dir(gguf_path: Path) -> Path:
     return cache_root() / "models" / f"{gguf_path.stem}-{digest}"
 
 
-def gguf_source(model: str | None) -> Path | None:
-    """The GGUF file a model argument names (the default model's, or a .gguf path), else None."""
+def gguf_source(model: str | None, hub: HubOptions | None = None) -> Path | None:
+    """The GGUF file a model argument names (the default model's, a .gguf path, or a Hub GGUF
+    repository's file as org/name:QUANT, from the cache or downloaded), else None."""
     if model is None or model in DEFAULT_MODEL_ALIASES:
         return find_default_gguf()
     path = Path(model).expanduser()
@@ -56,13 +58,32 @@ def gguf_source(model: str | None) -> Path | None:
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
         return path
+    hub_id = parse_hub_id(model) if ":" in model else None
+    if hub_id is not None and hub_id[1] is not None:
+        return gguf_file(hub_id[0], hub_id[1], hub or HubOptions())
     return None
 
 
-def resolve_model_path(model: str | None) -> Path:
-    """Return a local model directory: the default or a .gguf file (converted once), or an
-    existing dir."""
-    gguf_path = gguf_source(model)
+def names_gguf(model: str | None) -> bool:
+    """Whether the model argument names a GGUF model (gguf_source's kinds), without looking it
+    up."""
+    if model is None or model in DEFAULT_MODEL_ALIASES or Path(model).suffix == ".gguf":
+        return True
+    hub_id = parse_hub_id(model) if ":" in model else None
+    return hub_id is not None and hub_id[1] is not None
+
+
+def resolve_model_path(
+    model: str | None,
+    hub: HubOptions | None = None,
+    *,
+    weights: bool = True,
+    tokenizer: bool = True,
+) -> Path:
+    """Return a local model directory: the default or a GGUF file (converted once), an existing
+    dir, or a Hub id's snapshot (config.json, the safetensors weights when weights, the
+    tokenizer when tokenizer) from the Hugging Face cache or downloaded (config/hub.py)."""
+    gguf_path = gguf_source(model, hub)
     if gguf_path is not None:
         default = model is None or model in DEFAULT_MODEL_ALIASES
         out = cache_root() / "models" / gguf_path.stem if default else gguf_cache_dir(gguf_path)
@@ -71,8 +92,35 @@ def resolve_model_path(model: str | None) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    hub_id = parse_hub_id(model)
+    if hub_id is not None:
+        return snapshot_dir(hub_id[0], hub or HubOptions(), weights=weights, tokenizer=tokenizer)
     raise FileNotFoundError(
-        f"model {model!r}: no local directory or .gguf file at {path}; the engine loads local "
-        f"model directories and GGUF files only (model hubs are not reachable), or "
-        f"{DEFAULT_MODEL} by default"
+        f"model {model!r}: no local directory or .gguf file at {path}, nor a Hugging Face Hub id "
+        f"(org/name, or org/name:QUANT for a GGUF repository's file); or {DEFAULT_MODEL} by "
+        f"default"
     )
+
+
+def resolve_tokenizer_path(
+    tokenizer: str | None, model: str | None, model_path: Path, hub: HubOptions
+) -> Path:
+    """The tokenizer's local directory: tokenizer as an existing path, else as a Hub id (its
+    tokenizer files at hub.revision, cached or downloaded). None means the model's own:
+    model_path, or for a Hub model its repository's tokenizer at hub.revision."""
+    name = tokenizer
+    if name is None:
+        hub_id = parse_hub_id(model) if model is not None else None
+        if hub_id is None or hub_id[1] is not None:
+            return model_path  # a local folder, or a GGUF model's tokenizer (its converted dir)
+        name = hub_id[0]
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    hub_id = parse_hub_id(name)
+    if hub_id is None or hub_id[1] is not None:
+        raise FileNotFoundError(
+            f"tokenizer {name!r}: no local directory at {path}, nor a Hugging Face Hub id "
+            f"(org/name)"
+        )
+    return snapshot_dir(hub_id[0], hub, weights=False, tokenizer=True, what="tokenizer")

@@ -4,7 +4,7 @@ model directory once, and its JSON form for the processes that receive it."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ class EngineConfig:
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     # Filled by resolve():
     model_path: str = ""
+    # The tokenizer's folder: model_path, --tokenizer's, or a Hub tokenizer's snapshot.
+    tokenizer_path: str = ""
     arch: ModelArchConfig | None = None
     device_type: str = ""
     torch_dtype_name: str = ""
@@ -51,9 +53,7 @@ class EngineConfig:
         """Locate the model, read its config, and check the settings against it.
         cpu_kernels_available: whether the C CPU kernels load here (kernels/cpu_library.py's
         available(); engine_core/resolve.py passes it), asked only for a GGUF model on the CPU."""
-        from config.default_model import resolve_model_path
-
-        self.model_path = str(resolve_model_path(self.model.model))
+        self._locate_model()
         self.arch = ModelArchConfig.from_model_dir(self.model_path)
         self.device_type = self.device.resolved()
         check_checkpoint_quantization(self.arch, f"{self.model_path}/config.json")
@@ -67,7 +67,7 @@ class EngineConfig:
         if self.model.quantization == "gguf":
             self.load.load_format = "gguf"  # the loader reads the GGUF file itself
         check_checkpoint(self.model_path, self.arch, self.load.load_format)
-        check_family_config(self.arch, self.parallel, Path(self.model_path).name)
+        check_family_config(self.arch, self.parallel, self.model_name)
         self.torch_dtype_name = _resolve_dtype(
             self.model.dtype, self.arch.torch_dtype, self.device_type
         )
@@ -116,11 +116,41 @@ class EngineConfig:
         # experts' split is check_family_config's).
         if self.arch.architecture not in FAMILY_PARSERS and self.arch.intermediate_size % tp:
             raise ConfigError(
-                f"model {Path(self.model_path).name} ({self.arch.architecture}): config.json's "
+                f"model {self.model_name} ({self.arch.architecture}): config.json's "
                 f"intermediate_size ({self.arch.intermediate_size}) is not divisible by "
                 f"tensor_parallel_size {tp}"
             )
         return self
+
+    def _locate_model(self) -> None:
+        """model_path and tokenizer_path: local folders, Hub ids' snapshots (config/hub.py) or
+        converted GGUF files. The token goes after use: the resolved configuration is passed
+        to the processes it starts on their command lines."""
+        from config.default_model import resolve_model_path, resolve_tokenizer_path
+        from config.hub import HubOptions
+
+        model = self.model
+        hub = HubOptions(model.revision, self.load.download_dir, model.hf_token)
+        tokenizer_hub = replace(hub, revision=model.tokenizer_revision or model.revision)
+        own_tokenizer = model.tokenizer is None and tokenizer_hub.revision == hub.revision
+        weights = self.load.load_format != "dummy"
+        path = resolve_model_path(model.model, hub, weights=weights, tokenizer=own_tokenizer)
+        self.model_path = str(path)
+        self.tokenizer_path = self.model_path
+        if not own_tokenizer:
+            tokenizer = resolve_tokenizer_path(model.tokenizer, model.model, path, tokenizer_hub)
+            self.tokenizer_path = str(tokenizer)
+        model.hf_token = None
+
+    @property
+    def model_name(self) -> str:
+        """The model as messages name it: a Hub id as given, else the folder's name."""
+        from config.hub import parse_hub_id
+
+        given = self.model.model
+        if given is not None and parse_hub_id(given) is not None:
+            return given
+        return Path(self.model_path).name or self.model_path
 
     def cuda_graph_capture_sizes(self) -> list[int]:
         """The decode batch sizes to capture as CUDA graphs, ascending; none on the CPU, with

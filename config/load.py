@@ -14,6 +14,9 @@ class LoadConfig:
     """Where weights come from."""
 
     load_format: str = "auto"
+    # vLLM's --download-dir: the Hugging Face cache a Hub model is looked up in and downloaded
+    # to (None: huggingface_hub's, from HF_HUB_CACHE or HF_HOME).
+    download_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:

@@ -18,6 +18,12 @@ class ModelConfig:
 
     model: str | None = None
     tokenizer: str | None = None
+    # vLLM's --revision, --tokenizer-revision (default: revision) and --hf-token (a token, or True
+    # for huggingface_hub's saved one): a Hub model's branch, tag or commit (config/hub.py).
+    # EngineConfig.resolve() drops hf_token: the resolved configuration travels in argv.
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    hf_token: str | bool | None = None
     # One name or several (vLLM's list): the API answers to each; the first is the one reported
     # (responses, metrics). None: the --model value. served_model_names holds them all.
     served_model_name: str | list[str] | None = None

@@ -27,10 +27,10 @@ def resolve_quantization(
     --load-format gguf asks for the same. Refuses what the quantized path cannot run. On
     the CPU activations are float32 (the C kernels); on CUDA they take the model's dtype
     (the Triton kernels dequantize into it)."""
-    from config.default_model import gguf_source
+    from config.default_model import names_gguf
 
     requested = "gguf" if load.load_format == "gguf" else model.quantization
-    is_gguf = gguf_source(model.model) is not None
+    is_gguf = names_gguf(model.model)
     tp = tensor_parallel_size
     if requested is None:
         auto = (
@@ -44,8 +44,8 @@ def resolve_quantization(
         return "gguf" if auto else None
     if not is_gguf:
         raise ConfigError(
-            f"quantization 'gguf' needs a GGUF model (a .gguf file or the "
-            f"default model), not {model.model!r}"
+            f"quantization 'gguf' needs a GGUF model (a .gguf file, a Hub GGUF repository's "
+            f"org/name:QUANT or the default model), not {model.model!r}"
         )
     if device_type not in ("cpu", "cuda"):
         raise ConfigError(

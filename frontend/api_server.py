@@ -374,7 +374,7 @@ async def run_api_server(args: argparse.Namespace) -> int:
     if args.index == 0:
         log_defaults(defaults)
     http = HttpOptions.from_args(args)
-    tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
+    tokenizer = load_tokenizer(config.tokenizer_path)
     # Started beside the engine core, we wait for the tokenizer processes as long as the model
     # loads (the launcher enforces --startup-timeout); a stop signal meanwhile ends us cleanly.
     connect = asyncio.create_task(

@@ -56,7 +56,7 @@ class LLM:
     ) -> None:
         config = resolved_config(model=model, **engine_args)
         self.config = config
-        self.tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
+        self.tokenizer = load_tokenizer(config.tokenizer_path)
         self.engine: EngineCoreClient | InprocClient = (
             EngineCoreClient(engine_args=config) if engine_process else InprocClient(config)
         )

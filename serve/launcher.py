@@ -131,6 +131,8 @@ class Launcher:
         try:
             self.config = resolved_config(**self.engine_args)
             assert self.config.arch is not None
+            if self.config.model_path != self.config.model.model:  # a Hub id, a GGUF file
+                print(f"engine serve: model from {self.config.model_path}", flush=True)
             self.api.chat.check_model_type(self.config.arch.model_type)  # gpt-oss: harmony
         except (ConfigError, OSError, RuntimeError, ValueError) as e:  # no model, or bad flags
             raise LaunchError(str(e)) from None

@@ -449,7 +449,7 @@ async def run_tokenizer_proc(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     apply_log_options(config.observability)
-    tokenizer = load_tokenizer(config.model.tokenizer or config.model_path)
+    tokenizer = load_tokenizer(config.tokenizer_path)
     connect = asyncio.create_task(
         DPEngineCoreClient.create(engine_addresses, client_name=f"tokenizer-{index}")
     )

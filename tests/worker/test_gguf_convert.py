@@ -246,14 +246,24 @@ def test_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("model", "pattern"),
     [
-        ("/no/such/dir", r"/no/such/dir.*hubs are not reachable"),
-        ("meta-llama/Llama-3.2-1B", r"meta-llama/Llama-3\.2-1B.*hubs are not reachable"),
+        ("/no/such/dir", r"/no/such/dir.*nor a Hugging Face Hub id"),
         ("/no/such/model.gguf", r"GGUF file not found: /no/such/model\.gguf"),
     ],
 )
 def test_unresolvable_models(model: str, pattern: str) -> None:
     with pytest.raises(FileNotFoundError, match=pattern):
         resolve_model_path(model)
+
+
+def test_a_hub_id_absent_offline_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Hub ids resolve through the Hugging Face cache (tests/test_hub_models.py)."""
+    from config.hub import HubOptions
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match=r"meta-llama/Llama-3\.2-1B \(revision main\) cannot"):
+        resolve_model_path("meta-llama/Llama-3.2-1B", HubOptions(download_dir=str(tmp_path)))
 
 
 def test_existing_directory_is_returned_as_is(tmp_path: Path) -> None:
