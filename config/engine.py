@@ -71,13 +71,22 @@ class EngineConfig:
         self.torch_dtype_name = _resolve_dtype(
             self.model.dtype, self.arch.torch_dtype, self.device_type
         )
-        limit = self.arch.max_position_embeddings
+        # Linear, dynamic NTK and YaRN scaling extend the context (config/rope_arch.py); the
+        # default stays max_position_embeddings, as the model's rotary tables are sized for both.
+        limit = self.arch.max_context_len
         if self.model.max_model_len is None:
-            self.model.max_model_len = limit
+            self.model.max_model_len = self.arch.max_position_embeddings
         elif self.model.max_model_len > limit:
+            positions = self.arch.max_position_embeddings
+            scaling = self.arch.rope_scaling or {}
+            extended = (
+                f" extended by its {scaling.get('rope_type')} rope scaling to {limit}"
+                if limit > positions
+                else ""
+            )
             raise ConfigError(
                 f"max_model_len {self.model.max_model_len} exceeds the model's "
-                f"max_position_embeddings {limit}"
+                f"max_position_embeddings {positions}{extended}"
             )
         # A kernel that cannot run these would fail at the first forward, after the model loaded.
         attention_backends_for(

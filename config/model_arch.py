@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from config.hf_defaults import filled
+from config.rope_arch import SUPPORTED_ROPE_TYPES, rope_context_len, rope_scaling, rotary_dim
 
-# Rope scaling types the model code implements; anything else is refused at load time.
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+__all__ = ["SUPPORTED_ROPE_TYPES", "ModelArchConfig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,18 +67,7 @@ class ModelArchConfig:
         rope_params = cfg.get("rope_parameters") or {}
         # transformers 5 keeps rope_theta under rope_parameters; older configs keep it at top level.
         rope_theta = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        rope_scaling = cfg.get("rope_scaling")
-        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-            rope_scaling = dict(rope_params)
-        if rope_scaling is not None:
-            rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-            if rope_type not in SUPPORTED_ROPE_TYPES:
-                raise ValueError(
-                    f"{source}: rope scaling type {rope_type!r} is not supported "
-                    f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
-                )
-            if rope_type == "default":
-                rope_scaling = None
+        scaling = rope_scaling(cfg, source)
         mla = _latent_attention(cfg, source)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
@@ -94,7 +83,7 @@ class ModelArchConfig:
             vocab_size=vocab,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
-            rope_scaling=rope_scaling,
+            rope_scaling=scaling,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", False)),
@@ -133,6 +122,18 @@ class ModelArchConfig:
         if not self.hf_config:
             return self.sliding_window
         return _layer_window(self.hf_config, layer_idx)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dims of each head the rotary embedding turns (head_dim unless the config's
+        partial_rotary_factor says fewer: Phi-4-mini's 0.75); for a family that reads it."""
+        return rotary_dim(self.hf_config, self.head_dim)
+
+    @property
+    def max_context_len(self) -> int:
+        """The longest max_model_len accepted: max_position_embeddings, extended by linear,
+        dynamic NTK and YaRN rope scaling as vLLM extends it (config/rope_arch.py)."""
+        return rope_context_len(self.max_position_embeddings, self.rope_scaling)
 
     @property
     def kv_elements_per_token(self) -> int:

@@ -7,8 +7,9 @@ kernels and three temporaries per layer; here one program per token rotates all 
 heads as one [heads, head_dim / 2] tile per half, in fp32, and stores back into x. x is usually a
 strided view: q and k sliced out of the qkv projection's output, so tokens are qkv rows apart.
 
-Tables are RotaryEmbedding.cos_sin's: cos and sin [T, 1, head_dim] (or [T, head_dim]) with sin's
-first half negated, so out = x * cos + cat(x2, x1) * sin, i.e. per half
+Tables are RotaryEmbedding.cos_sin's: cos and sin [T, 1, R] (or [T, R]) with sin's first half
+negated, R the rotary_dim (head_dim, or fewer under Phi's partial rotary: the head's dims from R on
+pass through), so over x's first R dims out = x * cos + cat(x2, x1) * sin, i.e. per half
 out1 = x1 * cos1 + x2 * sin1 and out2 = x2 * cos2 + x1 * sin2.
 No host syncs and no data-dependent sizes: the launches can be captured in CUDA graphs.
 """
@@ -27,14 +28,19 @@ def fits(x: torch.Tensor) -> bool:
 
 def rotary_cpu_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half rotary embedding in place on x [T, H, D] (heads packed; tokens any stride)
-    with per-token tables cos/sin [T, D] (or [T, 1, D]) whose sin has its first half negated."""
+    with per-token tables cos/sin [T, R] (or [T, 1, R]) whose sin has its first half negated:
+    the first R (rotary_dim, even, <= D) dims of each head turn, the rest are left as they are
+    (Phi's partial rotary)."""
     for t, name in ((x, "x"), (cos, "cos"), (sin, "sin")):
         check_cpu(t, name)
     check_rows(x, "x")
     tokens, heads, head_dim = x.shape
+    rotary_dim = cos.shape[-1] if cos.dim() else 0
     if (
         not (cos.is_contiguous() and sin.is_contiguous())
-        or cos.numel() != tokens * head_dim
+        or rotary_dim % 2
+        or not 0 < rotary_dim <= head_dim
+        or cos.numel() != tokens * rotary_dim
         or sin.shape != cos.shape
     ):
         raise ValueError(f"rotary tables {tuple(cos.shape)} do not match x {tuple(x.shape)}")
@@ -44,6 +50,7 @@ def rotary_cpu_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
         tokens,
         heads,
         head_dim,
+        rotary_dim,
         cos.data_ptr(),
         sin.data_ptr(),
         torch.get_num_threads(),

@@ -2,133 +2,71 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from config.rope_arch import rope_context_len
+from gpu_worker.layers.rope_scaling import (
+    ROPE_SCALINGS,
+    longrope_attention_factor,
+    rotary_angles,
+    yarn_attention_factor,
+)
 from kernels import cpu_binding, rotary
 
-
-def _linear(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
-    """Positions interpolated by `factor`: every frequency divided by it."""
-    return inv_freq / float(scaling["factor"])
-
-
-def _llama3(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
-    """Llama 3.1's: long wavelengths divided by `factor`, short ones kept, a smooth blend
-    between."""
-    factor = float(scaling["factor"])
-    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-    old_len = float(scaling["original_max_position_embeddings"])
-    wavelen = 2 * math.pi / inv_freq
-    smooth = (old_len / wavelen - low) / (high - low)
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
-    return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
-
-
-def _yarn(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
-    """YaRN's (as transformers' _compute_yarn_parameters): frequencies that turn fewer than
-    beta_slow times over the original context divided by `factor`, those turning more than
-    beta_fast times kept, a linear ramp over the dimensions between. The cos/sin scale that
-    goes with it is yarn_attention_factor's."""
-    dim, theta = 2 * inv_freq.numel(), float(scaling["rope_theta"])
-    factor = _yarn_factor(scaling)
-    beta_fast = float(scaling.get("beta_fast") or 32)
-    beta_slow = float(scaling.get("beta_slow") or 1)
-    old_len = float(scaling["original_max_position_embeddings"])
-
-    def correction_dim(rotations: float) -> float:
-        return (dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(theta))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if scaling.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001  # transformers' guard against a zero-width ramp
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    extrapolation = 1 - ramp  # the share of the unscaled frequency
-    return inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
-
-
-def _yarn_factor(scaling: dict[str, Any]) -> float:
-    factor = scaling.get("factor")
-    if factor is None:  # DeepSeek-V3 style: the ratio of the new context to the original
-        factor = scaling["max_position_embeddings"] / scaling["original_max_position_embeddings"]
-    return float(factor)
-
-
-def yarn_attention_factor(scaling: dict[str, Any]) -> float:
-    """The factor YaRN multiplies cos and sin by (transformers' attention_factor): the config's
-    attention_factor, else 0.1 * ln(factor) + 1 (or the ratio of that with mscale over that with
-    mscale_all_dim, where both are given), 1 for factor <= 1."""
-    if scaling.get("attention_factor") is not None:
-        return float(scaling["attention_factor"])
-    factor = _yarn_factor(scaling)
-
-    def mscale(scale: float = 1.0) -> float:
-        return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
-
-    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
-        return mscale(float(scaling["mscale"])) / mscale(float(scaling["mscale_all_dim"]))
-    return mscale()
-
-
-# The rope_scaling variants (config.json's rope_type): the default frequencies rescaled.
-ROPE_SCALINGS: dict[str, Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]] = {
-    "linear": _linear,
-    "llama3": _llama3,
-    "yarn": _yarn,
-}
-
-
-def _rope_type(scaling: dict[str, Any]) -> str:
-    return str(scaling.get("rope_type", scaling.get("type")))
-
-
-def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    if scaling is None:
-        return inv_freq
-    rescale = ROPE_SCALINGS.get(_rope_type(scaling))
-    if rescale is None:
-        raise ValueError(f"unsupported rope scaling {scaling!r}")
-    if float(scaling.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError(f"rope scaling {scaling!r}: partial_rotary_factor is not supported")
-    # YaRN's ramp reads the base and the context length (RotaryEmbedding adds the latter).
-    return rescale(inv_freq, {**scaling, "rope_theta": theta})
+__all__ = [
+    "ROPE_SCALINGS",
+    "RotaryEmbedding",
+    "longrope_attention_factor",
+    "yarn_attention_factor",
+]
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies rotary embeddings to q and k at given positions, from a precomputed table."""
+    """Applies rotary embeddings to q and k at given positions, from a precomputed table.
+
+    The first rotary_dim dims of each head rotate (rotate-half within them); the rest pass
+    through unchanged (Phi's partial_rotary_factor). The tables hold one row per position up to
+    the context the scaling extends the model to (config/rope_arch.py rope_context_len)."""
 
     def __init__(
-        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None = None
+        self,
+        head_dim: int,
+        max_positions: int,
+        theta: float,
+        scaling: dict[str, Any] | None = None,
+        rotary_dim: int | None = None,
     ) -> None:
+        """max_positions: the config's max_position_embeddings (which dynamic NTK, LongRoPE and
+        YaRN without a factor read); rotary_dim: head_dim unless given."""
         super().__init__()
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+            raise ValueError(f"rotary_dim {rotary_dim} must be even and within head_dim {head_dim}")
         if scaling is not None:
-            scaling = {**scaling, "max_position_embeddings": max_positions}
-        freqs = torch.outer(
-            torch.arange(max_positions, dtype=torch.float64), _inv_freq(head_dim, theta, scaling)
+            partial = float(scaling.get("partial_rotary_factor", rotary_dim / head_dim))
+            if int(head_dim * partial) != rotary_dim:
+                raise ValueError(
+                    f"rope scaling {scaling!r}: partial_rotary_factor {partial} does not give "
+                    f"the {rotary_dim} rotary dims of this model's {head_dim}-dim heads"
+                )
+            # The rules read the base and the config's context length (transformers' config).
+            scaling = {**scaling, "max_position_embeddings": max_positions, "rope_theta": theta}
+        angles, magnitude = rotary_angles(
+            rope_context_len(max_positions, scaling), rotary_dim, theta, scaling
         )
-        emb = torch.cat([freqs, freqs], dim=-1)
         self.head_dim = head_dim
-        # The leading dims of each head that rotate (all here; Phi's partial_rotary_factor less).
-        self.rotary_dim = head_dim
-        self.half = head_dim // 2
-        # YaRN scales cos and sin (so q.k by its square); the kernels take the tables as they are.
-        cos, sin = emb.cos(), emb.sin()
-        if scaling is not None and _rope_type(scaling) == "yarn":
-            magnitude = yarn_attention_factor(scaling)
-            cos *= magnitude
-            sin *= magnitude
-        sin[:, : self.half] *= -1  # folds rotate-half's negation into the table
-        self.register_buffer("cos", cos.float(), persistent=False)
-        self.register_buffer("sin", sin.float(), persistent=False)
+        # The leading dims of each head that rotate (Phi's partial_rotary_factor: fewer).
+        self.rotary_dim = rotary_dim
+        self.half = rotary_dim // 2
+        # YaRN and LongRoPE scale cos and sin (so q.k by the square); the kernels take the
+        # tables as they are. Both halves of a row share their angles: computed once.
+        cos, sin = (angles.cos() * magnitude).float(), (angles.sin() * magnitude).float()
+        # sin's first half negated folds rotate-half's negation into the table.
+        self.register_buffer("cos", torch.cat([cos, cos], dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat([-sin, sin], dim=-1), persistent=False)
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -139,7 +77,11 @@ class RotaryEmbedding(nn.Module):
         )
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim] -> rotated copy."""
+        """x: [T, heads, head_dim] -> rotated copy (the first rotary_dim dims of each head turn,
+        the rest are copied)."""
+        if self.rotary_dim != x.shape[-1]:
+            turned = self.apply(x[..., : self.rotary_dim], cos, sin)
+            return torch.cat((turned, x[..., self.rotary_dim :]), dim=-1)
         x1, x2 = x[..., : self.half], x[..., self.half :]
         return x * cos + torch.cat((x2, x1), dim=-1) * sin
 
@@ -153,13 +95,16 @@ class RotaryEmbedding(nn.Module):
                 from kernels.triton.rotary import rotary_
 
                 return rotary_(x, cos, sin)
-        x.copy_(self.apply(x, cos, sin))
+        turning = x[..., : self.rotary_dim]
+        turning.copy_(self.apply(turning, cos, sin))
         return x
 
     def fuses_qk_norm(self, x: torch.Tensor) -> bool:
         """Whether qk_norm_apply_ runs in one C kernel on x [T, heads, head_dim]: fp32 CPU tensors
-        with the kernels built and each token's heads packed."""
-        return cpu_binding.applies(x) and x.stride(1) == x.shape[2] and x.stride(2) == 1
+        with the kernels built and each token's heads packed, every dim rotating (the kernel
+        turns whole heads)."""
+        packed = x.stride(1) == x.shape[2] and x.stride(2) == 1
+        return cpu_binding.applies(x) and packed and self.rotary_dim == self.head_dim
 
     def qk_norm_apply_(
         self,

@@ -5,15 +5,16 @@
 #include "rows.h"
 
 /* Rotate-half rotary embedding in place on heads [T, H, D] (rows token_stride apart, heads
- * packed). cos/sin: [T, D] per-token tables, sin's first half already negated. */
+ * packed): the first rotary_dim (R) dims of each head turn, the rest pass through (Phi's
+ * partial rotary). cos/sin: [T, R] per-token tables, sin's first half already negated. */
 void rotary_f32(float *x, int64_t token_stride, int64_t tokens, int32_t heads, int32_t head_dim,
-                const float *cos, const float *sin, int32_t num_threads)
+                int32_t rotary_dim, const float *cos, const float *sin, int32_t num_threads)
 {
     #pragma omp parallel for num_threads(num_threads) schedule(static) if (tokens * heads > 512)
     for (int64_t t = 0; t < tokens; t++)
         for (int32_t h = 0; h < heads; h++)
-            rotate_head(x + t * token_stride + (int64_t)h * head_dim, cos + t * head_dim,
-                        sin + t * head_dim, head_dim);
+            rotate_head(x + t * token_stride + (int64_t)h * head_dim, cos + t * rotary_dim,
+                        sin + t * rotary_dim, rotary_dim);
 }
 
 /* Qwen3's per-head q/k RMSNorm then the rotary embedding, in place on x [T, q_heads + k_heads, D]

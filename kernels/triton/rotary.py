@@ -50,32 +50,36 @@ def _rotary_kernel(
     tl.store(x2_ptrs, out2.to(x_ptr.dtype.element_ty), mask=mask)
 
 
-def _check_table(t: torch.Tensor, name: str, x: torch.Tensor) -> None:
-    tokens, _, head_dim = x.shape
+def _check_table(t: torch.Tensor, name: str, x: torch.Tensor, rotary_dim: int) -> None:
+    tokens = x.shape[0]
     assert t.dtype in _DTYPES, f"{name} dtype {t.dtype} is not one of {_DTYPES}"
     assert t.device == x.device, f"{name} is on {t.device}, x on {x.device}"
-    assert t.shape in ((tokens, 1, head_dim), (tokens, head_dim)), (
-        f"{name} shape {tuple(t.shape)} is neither [T, 1, D] nor [T, D] for x {tuple(x.shape)}"
+    assert t.shape in ((tokens, 1, rotary_dim), (tokens, rotary_dim)), (
+        f"{name} shape {tuple(t.shape)} is neither [T, 1, R] nor [T, R] for x {tuple(x.shape)}"
     )
     assert t.stride(-1) == 1, f"{name}'s last dim must be contiguous"
 
 
 def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, head_dim] in place by the per-token tables cos/sin [T, 1, head_dim]
-    (or [T, head_dim]; sin's first half negated), in fp32; returns x.
+    """Rotate x [T, heads, head_dim] in place by the per-token tables cos/sin [T, 1, R]
+    (or [T, R]; sin's first half negated), in fp32; returns x. R, the rotary_dim, is even and at
+    most head_dim: each head's first R dims turn, the rest are left as they are (partial rotary).
 
     x may be strided over tokens and heads (q and k sliced out of a qkv projection) but its
     head_dim axis must be contiguous; the tables may be fp32 or 16-bit."""
     assert x.dim() == 3, f"x must be [T, heads, head_dim], got {tuple(x.shape)}"
     tokens, heads, head_dim = x.shape
+    rotary_dim = cos.shape[-1]
     assert x.dtype in _DTYPES, f"x dtype {x.dtype} is not one of {_DTYPES}"
-    assert head_dim % 2 == 0, f"head_dim {head_dim} must be even"
+    assert rotary_dim % 2 == 0 and 0 < rotary_dim <= head_dim, (
+        f"rotary_dim {rotary_dim} must be even and within head_dim {head_dim}"
+    )
     assert x.stride(2) == 1, "x's head_dim axis must be contiguous"
-    _check_table(cos, "cos", x)
-    _check_table(sin, "sin", x)
-    if tokens == 0 or heads == 0 or head_dim == 0:
+    _check_table(cos, "cos", x, rotary_dim)
+    _check_table(sin, "sin", x, rotary_dim)
+    if tokens == 0 or heads == 0:
         return x
-    half = head_dim // 2
+    half = rotary_dim // 2
     block_h = triton.next_power_of_2(heads)
     block_d = triton.next_power_of_2(half)
     _rotary_kernel[(tokens,)](

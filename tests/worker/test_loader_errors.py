@@ -130,24 +130,22 @@ def test_unknown_quant_method_is_refused_at_resolve(model_dir, method):
     "kind, rope",
     [
         (
-            "longrope",  # (yarn is supported since gpt-oss)
+            # (yarn, longrope and dynamic are supported: tests/worker/test_rope_scaling.py)
+            "proportional",
             {
                 "rope_parameters": {
-                    "rope_type": "longrope",
+                    "rope_type": "proportional",
                     "rope_theta": 10000.0,
-                    "factor": 4.0,
-                    "original_max_position_embeddings": 128,
-                    "short_factor": [1.0] * 8,
-                    "long_factor": [1.0] * 8,
+                    "partial_rotary_factor": 0.5,
                 }
             },
         ),
         (
-            "dynamic",
+            "mrope",
             {
                 "rope_parameters": None,
                 "rope_theta": 10000.0,  # the pre-v5 layout
-                "rope_scaling": {"type": "dynamic", "factor": 2.0},
+                "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
             },
         ),
     ],
