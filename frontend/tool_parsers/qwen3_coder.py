@@ -10,7 +10,8 @@ Paris
 
 Values are plain text (one newline after the opening tag and one before the closing tag are
 the format's), turned into JSON by the parameter's type in the tool's schema
-(frontend.tool_parsers.schema_values). Arguments are sent one parameter at a time."""
+(frontend.tool_parsers.schema_values). Arguments are sent one parameter at a time, a string
+value as it is written (long values, such as a file's text, stream)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from typing import Any
 
 from frontend.tool_parsers.buffered import BufferedParser
 from frontend.tool_parsers.json_scan import ArgumentsScanner
-from frontend.tool_parsers.schema_values import convert_value
+from frontend.tool_parsers.schema_values import convert_value, is_plain_string
+from frontend.tool_parsers.streamer import partial_suffix
 
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -42,6 +44,7 @@ class Qwen3CoderToolParser(BufferedParser):
         self.tools = tools or {}  # function name -> its parameters' JSON schema
         self._properties: dict[str, Any] = {}
         self._parameter = ""
+        self._text_started = False  # a plain string value's opening quote was sent
         self._arguments = 0
 
     def _step_own(self, state: str) -> bool:
@@ -63,7 +66,7 @@ class Qwen3CoderToolParser(BufferedParser):
             if matched:
                 self._record(self._pending)
                 self._pending = ""
-                self._feed_call("{}" if self._arguments == 0 else "}", 0, record=False)
+                self._send("{}" if self._arguments == 0 else "}")
                 self._state = _CLOSE
                 return True
             return self._read_tag(PARAMETER, self._begin_parameter)
@@ -108,22 +111,57 @@ class Qwen3CoderToolParser(BufferedParser):
         self._record(self._pending + tag)
         self._pending = ""
         self._parameter = name
+        self._text_started = False
         self._state = _VALUE
 
     def _read_value(self) -> bool:
+        """A parameter's value up to </parameter>; a plain string is sent as it comes."""
+        schema = self._properties.get(self._parameter)
         end = self._buf.find(PARAMETER_END)
+        if is_plain_string(schema):
+            return self._read_text(end)
         if end < 0:
             return False
         text = self._eat(end)
         self._record(text + self._eat(len(PARAMETER_END)))
         text = text.removeprefix("\n").removesuffix("\n")
-        value = convert_value(text, self._properties.get(self._parameter))
-        prefix = "{" if self._arguments == 0 else ", "
-        self._arguments += 1
-        piece = f"{prefix}{json.dumps(self._parameter, ensure_ascii=False)}: "
-        self._feed_call(piece + json.dumps(value, ensure_ascii=False), 0, record=False)
+        self._send(self._key() + json.dumps(convert_value(text, schema), ensure_ascii=False))
         self._state = _PARAMETERS
         return True
+
+    def _read_text(self, end: int) -> bool:
+        """A string value, escaped into the arguments piece by piece: the format's newline
+        after the tag is dropped, and text that may be the newline before </parameter> (or
+        the start of the tag) is held until it is known."""
+        if not self._text_started:
+            self._text_started = True
+            self._record(self._eat(1) if self._buf.startswith("\n") else "")
+            self._send(self._key() + '"')
+            return bool(self._buf)
+        if end >= 0:
+            text = self._eat(end)
+            self._record(text + self._eat(len(PARAMETER_END)))
+            self._send(json.dumps(text.removesuffix("\n"), ensure_ascii=False)[1:])
+            self._state = _PARAMETERS
+            return True
+        keep = max(
+            partial_suffix(self._buf, "\n" + PARAMETER_END),
+            partial_suffix(self._buf, PARAMETER_END),
+        )
+        text = self._eat(len(self._buf) - keep)
+        if text:
+            self._record(text)
+            self._send(json.dumps(text, ensure_ascii=False)[1:-1])
+        return False
+
+    def _key(self) -> str:
+        """The arguments' text before the parameter's value."""
+        prefix = "{" if self._arguments == 0 else ", "
+        self._arguments += 1
+        return f"{prefix}{json.dumps(self._parameter, ensure_ascii=False)}: "
+
+    def _send(self, arguments: str) -> None:
+        self._feed_call(arguments, 0, record=False)
 
     def _malformed(self) -> bool:
         """Text that does not fit: a started call ends malformed; then content again."""

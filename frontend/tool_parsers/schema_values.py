@@ -32,6 +32,15 @@ def parameter_type(schema: Any) -> tuple[str, bool]:
     return (kinds[0] if kinds else "null" if names else "string"), "null" in names
 
 
+def is_plain_string(schema: Any) -> bool:
+    """Whether every text is its own value (a string type that is not nullable, or a parameter
+    the tool does not name): such a value can be sent before it ends."""
+    if schema is None:
+        return True
+    kind, nullable = parameter_type(schema)
+    return kind in _STRING_TYPES and not nullable
+
+
 def convert_value(text: str, schema: Any) -> Any:
     """The JSON value of a parameter written as text, by its schema (None: not in the tool)."""
     if schema is None:

@@ -201,6 +201,19 @@ def test_qwen3_coder_malformed_stays_content(text):
     assert Qwen3CoderToolParser().extract("A " + text) == ("A " + text, [])
 
 
+def test_qwen3_coder_streams_string_values_as_they_come():
+    parser = Qwen3CoderToolParser(tools={"write": {"properties": {"n": {"type": "integer"}}}})
+    assert parser.feed("<tool_call>\n<function=write>\n<parameter=text>\nfirst") == [
+        ToolCallDelta(0, "write", ""),
+        ToolCallDelta(0, None, '{"text": "first'),
+    ]
+    # a newline that may be the format's is held until the next text shows it is not
+    assert parser.feed(' "line"\n') == [ToolCallDelta(0, None, ' \\"line\\"')]
+    assert parser.feed("second\n</param") == [ToolCallDelta(0, None, "\\nsecond")]
+    assert parser.feed("eter>\n<parameter=n>\n4\n") == [ToolCallDelta(0, None, '"')]
+    assert parser.feed("</parameter>\n</function>") == [ToolCallDelta(0, None, ', "n": 4}')]
+
+
 @pytest.mark.parametrize(
     "text,schema,value",
     [
