@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from config.dense_arch import check_granite, check_olmo2
 from config.errors import ConfigError
 from config.mla_arch import MLAConfig
 from config.model_arch import ModelArchConfig
@@ -38,6 +39,8 @@ FAMILY_PARSERS: dict[str, Callable[[dict[str, Any]], ExpertShape | None]] = {
     "GptOssForCausalLM": lambda cfg: GptOssMoeConfig.from_hf(cfg).experts(),
     "DeepseekV2ForCausalLM": _deepseek(2),
     "DeepseekV3ForCausalLM": _deepseek(3),
+    "GraniteForCausalLM": check_granite,
+    "Olmo2ForCausalLM": check_olmo2,
 }
 
 

@@ -33,6 +33,21 @@ _MLA: dict[str, Any] = {
 }
 
 TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "granite": {
+        "embedding_multiplier": 1.0,
+        "residual_multiplier": 1.0,
+        "attention_multiplier": 1.0,
+        "logits_scaling": 1.0,
+        "hidden_act": "silu",
+        "mlp_bias": False,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+    },
+    "olmo2": {
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 2048,
+    },
     "qwen3_moe": {
         "num_local_experts": 128,
         "num_experts_per_tok": 8,

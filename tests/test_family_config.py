@@ -28,6 +28,8 @@ SMALL: dict[str, Any] = dict(
     max_position_embeddings=512,
 )
 CONFIGS: dict[str, tuple[type[transformers.PretrainedConfig], str, dict[str, Any]]] = {
+    "granite": (transformers.GraniteConfig, "GraniteForCausalLM", {}),
+    "olmo2": (transformers.Olmo2Config, "Olmo2ForCausalLM", {}),
     "qwen3_moe": (
         transformers.Qwen3MoeConfig,
         "Qwen3MoeForCausalLM",

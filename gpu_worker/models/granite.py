@@ -1,0 +1,82 @@
+"""IBM Granite (3.x dense): Llama's layers with four scalars from config.json
+(config/dense_arch.py GraniteConfig): the token embeddings times embedding_multiplier, each
+attention and MLP output times residual_multiplier before its residual add, attention scores
+scaled by attention_multiplier (not head_dim ** -0.5), and the logits divided by
+logits_scaling. attention_bias puts biases on q, k, v and o."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from config.dense_arch import GraniteConfig
+from config.model_arch import ModelArchConfig
+from gpu_worker.layers.norm import RMSNorm
+from gpu_worker.layers.rotary import RotaryEmbedding
+from gpu_worker.models.blocks import GatedMLP, SelfAttention
+from gpu_worker.models.decoder import DecoderForCausalLM
+
+
+class GraniteDecoderLayer(nn.Module):
+    """The pre-norm layer with each block's output scaled by residual_multiplier before it joins
+    the residual stream; the residual add is fused into the next norm, as in DecoderLayer."""
+
+    def __init__(
+        self,
+        cfg: ModelArchConfig,
+        self_attn: SelfAttention,
+        mlp: nn.Module,
+        residual_multiplier: float,
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = self_attn
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = mlp
+        self.residual_multiplier = residual_multiplier
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rotary: RotaryEmbedding,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm.forward_with_residual(x, residual)
+        x = self.self_attn(x, rotary, cos, sin).mul_(self.residual_multiplier)
+        x, residual = self.post_attention_layernorm.forward_with_residual(x, residual)
+        return self.mlp(x).mul_(self.residual_multiplier), residual
+
+
+class GraniteForCausalLM(DecoderForCausalLM):
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        self.granite = GraniteConfig.from_hf(cfg.hf_config)
+        super().__init__(cfg)
+
+    def attention_block(self, cfg: ModelArchConfig, layer_idx: int) -> SelfAttention:
+        return SelfAttention(
+            cfg,
+            qkv_bias=cfg.attention_bias,
+            o_bias=cfg.attention_bias,
+            scale=self.granite.attention_multiplier,
+        )
+
+    def decoder_layer(self, cfg: ModelArchConfig, layer_idx: int) -> nn.Module:
+        return GraniteDecoderLayer(
+            cfg,
+            self.attention_block(cfg, layer_idx),
+            GatedMLP(cfg.hidden_size, cfg.intermediate_size),
+            self.granite.residual_multiplier,
+        )
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids).mul_(self.granite.embedding_multiplier)
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        # logits_scaling > 0 (GraniteConfig), so greedy_tokens' argmax of the unscaled
+        # projection stays valid.
+        return self.lm_head(hidden, out).float().div_(self.granite.logits_scaling)
