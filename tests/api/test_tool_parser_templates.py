@@ -140,6 +140,17 @@ def test_llama32_pythonic_template_unquoted_strings_stay_content(tokenizer):
     assert PythonicToolParser().extract(output) == (output, [])
 
 
+def test_llama4_pythonic_template(tokenizer):
+    # Llama 4's template quotes every value: strings read back as written (numbers would come
+    # back as strings: the template's, not the parser's, choice).
+    calls = [("get_weather", {"city": "Paris", "unit": "C"}), ("get_time", {"zone": "CET"})]
+    prompt = _render(tokenizer, "tool_chat_template_llama4_pythonic.jinja", _conversation(calls))
+    assert "Use exact format: [func_name1(param1=value1, param2=value2), func_name2(...)]" in prompt
+    output = _between(prompt, "<|header_start|>assistant<|header_end|>\n\n", "<|eot|>")
+    assert output == '[get_weather(city="Paris", unit="C"), get_time(zone="CET")]'
+    _check_reads_back(PythonicToolParser, output, calls)
+
+
 def test_qwen3coder_template(tokenizer):
     prompt = _render(tokenizer, "tool_chat_template_qwen3coder.jinja", _conversation(CALLS))
     assert "<function=example_function_name>" in prompt and "<name>get_weather</name>" in prompt
