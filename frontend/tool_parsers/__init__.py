@@ -10,7 +10,7 @@ from frontend.tool_parsers.hermes import HermesToolParser
 from frontend.tool_parsers.llama3_json import Llama3JsonToolParser
 from frontend.tool_parsers.mistral import MistralToolParser
 from frontend.tool_parsers.phi4_mini import Phi4MiniJsonToolParser
-from frontend.tool_parsers.pythonic import PythonicToolParser
+from frontend.tool_parsers.pythonic import Llama4PythonicToolParser, PythonicToolParser
 from frontend.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 from frontend.tool_parsers.streamer import ToolCallParser
 
@@ -20,6 +20,7 @@ TOOL_PARSERS: dict[str, type[ToolCallParser]] = {
     "granite": GraniteToolParser,
     "hermes": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
+    "llama4_pythonic": Llama4PythonicToolParser,
     "mistral": MistralToolParser,
     "phi4_mini_json": Phi4MiniJsonToolParser,
     "pythonic": PythonicToolParser,

@@ -18,11 +18,15 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # States: the list's '['; a call's name and '('; an argument's keyword and '=' (or the ')');
 # its value; after a call (',' or ']').
 _START, _CALL, _KEYWORD = "start", "call_name", "keyword"
-_VALUE, _AFTER_CALL = "value", "after_call"
+_VALUE, _AFTER_CALL, _END = "value", "after_call", "end"
 
 
 class PythonicToolParser(BufferedParser):
     """A list of calls from the start of the output; what follows the list is content."""
+
+    # Tokens a model may write around the list (Llama 4's), dropped: (before, after).
+    wrappers: tuple[str, str] | None = None
+    ensure_ascii = False  # how json.dumps writes the arguments (vLLM's choice per parser)
 
     def __init__(self, eager: bool = True) -> None:
         super().__init__(_START, eager)
@@ -34,6 +38,12 @@ class PythonicToolParser(BufferedParser):
             return False
         c = self._buf[0]
         if state == _START:
+            if self.wrappers is not None and c == "<" and self.wrappers[0] not in self._pending:
+                matched = self._match(self.wrappers[0])
+                if matched is None:
+                    return False
+                if matched:
+                    return True
             if c != "[":
                 return self._give_up()
             self._pending += self._eat(1)
@@ -49,8 +59,14 @@ class PythonicToolParser(BufferedParser):
         if c in ",]":
             self._eat(1)
             self._pending = ""
-            self._state = _CALL if c == "," else REST
+            self._state = _CALL if c == "," else _END
             return True
+        if state == _END:
+            matched = self.wrappers is not None and self._match(self.wrappers[1])
+            if matched is None:
+                return False
+            if matched:
+                self._pending = ""  # the closing token is no content
         return self._give_up()
 
     def _read_call_name(self) -> bool:
@@ -106,8 +122,9 @@ class PythonicToolParser(BufferedParser):
             return True
         prefix = "{" if self._arguments == 0 else ", "
         self._arguments += 1
-        piece = f"{prefix}{json.dumps(self._keyword, ensure_ascii=False)}: "
-        self._feed_call(piece + json.dumps(value, ensure_ascii=False), 0, record=False)
+        ascii_only = self.ensure_ascii
+        piece = f"{prefix}{json.dumps(self._keyword, ensure_ascii=ascii_only)}: "
+        self._feed_call(piece + json.dumps(value, ensure_ascii=ascii_only), 0, record=False)
         if self._buf[0] == ",":
             self._record(self._eat(1))
         self._state = _KEYWORD
@@ -116,3 +133,12 @@ class PythonicToolParser(BufferedParser):
     def _fail(self) -> None:
         self._fail_call()
         self._state = REST
+
+
+class Llama4PythonicToolParser(PythonicToolParser):
+    """vLLM's llama4_pythonic: the same list, which Llama 4 may wrap in <|python_start|> and
+    <|python_end|>; arguments JSON with non-ASCII escaped, as vLLM writes them."""
+
+    needs_special_tokens = True  # the wrappers are special tokens
+    wrappers = ("<|python_start|>", "<|python_end|>")
+    ensure_ascii = True

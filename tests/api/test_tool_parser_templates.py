@@ -17,7 +17,7 @@ from frontend.tool_parsers.deepseek_v3 import DeepSeekV3ToolParser
 from frontend.tool_parsers.granite import GraniteToolParser
 from frontend.tool_parsers.mistral import MistralToolParser
 from frontend.tool_parsers.phi4_mini import Phi4MiniJsonToolParser
-from frontend.tool_parsers.pythonic import PythonicToolParser
+from frontend.tool_parsers.pythonic import Llama4PythonicToolParser, PythonicToolParser
 from frontend.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 from frontend.tool_parsers.streamer import ToolCall, collect
 from tests.api.test_tool_calling_parsers import _chunkings, _streamed
@@ -149,6 +149,10 @@ def test_llama4_pythonic_template(tokenizer):
     output = _between(prompt, "<|header_start|>assistant<|header_end|>\n\n", "<|eot|>")
     assert output == '[get_weather(city="Paris", unit="C"), get_time(zone="CET")]'
     _check_reads_back(PythonicToolParser, output, calls)
+    _check_reads_back(Llama4PythonicToolParser, output, calls)
+    # Llama 4 may wrap its list in <|python_start|> ... <|python_end|> (vLLM's llama4_pythonic)
+    wrapped = "<|python_start|>" + output + "<|python_end|>"
+    _check_reads_back(Llama4PythonicToolParser, wrapped, calls)
 
 
 def test_qwen3coder_template(tokenizer):

@@ -16,7 +16,7 @@ from frontend.tool_parsers.deepseek_v3 import DeepSeekV3ToolParser
 from frontend.tool_parsers.granite import GraniteToolParser
 from frontend.tool_parsers.mistral import MistralToolParser
 from frontend.tool_parsers.phi4_mini import Phi4MiniJsonToolParser
-from frontend.tool_parsers.pythonic import PythonicToolParser
+from frontend.tool_parsers.pythonic import Llama4PythonicToolParser, PythonicToolParser
 from frontend.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 from frontend.tool_parsers.schema_values import convert_value
 from frontend.tool_parsers.streamer import ToolCall, ToolCallDelta
@@ -135,6 +135,24 @@ def test_pythonic_streams_each_argument_as_it_completes():
     assert events == [ToolCallDelta(0, "get_weather", "")]
     assert parser.feed('is", ') == [ToolCallDelta(0, None, '{"city": "Paris"')]
     assert parser.feed("days=3)") == [ToolCallDelta(0, None, ', "days": 3}')]
+
+
+@pytest.mark.parametrize(
+    "text,content,calls",
+    [
+        (
+            '<|python_start|>[get_weather(city="Zürich"), get_time()]<|python_end|>',
+            None,
+            [ToolCall("get_weather", '{"city": "Z\\u00fcrich"}'), TIME],  # as vLLM: ASCII
+        ),
+        ("[get_time()]<|python_end|> Done.", " Done.", [TIME]),
+        (" <|python_start|>[get_time()]", None, [TIME]),
+        ("<|python_start|>Hello", "<|python_start|>Hello", []),
+        ("<|python_sta", "<|python_sta", []),
+    ],
+)
+def test_llama4_pythonic(text, content, calls):
+    _check_streams(Llama4PythonicToolParser, text, content, calls)
 
 
 # ---- qwen3_coder ----
@@ -368,6 +386,7 @@ SAMPLES = {
     "granite": '<|tool_call|>[{"name": "get_time", "arguments": {"a": [1, "]"]}}]',
     "deepseek_v3": DS_BEGIN + _ds_call("get_time", '{"a": "}"}') + DS_END,
     "phi4_mini_json": 'functools[{"name": "get_time", "arguments": {"a": 1}}]',
+    "llama4_pythonic": '<|python_start|>[get_time(a="x")]<|python_end|>',
 }
 
 
@@ -379,6 +398,7 @@ def test_registered_with_vllm_names():
         "granite": GraniteToolParser,
         "deepseek_v3": DeepSeekV3ToolParser,
         "phi4_mini_json": Phi4MiniJsonToolParser,
+        "llama4_pythonic": Llama4PythonicToolParser,
     }.items() <= TOOL_PARSERS.items()
 
 
