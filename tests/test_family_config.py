@@ -29,8 +29,6 @@ SMALL: dict[str, Any] = dict(
 )
 CONFIGS: dict[str, tuple[type[transformers.PretrainedConfig], str, dict[str, Any]]] = {
     "granite": (transformers.GraniteConfig, "GraniteForCausalLM", {}),
-    "gemma2": (transformers.Gemma2Config, "Gemma2ForCausalLM", dict(head_dim=16)),
-    "gemma3_text": (transformers.Gemma3TextConfig, "Gemma3ForCausalLM", dict(head_dim=16)),
     "olmo2": (transformers.Olmo2Config, "Olmo2ForCausalLM", {}),
     "qwen3_moe": (
         transformers.Qwen3MoeConfig,
