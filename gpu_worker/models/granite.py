@@ -74,7 +74,7 @@ class GraniteForCausalLM(DecoderForCausalLM):
         )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids).mul_(self.granite.embedding_multiplier)
+        return self.model.embed_tokens(input_ids) * self.granite.embedding_multiplier
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         # logits_scaling > 0 (GraniteConfig), so greedy_tokens' argmax of the unscaled
