@@ -147,10 +147,13 @@ def test_each_granite_multiplier_changes_transformers_logits(tmp_path, multiplie
     assert (used - ignored).abs().max() > 0.1  # against LOGIT_ATOL 1e-4
 
 
-def test_olmo2_at_two_ranks_equals_transformers(tmp_path):
-    """q_norm and k_norm span both ranks' heads (their sums of squares all-reduced): greedy
-    tokens through the multiprocess executor at TP=2 (gloo) equal transformers'."""
-    model_dir = _tiny(tmp_path / "o", "olmo2", attention_bias=True)
+@pytest.mark.parametrize("family", ["granite", "olmo2"])
+def test_at_two_ranks_equals_transformers(tmp_path, family):
+    """Greedy tokens through the multiprocess executor at TP=2 (gloo) equal transformers':
+    OLMo 2's q_norm and k_norm span both ranks' heads (their sums of squares all-reduced);
+    Granite's scalars apply to the ranks' summed outputs and gathered logits."""
+    overrides = GRANITE if family == "granite" else {}
+    model_dir = _tiny(tmp_path / family, family, attention_bias=True, **overrides)
     prompts = {k: v for k, v in random_prompts(512, PROMPT_LENS).items() if k in ("len7", "len45")}
     expected, _ = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
     outputs, _ = run_multiproc(model_dir, prompts, GREEDY, NEW_TOKENS, chunk=16)
