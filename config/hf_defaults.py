@@ -48,6 +48,13 @@ TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-5,
         "max_position_embeddings": 2048,
     },
+    # Phi3Config: the original context is a top-level field with a default (LongRoPE reads it).
+    "phi3": {
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096,
+    },
     "qwen3_moe": {
         "num_local_experts": 128,
         "num_experts_per_tok": 8,

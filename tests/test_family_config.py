@@ -30,6 +30,7 @@ SMALL: dict[str, Any] = dict(
 CONFIGS: dict[str, tuple[type[transformers.PretrainedConfig], str, dict[str, Any]]] = {
     "granite": (transformers.GraniteConfig, "GraniteForCausalLM", {}),
     "olmo2": (transformers.Olmo2Config, "Olmo2ForCausalLM", {}),
+    "phi3": (transformers.Phi3Config, "Phi3ForCausalLM", {}),
     "qwen3_moe": (
         transformers.Qwen3MoeConfig,
         "Qwen3MoeForCausalLM",

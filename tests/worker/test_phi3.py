@@ -20,6 +20,7 @@ from tests.worker.runner_utils import (
     hf_greedy,
     make_runner,
     random_prompts,
+    run_multiproc,
 )
 
 NEW_TOKENS = 16
@@ -127,6 +128,16 @@ def test_greedy_tokens_equal_transformers(case):
     outputs = {}
     for req_id, ids in prompts.items():  # one at a time, and in prompt chunks
         outputs.update(driver.run({req_id: ids}, GREEDY, NEW_TOKENS, chunk=7))
+    assert_same_tokens(outputs, reference)
+
+
+def test_tensor_parallel_shards_the_split_projections(case):
+    """Two ranks (gloo, multiprocess executor): each takes its q/k/v heads and gate/up columns
+    of the split fused tensors; the tokens equal transformers'."""
+    name, model_dir, _, _ = case
+    prompts = random_prompts(512, (22,), seed=3)
+    reference, _ = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
+    outputs, _ = run_multiproc(model_dir, prompts, GREEDY, NEW_TOKENS, tensor_parallel_size=2)
     assert_same_tokens(outputs, reference)
 
 
