@@ -17,6 +17,9 @@ from config.model_arch import ModelArchConfig
 SUPPORTED_ARCHITECTURES = (
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
     "GptOssForCausalLM",
     "GraniteForCausalLM",
     "LlamaForCausalLM",

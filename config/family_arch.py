@@ -11,6 +11,7 @@ from typing import Any
 
 from config.dense_arch import check_granite, check_olmo2
 from config.errors import ConfigError
+from config.gemma_arch import check_gemma
 from config.mla_arch import MLAConfig
 from config.model_arch import ModelArchConfig
 from config.moe_arch import (
@@ -40,6 +41,9 @@ FAMILY_PARSERS: dict[str, Callable[[dict[str, Any]], ExpertShape | None]] = {
     "GptOssForCausalLM": lambda cfg: GptOssMoeConfig.from_hf(cfg).experts(),
     "DeepseekV2ForCausalLM": _deepseek(2),
     "DeepseekV3ForCausalLM": _deepseek(3),
+    "Gemma2ForCausalLM": check_gemma("Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": check_gemma("Gemma3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": check_gemma("Gemma3ForConditionalGeneration"),
     "GraniteForCausalLM": check_granite,
     "Olmo2ForCausalLM": check_olmo2,
     "Phi3ForCausalLM": check_phi3,
@@ -63,6 +67,13 @@ def check_family_config(
     except ValueError as err:
         raise ConfigError(f"{where}: {err}") from None
     tp = parallel.tensor_parallel_size
+    if experts is None and arch.intermediate_size % tp:
+        # A dense family parsed here: every gated MLP splits intermediate_size over the ranks
+        # (config/engine.py checks the families without a parser).
+        raise ConfigError(
+            f"{where}: config.json's intermediate_size ({arch.intermediate_size}) is not "
+            f"divisible by tensor_parallel_size {tp}"
+        )
     if experts is None or tp == 1:
         return
     if parallel.enable_expert_parallel:

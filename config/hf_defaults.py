@@ -32,7 +32,38 @@ _MLA: dict[str, Any] = {
     "v_head_dim": 128,
 }
 
+# The fields Gemma2Config and Gemma3TextConfig share, with the values both default to (the
+# model's sizes aside: a config.json without them is refused, as for every family).
+_GEMMA: dict[str, Any] = {
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+}
+
 TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma2": {
+        **_GEMMA,
+        "vocab_size": 256000,
+        "max_position_embeddings": 8192,
+        "final_logit_softcapping": 30.0,
+        "attn_logit_softcapping": 50.0,
+    },
+    # Gemma 3's language model (Gemma3ForCausalLM, and Gemma3ForConditionalGeneration's
+    # text_config: config/multimodal_text.py); its rotary bases are config/gemma_arch.py's.
+    "gemma3_text": {
+        **_GEMMA,
+        "vocab_size": 262208,
+        "max_position_embeddings": 131072,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+    },
     "granite": {
         "embedding_multiplier": 1.0,
         "residual_multiplier": 1.0,
@@ -135,7 +166,8 @@ def filled(cfg: dict[str, Any], model_type: str | None = None) -> dict[str, Any]
     """cfg with transformers' default for each field of TRANSFORMERS_DEFAULTS[model_type]
     (default: cfg's model_type) that cfg leaves out under all of its names; a field present,
     even as null, keeps its value. gpt-oss without layer_types alternates sliding and full
-    layers from a sliding one, as GptOssConfig does. A new dict; cfg is not changed."""
+    layers from a sliding one, as GptOssConfig does; Gemma 2 and 3 as gemma_layer_types says.
+    A new dict; cfg is not changed."""
     kind = cfg.get("model_type", "") if model_type is None else model_type
     out = dict(cfg)
     aliases = _ALIASES.get(kind, {})
@@ -148,4 +180,23 @@ def filled(cfg: dict[str, Any], model_type: str | None = None) -> dict[str, Any]
             "sliding_attention" if i % 2 == 0 else "full_attention"
             for i in range(int(out["num_hidden_layers"]))
         ]
+    if kind in _GEMMA_PATTERNS and out.get("layer_types") is None and "num_hidden_layers" in out:
+        out["layer_types"] = gemma_layer_types(kind, out)
     return out
+
+
+# Every n-th Gemma layer attends to the whole context, the others within the sliding window:
+# Gemma 2 alternates (n = 2), Gemma 3 reads sliding_window_pattern (6 where left out).
+_GEMMA_PATTERNS = {"gemma2": 2, "gemma3_text": 6}
+
+
+def gemma_layer_types(kind: str, cfg: dict[str, Any]) -> list[str]:
+    """The layer_types Gemma2Config / Gemma3TextConfig give a config.json without them: layer i
+    is full where (i + 1) is a multiple of the pattern, sliding otherwise."""
+    pattern = _GEMMA_PATTERNS[kind]
+    if kind == "gemma3_text":
+        pattern = int(cfg.get("sliding_window_pattern", pattern))
+    return [
+        "sliding_attention" if (i + 1) % pattern else "full_attention"
+        for i in range(int(cfg["num_hidden_layers"]))
+    ]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from config.hf_defaults import filled
+from config.multimodal_text import text_only
 from config.rope_arch import SUPPORTED_ROPE_TYPES, rope_context_len, rope_scaling, rotary_dim
 
 __all__ = ["SUPPORTED_ROPE_TYPES", "ModelArchConfig"]
@@ -48,9 +49,10 @@ class ModelArchConfig:
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelArchConfig:
         """Parse a Hugging Face config dict, with transformers' defaults for its model_type where
-        a field is left out (config/hf_defaults.py; hf_config keeps them); raises ValueError
-        naming the source on bad input."""
-        cfg = filled(cfg)
+        a field is left out (config/hf_defaults.py; hf_config keeps them), a multimodal
+        checkpoint served as text read from its text_config (config/multimodal_text.py); raises
+        ValueError naming the source on bad input."""
+        cfg = filled(text_only(cfg))
         archs = cfg.get("architectures") or []
         if not archs:
             raise ValueError(

@@ -29,6 +29,8 @@ SMALL: dict[str, Any] = dict(
 )
 CONFIGS: dict[str, tuple[type[transformers.PretrainedConfig], str, dict[str, Any]]] = {
     "granite": (transformers.GraniteConfig, "GraniteForCausalLM", {}),
+    "gemma2": (transformers.Gemma2Config, "Gemma2ForCausalLM", dict(head_dim=16)),
+    "gemma3_text": (transformers.Gemma3TextConfig, "Gemma3ForCausalLM", dict(head_dim=16)),
     "olmo2": (transformers.Olmo2Config, "Olmo2ForCausalLM", {}),
     "phi3": (transformers.Phi3Config, "Phi3ForCausalLM", {}),
     "qwen3_moe": (

@@ -5,6 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from gpu_worker.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+from gpu_worker.models.gemma2 import Gemma2ForCausalLM
+from gpu_worker.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from gpu_worker.models.gpt_oss import GptOssForCausalLM
 from gpu_worker.models.granite import GraniteForCausalLM
 from gpu_worker.models.llama import LlamaForCausalLM
@@ -18,6 +20,9 @@ from gpu_worker.models.qwen3_moe import Qwen3MoeForCausalLM
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "GptOssForCausalLM": GptOssForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
