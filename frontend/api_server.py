@@ -51,6 +51,7 @@ from frontend.openai_protocol import (
     VersionResponse,
 )
 from frontend.openapi import DOCS_HTML, openapi_schema
+from frontend.reasoning.registry import reasoning_parser
 from frontend.root_path import serve_under
 from frontend.server_state import CTX, STATE, ServerState
 from frontend.serving import REQUEST_ID, ServingContext, json_response
@@ -410,6 +411,7 @@ async def run_api_server(args: argparse.Namespace) -> int:
         served_model_names=tuple(config.model.served_model_names),
         enable_prompt_tokens_details=chat.enable_prompt_tokens_details,
         harmony=harmony,
+        reasoning_parser=reasoning_parser(chat.reasoning_parser, tokenizer),
     )
     info = ServerInfoResponse(
         version=_version(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from frontend.reasoning.registry import HARMONY_REASONING_PARSER, REASONING_PARSER_NAMES
 from frontend.tool_parsers import TOOL_PARSERS
 
 # vLLM's --tool-call-parser for gpt-oss: its calls are harmony messages, which openai-harmony
@@ -43,6 +44,12 @@ def add_chat_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
         help="how the model writes tool calls (with --enable-auto-tool-choice)",
     )
     parser.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSER_NAMES,
+        help="how the model writes its reasoning: chat answers carry it as reasoning "
+        "(and reasoning_content), apart from the content (docs/reasoning.md)",
+    )
+    parser.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="answer usage.prompt_tokens_details.cached_tokens: the prompt "
@@ -58,6 +65,7 @@ class ChatOptions:
     response_role: str = "assistant"
     auto_tool_parser: str | None = None  # set only with --enable-auto-tool-choice
     enable_prompt_tokens_details: bool = False
+    reasoning_parser: str | None = None  # --reasoning-parser
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ChatOptions:
@@ -75,6 +83,7 @@ class ChatOptions:
             args.response_role,
             args.tool_call_parser if args.enable_auto_tool_choice else None,
             args.enable_prompt_tokens_details,
+            getattr(args, "reasoning_parser", None),
         )
 
     def check_model_type(self, model_type: str) -> None:
@@ -92,6 +101,7 @@ class ChatOptions:
                 "gpt-oss writes its tool calls as harmony messages, which --tool-call-parser "
                 f"{parser} cannot read: pass {HARMONY_TOOL_PARSER} (vLLM's name) or leave it out"
             )
+        check_reasoning_parser(self.reasoning_parser, model_type)
 
     def argv(self, chat_template_file: str | None) -> list[str]:
         """The flags for a child's command line, the template given as a file."""
@@ -102,4 +112,22 @@ class ChatOptions:
             out += ["--enable-auto-tool-choice", "--tool-call-parser", self.auto_tool_parser]
         if self.enable_prompt_tokens_details:
             out.append("--enable-prompt-tokens-details")
+        if self.reasoning_parser is not None:
+            out += ["--reasoning-parser", self.reasoning_parser]
         return out
+
+
+def check_reasoning_parser(name: str | None, model_type: str) -> None:
+    """ValueError when --reasoning-parser cannot read this model: openai_gptoss (its harmony
+    channels) for a model that is not gpt-oss, a text parser for gpt-oss."""
+    harmony = model_type in HARMONY_MODEL_TYPES
+    if name == HARMONY_REASONING_PARSER and not harmony:
+        raise ValueError(
+            f"--reasoning-parser {name} reads gpt-oss's harmony channels; this model's "
+            f"model_type is {model_type!r}"
+        )
+    if name not in (None, HARMONY_REASONING_PARSER) and harmony:
+        raise ValueError(
+            f"gpt-oss's reasoning is its harmony analysis channel, which --reasoning-parser "
+            f"{name} cannot read: pass {HARMONY_REASONING_PARSER} (vLLM's name) or leave it out"
+        )

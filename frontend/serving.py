@@ -28,6 +28,7 @@ from tokenizer_proc.client import TokenizerClient, TokenizerRequestError
 if TYPE_CHECKING:  # transformers takes seconds to import
     from transformers import PreTrainedTokenizerBase
 
+    from frontend.reasoning.parser import ReasoningParser
     from frontend.serving_harmony import HarmonyChat
 
 _ENCODER = msgspec.json.Encoder()
@@ -56,6 +57,8 @@ class ServingContext:
     served_model_names: tuple[str, ...] = ()
     # A gpt-oss model's chat format (openai-harmony): chat prompts and answers go through it.
     harmony: HarmonyChat | None = None
+    # --reasoning-parser: chat answers' reasoning apart from their content (frontend/reasoning).
+    reasoning_parser: ReasoningParser | None = None
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name and model not in self.served_model_names:

@@ -29,6 +29,7 @@ from frontend.openai_protocol import (
     UsageInfo,
     check_unsupported,
 )
+from frontend.reasoning.chat import ChatReasoning, chat_reasoning, content_delta
 from frontend.response_format import load_grammar_library, requested_constraint
 from frontend.serving import (
     ServingContext,
@@ -158,6 +159,9 @@ async def create_chat_completion(
             req.tools, req.tool_choice, req.parallel_tool_calls, ctx.tool_parser
         )
     params = await _sampling_params(req, tools)
+    reasoning = chat_reasoning(  # --reasoning-parser: structured outputs after the reasoning
+        ctx.reasoning_parser, req.chat_template_kwargs, req.include_reasoning, params
+    )
     if req.use_beam_search:
         return await _beam_search(ctx, req, http_request, messages, _max_tokens(req))
     if ctx.harmony is not None:
@@ -168,7 +172,7 @@ async def create_chat_completion(
         )
     else:
         request = _generate_request(ctx, req, http_request, messages, params, tools)
-    answer = _ChatAnswer(ctx, req, tools, request.request_id)
+    answer = _ChatAnswer(ctx, req, tools, request.request_id, reasoning)
     deltas = merged_deltas(ctx, [request])
     if req.stream:
         return await stream_sse(http_request, answer.chunks(deltas))
@@ -283,8 +287,10 @@ class _ChatAnswer:
         req: ChatCompletionRequest,
         tools: ToolChoice,
         base_id: str,
+        reasoning: ChatReasoning | None = None,
     ) -> None:
         self.ctx = ctx
+        self.reasoning = reasoning  # --reasoning-parser's split of each choice
         self.req = req
         self.tools = tools
         self.base_id = base_id
@@ -365,18 +371,21 @@ class _ChatAnswer:
                 None if parser is None else StreamedCalls(parser, self.tools.parallel)
             )
         calls = self._calls[delta.index]
+        head, text = None, delta.text  # the reasoning piece, then the answer's text
+        if self.reasoning is not None:
+            head, text = self.reasoning.stream_delta(delta.index, delta.text, delta.finished)
         if calls is None:
             return [
                 ChatStreamChoice(
                     index=delta.index,
-                    delta=ChatDelta(content=delta.text),
+                    delta=content_delta(head, text),
                     logprobs=logprobs,
                     finish_reason=delta.finish_reason,
                     stop_reason=delta.stop_reason,
                     token_ids=self._token_ids(delta.token_ids),
                 )
             ]
-        pieces = calls.deltas(delta.text, delta.finished)
+        pieces = ([head] if head else []) + calls.deltas(text, delta.finished)
         if not pieces and (delta.finished or logprobs is not None):
             pieces = [ChatDelta()]
         out = [ChatStreamChoice(index=delta.index, delta=piece) for piece in pieces]
@@ -446,6 +455,9 @@ class _ChatAnswer:
         text = "".join(gathered.texts)
         reason = gathered.finish_reason
         message = ChatResponseMessage(role=self.role, content=text)
+        if self.reasoning is not None:  # the tool calls are read from the answer only
+            message = self.reasoning.message(self.role, text)
+            text = message.content or ""
         parser = self.tools.new_parser(eager=False)
         if self.ctx.harmony is not None:
             message = harmony_message(
