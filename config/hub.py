@@ -188,7 +188,8 @@ def gguf_file(repo_id: str, quant: str, options: HubOptions) -> Path:
             )
         except Exception as e:  # no snapshot of that revision in the cache
             why = _why(reason, offline)
-            raise ConfigError(_refusal(repo_id, options, what, "no snapshot", why)) from e
+            found = "no snapshot (so no .gguf file)"
+            raise ConfigError(_refusal(repo_id, options, what, found, why)) from e
         files = [p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf")]
     name = _pick_gguf(repo_id, quant, files, options, offline or reason is not None)
     try:
@@ -255,7 +256,7 @@ def _why(error: Any, offline: bool) -> str:
     )
 
     if offline:
-        return "HF_HUB_OFFLINE is set, so nothing is downloaded"
+        return "HF_HUB_OFFLINE is set, so nothing is downloaded (unset it to download)"
     cause = error.__cause__ if error is not None and error.__cause__ is not None else error
     if isinstance(error, GatedRepoError) or isinstance(cause, GatedRepoError):
         return "the repository is gated: accept its terms on the Hub and pass --hf-token"

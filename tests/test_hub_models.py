@@ -24,6 +24,7 @@ from tests.tiny_models import make_tiny_model_with_tokenizer
 ROOT = Path(__file__).resolve().parent.parent
 REPO = "tiny-org/tiny-llama"
 PROMPT = "The capital of France is"
+SMALL = ["--device", "cpu", "--kv-cache-memory-bytes", "8MiB"]  # the CPU's 2 GiB takes seconds
 
 
 def place_in_cache(cache: Path, repo_id: str, folder: Path, ref: str = "main") -> Path:
@@ -155,13 +156,13 @@ def test_generate_by_hub_id_gives_the_folders_tokens(
 ) -> None:
     from serve.cli import main
 
-    common = ["generate", PROMPT, "--max-tokens", "8", "--device", "cpu"]
+    common = ["generate", PROMPT, "--max-tokens", "8", *SMALL]
     assert main([*common, "--model", str(models["main"])]) == 0
     by_folder = capsys.readouterr().out
     assert main([*common, "--model", REPO, "--download-dir", str(cache)]) == 0
     assert capsys.readouterr().out == by_folder
     assert by_folder.startswith(PROMPT) and len(by_folder) > len(PROMPT) + 1
-    cpu = ["--model", REPO, "--device", "cpu"]
+    cpu = ["--model", REPO, *SMALL]
     assert _generate(cpu, {"HF_HUB_CACHE": str(cache)}) == by_folder
     assert _generate(cpu, {"HF_HOME": str(cache.parent)}) == by_folder
 
@@ -278,3 +279,123 @@ def test_online_without_a_reachable_hub(cache: Path, repo: str) -> None:
         assert result.startswith(f"refused: model {repo} (revision main) cannot be loaded from")
         assert "the Hub is unreachable (ConnectError" in result
         assert "HF_HUB_OFFLINE" not in result
+
+
+def _byte_level_tokens() -> list[str]:
+    """GPT-2's byte-to-unicode alphabet, in byte order: a byte-level BPE vocabulary with no
+    merges (token i is byte i)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    others = [b for b in range(256) if b not in printable]
+    chars = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    return [chars[b] for b in range(256)]
+
+
+def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
+    """A one-layer random llama as llama.cpp writes it (float32 tensors, a byte-level gpt2
+    tokenizer in the metadata), small enough to convert in seconds."""
+    import gguf
+    import numpy as np
+
+    tokens = [*_byte_level_tokens(), "Ġt", "<|endoftext|>"]
+    vocab, hidden, inter, kv = len(tokens), 64, 128, 32
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (vocab - 1) + [3])
+    writer.add_token_merges(["Ġ t"])
+    writer.add_bos_token_id(vocab - 1)
+    writer.add_eos_token_id(vocab - 1)
+    writer.add_block_count(1)
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    shapes = {
+        "token_embd": (vocab, hidden),
+        "blk.0.attn_q": (hidden, hidden),
+        "blk.0.attn_k": (kv, hidden),
+        "blk.0.attn_v": (kv, hidden),
+        "blk.0.attn_output": (hidden, hidden),
+        "blk.0.ffn_gate": (inter, hidden),
+        "blk.0.ffn_up": (inter, hidden),
+        "blk.0.ffn_down": (hidden, inter),
+    }
+    rng = np.random.default_rng(seed)
+    for name, shape in shapes.items():
+        writer.add_tensor(f"{name}.weight", rng.normal(0, 0.5, shape).astype(np.float32))
+    for norm in ("output_norm", "blk.0.attn_norm", "blk.0.ffn_norm"):
+        writer.add_tensor(f"{norm}.weight", np.ones(hidden, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+GGUF_REPO = "tiny-org/tiny-llama-GGUF"
+
+
+@pytest.fixture(scope="module")
+def gguf_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(a Hugging Face cache holding GGUF_REPO, the F32 file as a local path). The repo also
+    holds a look-alike pair for Q8_0, Q4_K_M (not Q4_K) and a split Q2_K (never read)."""
+    root = tmp_path_factory.mktemp("gguf-hub")
+    local = write_tiny_gguf(root / "tiny-F32.gguf")
+    repo = root / "repo"
+    (repo / "Q2_K").mkdir(parents=True)
+    shutil.copy(local, repo / "tiny-llama-F32.gguf")
+    for name in ("tiny-llama-Q8_0.gguf", "tiny-llama-UD-Q8_0.gguf", "tiny-llama-Q4_K_M.gguf"):
+        (repo / name).write_bytes(b"GGUF look-alike " + name.encode())
+    (repo / "Q2_K" / "tiny-llama-Q2_K-00001-of-00002.gguf").write_bytes(b"part 1")
+    (repo / "README.md").write_text("tiny")
+    place_in_cache(root / "hub", GGUF_REPO, repo)
+    return root / "hub", local
+
+
+@pytest.mark.parametrize(
+    ("quant", "refusal"),
+    [
+        ("Q4_K", r"no \.gguf file in the cache .* has Q4_K in its name \(\.gguf files: .*"),
+        ("Q8_0", r"several \.gguf files in the cache .* match Q8_0: .*UD-Q8_0\.gguf"),
+        ("Q2_K", r"one part of a split GGUF file"),
+    ],
+)
+def test_a_gguf_quantization_names_one_whole_file(
+    gguf_cache: tuple[Path, Path], quant: str, refusal: str
+) -> None:
+    from config.hub import gguf_file
+
+    hub, _ = gguf_cache
+    with pytest.raises(ConfigError, match=refusal):
+        gguf_file(GGUF_REPO, quant, HubOptions(download_dir=str(hub)))
+
+
+def test_a_hub_gguf_file_runs_as_the_same_file_by_path(
+    gguf_cache: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """org/name:QUANT (any case) takes the cached file through the existing GGUF conversion:
+    the same tokens as the file named by its path."""
+    from config.hub import gguf_file
+    from serve.cli import main
+
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "engine-cache"))
+    hub, local = gguf_cache
+    picked = gguf_file(GGUF_REPO, "f32", HubOptions(download_dir=str(hub)))
+    assert picked.name == "tiny-llama-F32.gguf" and picked.read_bytes() == local.read_bytes()
+    common = ["generate", "the cat", "--max-tokens", "8", *SMALL]
+    assert main([*common, "--model", str(local)]) == 0
+    by_path = capsys.readouterr().out
+    hub_args = ["--model", f"{GGUF_REPO}:F32", "--download-dir", str(hub)]
+    assert main([*common, *hub_args]) == 0
+    assert capsys.readouterr().out == by_path and len(by_path) > len("the cat\n")
+    converted = resolve_model_path(f"{GGUF_REPO}:F32", HubOptions(download_dir=str(hub)))
+    assert (converted / "model.gguf").resolve() == picked.resolve()
+    assert converted.parent == tmp_path / "engine-cache" / "models"
