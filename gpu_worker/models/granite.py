@@ -11,15 +11,15 @@ from torch import nn
 
 from config.dense_arch import GraniteConfig
 from config.model_arch import ModelArchConfig
-from gpu_worker.layers.norm import RMSNorm
 from gpu_worker.layers.rotary import RotaryEmbedding
-from gpu_worker.models.blocks import GatedMLP, SelfAttention
+from gpu_worker.models.blocks import DecoderLayer, GatedMLP, SelfAttention
 from gpu_worker.models.decoder import DecoderForCausalLM
 
 
-class GraniteDecoderLayer(nn.Module):
+class GraniteDecoderLayer(DecoderLayer):
     """The pre-norm layer with each block's output scaled by residual_multiplier before it joins
-    the residual stream; the residual add is fused into the next norm, as in DecoderLayer."""
+    the residual stream; the residual add is fused into the next norm, as in DecoderLayer (whose
+    modules and weight names it keeps; the fused CPU decode step takes DecoderLayer itself only)."""
 
     def __init__(
         self,
@@ -28,11 +28,7 @@ class GraniteDecoderLayer(nn.Module):
         mlp: nn.Module,
         residual_multiplier: float,
     ) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = self_attn
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = mlp
+        super().__init__(cfg, self_attn, mlp)
         self.residual_multiplier = residual_multiplier
 
     def forward(

@@ -86,6 +86,8 @@ def case(request, tmp_path_factory):
     )
     if c_kernels_available():
         assert runner.backend.name == backend
+    # The fused C decode step computes the plain pre-norm layer: these layers must not enter it.
+    assert runner.model is not None and runner.model.fused_decode.stack() is None
     prompts = random_prompts(runner.arch.vocab_size, PROMPT_LENS)
     tokens, logits = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
     logprobs = {r: torch.log_softmax(x, dim=-1) for r, x in logits.items()}
