@@ -33,9 +33,12 @@ SUPPORTED_ARCHITECTURES = (
 )
 
 
-def check_checkpoint(model_path: str, arch: ModelArchConfig, load_format: str) -> None:
-    """Raise ConfigError when the engine cannot run the model in model_path."""
-    name = Path(model_path).name or model_path
+def check_checkpoint(
+    model_path: str, arch: ModelArchConfig, load_format: str, name: str | None = None
+) -> None:
+    """Raise ConfigError when the engine cannot run the model in model_path; name: the model as
+    messages call it (default: the folder's name; a Hub id's folder is its commit)."""
+    name = name or Path(model_path).name or model_path
     if arch.architecture not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(
             f"model {name}: architecture {arch.architecture!r} is not supported; "

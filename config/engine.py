@@ -66,7 +66,7 @@ class EngineConfig:
         )
         if self.model.quantization == "gguf":
             self.load.load_format = "gguf"  # the loader reads the GGUF file itself
-        check_checkpoint(self.model_path, self.arch, self.load.load_format)
+        check_checkpoint(self.model_path, self.arch, self.load.load_format, self.model_name)
         check_family_config(self.arch, self.parallel, self.model_name)
         self.torch_dtype_name = _resolve_dtype(
             self.model.dtype, self.arch.torch_dtype, self.device_type

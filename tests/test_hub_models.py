@@ -399,3 +399,16 @@ def test_a_hub_gguf_file_runs_as_the_same_file_by_path(
     converted = resolve_model_path(f"{GGUF_REPO}:F32", HubOptions(download_dir=str(hub)))
     assert (converted / "model.gguf").resolve() == picked.resolve()
     assert converted.parent == tmp_path / "engine-cache" / "models"
+
+
+def test_messages_name_a_hub_model_by_its_id(tmp_path: Path, models: dict[str, Path]) -> None:
+    """Not by its snapshot folder, which is a commit hash."""
+    from engine_core.resolve import resolved_config
+
+    other = tmp_path / "other"
+    shutil.copytree(models["main"], other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "architectures": ["FooForCausalLM"]}))
+    place_in_cache(tmp_path / "hub", "tiny-org/other", other)
+    with pytest.raises(ConfigError, match=r"^model tiny-org/other: architecture 'FooForCausalLM'"):
+        resolved_config(model="tiny-org/other", download_dir=str(tmp_path / "hub"), device="cpu")
