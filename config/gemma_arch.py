@@ -159,27 +159,20 @@ def _gemma2_rope(cfg: dict[str, Any]) -> GemmaRope:
 
 
 def _gemma3_ropes(cfg: dict[str, Any]) -> tuple[GemmaRope, GemmaRope]:
-    """Gemma 3's (full layers', sliding layers') rotary embeddings, as
-    Gemma3TextConfig.convert_rope_params_to_dict reads them: rope_parameters keyed by layer
-    kind, else rope_scaling (full layers only), rope_theta and rope_local_base_freq."""
-    params = cfg.get("rope_parameters")
-    nested = isinstance(params, dict) and any(k in params for k in _LAYER_KINDS)
-    per_kind: dict[str, dict[str, Any]] = {}
-    for kind in _LAYER_KINDS:
-        given = params.get(kind) if nested and isinstance(params, dict) else None
-        per_kind[kind] = dict(given or {"rope_type": "default"})
-    if not nested and cfg.get("rope_scaling"):
-        per_kind["full_attention"].update(cfg["rope_scaling"])
+    """Gemma 3's (full layers', sliding layers') rotary embeddings from rope_parameters keyed by
+    layer kind (filled() folds transformers 4's rope_theta, rope_local_base_freq and
+    rope_scaling in)."""
+    params = cfg["rope_parameters"]
     max_positions = int(cfg["max_position_embeddings"])
     full = _rope(
-        per_kind["full_attention"],
-        cfg.get("rope_theta", _GEMMA3_THETA["full_attention"]),
+        params["full_attention"],
+        _GEMMA3_THETA["full_attention"],
         max_positions,
         "the full-attention layers'",
     )
     sliding = _rope(
-        per_kind["sliding_attention"],
-        cfg.get("rope_local_base_freq", _GEMMA3_THETA["sliding_attention"]),
+        params["sliding_attention"],
+        _GEMMA3_THETA["sliding_attention"],
         max_positions,
         "the sliding-window layers'",
     )

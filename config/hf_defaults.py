@@ -182,6 +182,8 @@ def filled(cfg: dict[str, Any], model_type: str | None = None) -> dict[str, Any]
         ]
     if kind in _GEMMA_PATTERNS and out.get("layer_types") is None and "num_hidden_layers" in out:
         out["layer_types"] = gemma_layer_types(kind, out)
+    if kind == "gemma3_text":
+        _gemma3_rope_parameters(out)
     return out
 
 
@@ -200,3 +202,33 @@ def gemma_layer_types(kind: str, cfg: dict[str, Any]) -> list[str]:
         "sliding_attention" if (i + 1) % pattern else "full_attention"
         for i in range(int(cfg["num_hidden_layers"]))
     ]
+
+
+_GEMMA3_KINDS = ("full_attention", "sliding_attention")
+
+
+def _gemma3_rope_parameters(cfg: dict[str, Any]) -> None:
+    """Gemma 3's two rotary embeddings as Gemma3TextConfig.convert_rope_params_to_dict reads
+    them, in place: rope_parameters keyed by layer kind (transformers 5's config.json), the
+    transformers 4 fields folded in (rope_scaling into the full layers', rope_theta, default
+    1e6, as their base, rope_local_base_freq, default 1e4, as the sliding layers'). The
+    top-level rope_scaling goes (its factor is already counted in max_position_embeddings,
+    which vLLM does not extend either: ModelArchConfig.max_context_len stays it) and rope_theta
+    is the full layers' base."""
+    params = cfg.get("rope_parameters")
+    nested = isinstance(params, dict) and any(k in params for k in _GEMMA3_KINDS)
+    per_kind = {
+        kind: dict((params.get(kind) if nested and isinstance(params, dict) else None) or {})
+        for kind in _GEMMA3_KINDS
+    }
+    for kind in _GEMMA3_KINDS:
+        per_kind[kind].setdefault("rope_type", "default")
+    if cfg.get("rope_scaling"):
+        per_kind["full_attention"].update(cfg["rope_scaling"])
+    per_kind["full_attention"].setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+    per_kind["sliding_attention"].setdefault(
+        "rope_theta", cfg.get("rope_local_base_freq", 10_000.0)
+    )
+    cfg["rope_parameters"] = per_kind
+    cfg.pop("rope_scaling", None)
+    cfg["rope_theta"] = per_kind["full_attention"]["rope_theta"]

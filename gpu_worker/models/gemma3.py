@@ -12,6 +12,7 @@ multimodal projector's are skipped."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -28,6 +29,17 @@ class Gemma3ForCausalLM(GemmaForCausalLM):
         # only the decoder's module list registers it).
         self._sliding_rotary: dict[str, RotaryEmbedding] = {}
         super().__init__(cfg)
+
+    def model_rotary(self, cfg: ModelArchConfig) -> RotaryEmbedding:
+        """The full layers' rotary embedding. Gemma 3's max_position_embeddings (131072) already
+        counts its linear factor (vLLM's max_model_len does not extend it either), so its table
+        covers that many positions, not factor times as many (2 GiB of cos/sin for the 4B):
+        linear scaling's frequencies do not read max_positions, only the table's length does."""
+        rope = self.gemma.full_rope
+        positions = cfg.max_position_embeddings
+        if rope.scaling is not None and rope.scaling["rope_type"] == "linear":
+            positions = math.ceil(positions / float(rope.scaling["factor"]))
+        return RotaryEmbedding(cfg.head_dim, positions, rope.theta, rope.scaling)
 
     def layer_rotary(self, cfg: ModelArchConfig, layer_idx: int) -> RotaryEmbedding | None:
         """The sliding layers' rotary embedding (one object for all of them), or None (the

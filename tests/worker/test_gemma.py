@@ -206,6 +206,11 @@ def test_layers_as_the_config_says(tmp_path):
     torch.testing.assert_close(
         model.rotary.cos[positions, 1], torch.cos(3 * torch.tensor([inv_freq_1]))
     )
+    # max_position_embeddings already counts the linear factor: neither the context nor the
+    # table grows by it (vLLM's max_model_len for Gemma 3 is max_position_embeddings too).
+    assert runner.arch.max_context_len == 512 and runner.arch.rope_scaling is None
+    assert runner.arch.rope_theta == 10000.0  # the full layers' base
+    assert model.rotary.cos.shape[0] == local.cos.shape[0] == 512
 
 
 def _transformers4_gemma3(model_dir: Path) -> None:
@@ -234,6 +239,7 @@ def test_gemma3_from_a_transformers4_config(tmp_path):
     prompts = random_prompts(512, (30,), seed=4)
     reference, _ = hf_greedy(model, prompts, NEW_TOKENS)
     runner, driver = make_runner(model_dir, kv_cache_memory="4MiB")
+    assert runner.arch.max_context_len == 512 and runner.arch.rope_theta == 10000.0
     assert [runner.arch.layer_sliding_window(i) for i in range(6)] == [
         WINDOW if t == "sliding_attention" else None for t in GEMMA3_LAYERS
     ]
