@@ -407,3 +407,20 @@ def test_intermediate_size_must_split_over_the_ranks(tmp_path):
     model = _config_only(tmp_path / "m", 2, intermediate_size=255)
     with pytest.raises(ConfigError, match="intermediate_size \\(255\\) is not divisible"):
         resolved_config(model=str(model), device="cpu", load_format="dummy", tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_bfloat16_norms_keep_one_plus_w_in_fp32(tmp_path, version):
+    """In bf16 the norms' 1 + w stays fp32 (transformers computes it in fp32 at every call) and
+    the model's first-token logprobs are within bf16's tolerance of fp32's (torch backend)."""
+    from tests.worker.runner_utils import assert_first_logprobs_close
+
+    model_dir = make_gemma(tmp_path / f"g{version}", version, head_dim=32)
+    runner, bf16 = make_runner(model_dir, kv_cache_memory="4MiB", dtype="bfloat16")
+    assert runner.model is not None
+    norms = [m for n, m in runner.model.named_modules() if n.endswith("norm")]
+    assert len(norms) == 1 + (4 + 2 * (version == 3)) * runner.arch.num_hidden_layers
+    assert {m.weight.dtype for m in norms} == {torch.float32}
+    assert runner.model.model.embed_tokens.weight.dtype == torch.bfloat16
+    _, fp32 = make_runner(model_dir, kv_cache_memory="4MiB")
+    assert_first_logprobs_close(bf16, fp32, random_prompts(512, (9, 30), seed=2))
