@@ -412,3 +412,24 @@ def test_messages_name_a_hub_model_by_its_id(tmp_path: Path, models: dict[str, P
     place_in_cache(tmp_path / "hub", "tiny-org/other", other)
     with pytest.raises(ConfigError, match=r"^model tiny-org/other: architecture 'FooForCausalLM'"):
         resolved_config(model="tiny-org/other", download_dir=str(tmp_path / "hub"), device="cpu")
+
+
+def test_the_token_is_read_and_not_passed_on(cache: Path) -> None:
+    """--hf-token as vLLM reads it (a value, or alone: the saved login); the resolved
+    configuration, which travels on the child processes' command lines, no longer holds it."""
+    from config.args import engine_kwargs
+    from engine_core.resolve import resolved_config
+    from serve.cli import build_parser
+
+    def parsed(*flags: str) -> object:
+        return engine_kwargs(build_parser().parse_args(["generate", "x", *flags])).get("hf_token")
+
+    assert (parsed("--hf-token"), parsed("--hf-token", "hf_abc"), parsed()) == (
+        True,
+        "hf_abc",
+        None,
+    )
+    config = resolved_config(
+        model=REPO, hf_token="hf_secret", download_dir=str(cache), device="cpu", load_format="dummy"
+    )
+    assert config.model.hf_token is None and "hf_secret" not in config.encode()
