@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from config.engine import EngineConfig
+from config.kv_window import blocks_one_request_needs, freed_window
 from config.model_arch import ModelArchConfig
 
 # KV cache on CPU when kv_cache_memory is not given.
@@ -46,12 +47,16 @@ def kv_cache_num_blocks(
         num_blocks = _cuda_free_bytes(config, device, profile()) // per_block
     else:
         num_blocks = DEFAULT_CPU_KV_CACHE_BYTES // per_block
-    needed = -(-config.max_model_len // cache.block_size)
+    # With a model-wide sliding window, blocks behind it are freed: a request holds at most the
+    # window's and a step's blocks (config/kv_window.py), not all of max_model_len's.
+    needed = blocks_one_request_needs(config)
     if num_blocks < needed:
+        window = freed_window(config)
+        held = f" (sliding window {window})" if window is not None else ""
         raise ValueError(
             f"the KV cache holds {num_blocks} blocks of {cache.block_size} tokens "
             f"({num_blocks * per_block / 2**20:.1f} MiB), fewer than the {needed} blocks one "
-            f"request of max_model_len {config.max_model_len} needs; give it more memory "
+            f"request of max_model_len {config.max_model_len}{held} needs; give it more memory "
             f"(kv_cache_memory / gpu_memory_utilization) or lower max_model_len"
         )
     return num_blocks

@@ -16,6 +16,7 @@ import torch
 
 from config.attention import AttentionFeatures
 from config.engine import EngineConfig
+from config.kv_window import freed_window
 from gpu_worker.async_output import AsyncOutput, DeviceToHost, ReadyOutput
 from gpu_worker.attention.select import attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
@@ -100,7 +101,16 @@ class ModelRunner:
             self.config.parallel.tensor_parallel_size,
         )
         self.num_blocks = num_blocks
-        for attn, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
+        window = freed_window(self.config)
+        layers = self.model.attention_layers()
+        for i, (attn, cache) in enumerate(zip(layers, self.kv_caches, strict=True)):
+            # The engine core frees blocks behind this window: no layer may read past it.
+            if window is not None and attn.sliding_window != window:
+                raise RuntimeError(
+                    f"the engine core frees KV blocks behind the sliding window {window} every "
+                    f"layer of the configuration has, but layer {i} of the "
+                    f"{type(self.model).__name__} attends within {attn.sliding_window}"
+                )
             attn.kv_cache = cache
 
     def _release_kv_cache(self) -> None:
