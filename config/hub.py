@@ -95,8 +95,11 @@ def snapshot_dir(
     """The local snapshot of repo_id at options.revision holding config.json, and the
     safetensors weights and tokenizer files when asked: taken from the cache, else downloaded.
     ConfigError in one line when the files are neither cached nor downloadable."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import IncompleteSnapshotError
+    from huggingface_hub import errors, snapshot_download
+
+    # Raised by huggingface_hub releases that cache the repository's file listing (2.x): the
+    # snapshot is still there, and missing_files() judges it.
+    incomplete: Any = getattr(errors, "IncompleteSnapshotError", ())
 
     patterns = _CONFIG_FILES + (_WEIGHT_FILES if weights else []) + _TOKENIZER_FILES
     offline, error = hub_offline(), None
@@ -112,7 +115,7 @@ def snapshot_dir(
                 local_files_only=offline,
             )
         )
-    except IncompleteSnapshotError as e:  # the cached file listing names more than is here
+    except incomplete as e:  # the cached file listing names more than is here
         folder, error = Path(e.snapshot_path), e
     except Exception as e:  # huggingface_hub's OSErrors and its HTTP library's errors
         needed = _needed(weights=weights, tokenizer=tokenizer)

@@ -433,3 +433,38 @@ def test_the_token_is_read_and_not_passed_on(cache: Path) -> None:
         model=REPO, hf_token="hf_secret", download_dir=str(cache), device="cpu", load_format="dummy"
     )
     assert config.model.hf_token is None and "hf_secret" not in config.encode()
+
+
+def test_an_interrupted_download_is_judged_by_what_the_engine_needs(
+    tmp_path: Path, models: dict[str, Path]
+) -> None:
+    """huggingface_hub 2.x caches the repository's file listing and calls a snapshot lacking a
+    listed file incomplete; a missing optional file does not stop the model, missing weights do."""
+    tree_cache = pytest.importorskip("huggingface_hub._tree_cache")
+    from huggingface_hub.file_download import repo_folder_name
+
+    def cache_with_listing(name: str, dropped: str) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(models["main"], folder)
+        listing = {
+            p.name: tree_cache.TreeCacheEntry(size=p.stat().st_size, blob_id="0" * 40)
+            for p in folder.iterdir()
+        }
+        (folder / dropped).unlink()
+        snapshot = place_in_cache(tmp_path / name / "hub", f"tiny-org/{name}", folder)
+        storage = (
+            tmp_path
+            / name
+            / "hub"
+            / repo_folder_name(repo_id=f"tiny-org/{name}", repo_type="model")
+        )
+        tree_cache.write_tree_cache(str(storage), snapshot.name, listing)
+        return snapshot
+
+    snapshot = cache_with_listing("optional", "generation_config.json")
+    options = HubOptions(download_dir=str(tmp_path / "optional" / "hub"))
+    assert resolve_model_path("tiny-org/optional", options) == snapshot.resolve()
+    cache_with_listing("weightless", "model.safetensors")
+    options = HubOptions(download_dir=str(tmp_path / "weightless" / "hub"))
+    with pytest.raises(ConfigError, match=r"lacks \*\.safetensors; HF_HUB_OFFLINE is set"):
+        resolve_model_path("tiny-org/weightless", options)
