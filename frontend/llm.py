@@ -6,6 +6,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
+import msgspec
+
 from engine_core.client import EngineCoreClient, EngineDeadError
 from engine_core.engine_core import EngineCore
 from engine_core.inproc_client import InprocClient
@@ -13,6 +15,8 @@ from engine_core.resolve import resolved_config
 from engine_core.structured_output.grammar import check_grammar
 from engine_core.validation import validate_request
 from frontend.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from frontend.chat_args import check_reasoning_parser
+from frontend.reasoning.registry import reasoning_parser as make_reasoning_parser
 from metrics.offline_stats import OfflineStatsRecorder
 from metrics.reader import Metric, get_metrics_snapshot
 from protocol.engine_core import EngineCoreRequest
@@ -49,14 +53,24 @@ class LLM:
     """Generate from prompts: LLM(model=None, **engine_args).generate(...).
 
     The engine core runs in a child process (engine_process=True) or in this one (False).
+    reasoning_parser (vLLM's names, docs/reasoning.md): chat()'s structured outputs apply to
+    the answer after the reasoning, as in vLLM (the text is returned whole).
     """
 
     def __init__(
-        self, model: str | None = None, *, engine_process: bool = True, **engine_args: Any
+        self,
+        model: str | None = None,
+        *,
+        engine_process: bool = True,
+        reasoning_parser: str | None = None,
+        **engine_args: Any,
     ) -> None:
         config = resolved_config(model=model, **engine_args)
         self.config = config
         self.tokenizer = load_tokenizer(config.tokenizer_path)
+        if config.arch is not None:
+            check_reasoning_parser(reasoning_parser, config.arch.model_type)
+        self.reasoning_parser = make_reasoning_parser(reasoning_parser, self.tokenizer)
         self.engine: EngineCoreClient | InprocClient = (
             EngineCoreClient(engine_args=config) if engine_process else InprocClient(config)
         )
@@ -164,7 +178,16 @@ class LLM:
             }
             for conv in conversations
         ]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        params = self._as_params_list(sampling_params, len(prompts))
+        if self.reasoning_parser is not None:  # structured outputs after the reasoning
+            ends = self.reasoning_parser.end_token_ids(chat_template_kwargs or {})
+            params = [
+                msgspec.structs.replace(p, reasoning_end_token_ids=ends)
+                if p.structured_outputs is not None and p.reasoning_end_token_ids is None
+                else p
+                for p in params
+            ]
+        return self.generate(prompts, params, use_tqdm=use_tqdm)
 
     def beam_search(
         self,

@@ -175,3 +175,26 @@ def test_parser_and_model_must_match():
         check_reasoning_parser("openai_gptoss", "llama")
     with pytest.raises(ValueError, match="harmony analysis channel"):
         check_reasoning_parser("deepseek_r1", "gpt_oss")
+
+
+def test_llm_chat_constrains_after_the_reasoning(reasoning_model):
+    from frontend.llm import LLM
+    from protocol.sampling_params import SamplingParams, StructuredOutputsParams
+
+    path, reasoning, _ = reasoning_model
+    llm = LLM(
+        str(path),
+        engine_process=False,
+        device="cpu",
+        max_model_len=256,
+        reasoning_parser="deepseek_r1",
+    )
+    params = SamplingParams(
+        temperature=0.0, max_tokens=24, structured_outputs=StructuredOutputsParams(regex="[0-9]{4}")
+    )
+    [out] = llm.chat(ASK, params, use_tqdm=False)
+    text = out.outputs[0].text
+    assert text.startswith(reasoning + "</think>"), text
+    assert re.fullmatch("[0-9]{4}", text[len(reasoning) + len("</think>") :]), text
+    with pytest.raises(ValueError, match="harmony channels"):
+        LLM(str(path), engine_process=False, device="cpu", reasoning_parser="openai_gptoss")
