@@ -38,6 +38,7 @@ from engine_core.resolve import resolved_config
 from frontend import api_server
 from frontend.chat_args import ChatOptions
 from frontend.http_options import HttpOptions
+from frontend.reasoning.registry import check_tokenizer_files
 from ipc.curve import key_from_env
 from ipc.process import StopOrder
 from metrics.exposition import setup_multiprocess_dir
@@ -134,6 +135,7 @@ class Launcher:
             if self.config.model_path != self.config.model.model:  # a Hub id, a GGUF file
                 print(f"engine serve: model from {self.config.model_path}", flush=True)
             self.api.chat.check_model_type(self.config.arch.model_type)  # gpt-oss: harmony
+            check_tokenizer_files(self.api.chat.reasoning_parser, self.config.tokenizer_path)
         except (ConfigError, OSError, RuntimeError, ValueError) as e:  # no model, or bad flags
             raise LaunchError(str(e)) from None
         if self.dp.remote:  # first, so that a port in use fails before the model loads

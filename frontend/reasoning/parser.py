@@ -43,17 +43,23 @@ class ThinkTagParser(ReasoningParser):
 
     STARTS = ("<think>",)
     ENDS = ("</think>",)
+    REQUIRED_TOKENS = (*STARTS, *ENDS)
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         super().__init__(tokenizer)
         vocab = tokenizer.get_vocab()
-        missing = [tag for tag in (*self.STARTS, *self.ENDS) if tag not in vocab]
+        missing = [tag for tag in self.REQUIRED_TOKENS if tag not in vocab]
         if missing:
-            raise ValueError(
-                f"--reasoning-parser {self.name} needs the tokens {' and '.join(missing)} in the "
-                "model's vocabulary; this tokenizer has none of that name"
-            )
+            raise ValueError(missing_tokens_message(self.name, missing))
         self._end_ids = [[vocab[tag]] for tag in self.ENDS]
 
     def end_token_ids(self, kwargs: dict[str, Any]) -> list[list[int]] | None:
         return None if self.opening(kwargs) is Opening.ANSWER else self._end_ids
+
+
+def missing_tokens_message(name: str, missing: list[str]) -> str:
+    """The refusal of a parser whose tokens the model's vocabulary lacks."""
+    return (
+        f"--reasoning-parser {name} needs the tokens {' and '.join(missing)} in the model's "
+        "vocabulary; this tokenizer has none of that name"
+    )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from frontend.reasoning.deepseek_r1 import DeepSeekR1Parser
 from frontend.reasoning.granite import GraniteParser
-from frontend.reasoning.parser import ReasoningParser
+from frontend.reasoning.parser import ReasoningParser, missing_tokens_message
 from frontend.reasoning.qwen3 import Qwen3Parser
 
 if TYPE_CHECKING:
@@ -33,3 +35,20 @@ def reasoning_parser(
             f"{', '.join(REASONING_PARSER_NAMES)}"
         )
     return REASONING_PARSERS[name](tokenizer)
+
+
+def check_tokenizer_files(name: str | None, tokenizer_dir: str) -> None:
+    """ValueError, before anything loads, when the model's tokenizer.json lacks a token the
+    parser needs (<think>, </think>); a tokenizer without tokenizer.json is checked when the
+    API server loads it."""
+    parser = REASONING_PARSERS.get(name or "")
+    needed = getattr(parser, "REQUIRED_TOKENS", ())
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    if not needed or not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    vocab = set((data.get("model") or {}).get("vocab") or ())
+    vocab.update(t.get("content") for t in data.get("added_tokens") or ())
+    missing = [t for t in needed if t not in vocab]
+    if missing:
+        raise ValueError(missing_tokens_message(str(name), missing))

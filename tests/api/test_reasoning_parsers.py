@@ -149,3 +149,18 @@ def test_unknown_names_and_missing_tags_are_refused(tokenizer):
     with pytest.raises(ValueError, match="needs the tokens <think> and </think>"):
         reasoning_parser("deepseek_r1", plain)
     assert reasoning_parser("openai_gptoss", tokenizer) is None  # harmony reads gpt-oss's
+
+
+def test_launch_checks_the_tokenizer_files(tokenizer, tmp_path):
+    from transformers import AutoTokenizer
+
+    from config.default_model import resolve_model_path
+    from frontend.reasoning.registry import check_tokenizer_files
+
+    tokenizer.save_pretrained(tmp_path / "tags")
+    check_tokenizer_files("qwen3", str(tmp_path / "tags"))
+    AutoTokenizer.from_pretrained(resolve_model_path(None)).save_pretrained(tmp_path / "plain")
+    with pytest.raises(ValueError, match="qwen3 needs the tokens <think> and </think>"):
+        check_tokenizer_files("qwen3", str(tmp_path / "plain"))
+    check_tokenizer_files("granite", str(tmp_path / "plain"))  # phrases, no tokens needed
+    check_tokenizer_files(None, str(tmp_path / "plain"))
