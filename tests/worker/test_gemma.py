@@ -21,6 +21,8 @@ import torch
 
 from config.errors import ConfigError
 from config.hf_defaults import filled
+from config.kv_window import model_wide_window
+from config.model_arch import ModelArchConfig
 from engine_core.resolve import resolved_config
 from kernels.cpu_binding import available as c_kernels_available
 from protocol.sampling_params import SamplingParams
@@ -364,7 +366,17 @@ def test_layer_types_left_out_are_transformers(tmp_path):
         cfg = cls(**SMALL, num_hidden_layers=9).to_dict()
         cfg.pop("layer_types")
         cfg.update(fields)
-        assert filled(cfg)["layer_types"] == cls.from_dict(cfg).layer_types, (model_type, fields)
+        theirs = cls.from_dict(cfg).layer_types
+        assert filled(cfg)["layer_types"] == theirs, (model_type, fields)
+        # Each layer's window follows them; with full layers among them no KV block is freed
+        # behind the window (config/kv_window.py: a hybrid model keeps every block).
+        cfg["architectures"] = [
+            "Gemma2ForCausalLM" if model_type == "gemma2" else "Gemma3ForCausalLM"
+        ]
+        arch = ModelArchConfig.from_dict(cfg)
+        windows = [arch.layer_sliding_window(i) for i in range(9)]
+        assert windows == [WINDOW if t == "sliding_attention" else None for t in theirs]
+        assert model_wide_window(arch, 512) is None
 
 
 def _config_only(path: Path, version: int, **edits: Any) -> Path:
