@@ -198,3 +198,20 @@ def test_llm_chat_constrains_after_the_reasoning(reasoning_model):
     assert re.fullmatch("[0-9]{4}", text[len(reasoning) + len("</think>") :]), text
     with pytest.raises(ValueError, match="harmony channels"):
         LLM(str(path), engine_process=False, device="cpu", reasoning_parser="openai_gptoss")
+
+
+def test_enable_thinking_reaches_the_template(server, reasoning_model):
+    from transformers import AutoTokenizer
+
+    qwen3 = (TEMPLATE / "qwen3.jinja").read_text()
+    tok = AutoTokenizer.from_pretrained(reasoning_model[0])
+    for kwargs, tail in (
+        ({"enable_thinking": False}, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        ({}, "<|im_start|>assistant\n"),
+    ):
+        body = {"model": "tiny", "messages": ASK, "max_tokens": 1, "return_token_ids": True}
+        body |= {"chat_template": qwen3, "chat_template_kwargs": kwargs}
+        status, _, raw = http_request(server, "POST", "/v1/chat/completions", body)
+        assert status == 200, raw
+        prompt = tok.decode(json.loads(raw)["prompt_token_ids"])
+        assert prompt.endswith(tail), prompt
