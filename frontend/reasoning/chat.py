@@ -26,8 +26,11 @@ class ChatReasoning:
         self.include = include_reasoning
         self._streams: dict[int, ReasoningStream] = {}
 
-    def constrain_answer_only(self, params: SamplingParams) -> None:
-        """A structured output applies after the reasoning: the engine core's end ids."""
+    def prepare_params(self, params: SamplingParams) -> None:
+        """A structured output applies after the reasoning: the engine core's end ids. Marker
+        tokens that are special are kept in the text, where the split finds them."""
+        if self.parser.needs_special_tokens:
+            params.skip_special_tokens = False
         if params.structured_outputs is not None:
             params.reasoning_end_token_ids = self.parser.end_token_ids(self.kwargs)
 
@@ -64,7 +67,7 @@ def chat_reasoning(
     if parser is None:
         return None
     reasoning = ChatReasoning(parser, chat_template_kwargs, include_reasoning)
-    reasoning.constrain_answer_only(params)
+    reasoning.prepare_params(params)
     return reasoning
 
 

@@ -22,6 +22,10 @@ class ReasoningParser:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
+        # Markers that are special tokens vanish from text decoded with skip_special_tokens:
+        # such a model's chat answers keep special tokens (the stop token is never shown).
+        special = set(tokenizer.all_special_tokens)
+        self.needs_special_tokens = any(m in special for m in (*self.STARTS, *self.ENDS))
 
     def opening(self, kwargs: dict[str, Any]) -> Opening:
         """Where a request's output starts, given its chat_template_kwargs."""

@@ -131,10 +131,10 @@ def test_include_reasoning_false_and_structured_outputs(tokenizer):
     shown = ChatReasoning(parser, None).message("assistant", "<think>x</think>")
     assert shown.reasoning == shown.reasoning_content == "x" and shown.content is None
     params = SamplingParams(structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
-    ChatReasoning(parser, {"enable_thinking": True}).constrain_answer_only(params)
+    ChatReasoning(parser, {"enable_thinking": True}).prepare_params(params)
     assert params.reasoning_end_token_ids == [[tokenizer.convert_tokens_to_ids("</think>")]]
     free = SamplingParams()
-    ChatReasoning(parser, None).constrain_answer_only(free)
+    ChatReasoning(parser, None).prepare_params(free)
     assert free.reasoning_end_token_ids is None
 
 
@@ -164,3 +164,19 @@ def test_launch_checks_the_tokenizer_files(tokenizer, tmp_path):
         check_tokenizer_files("qwen3", str(tmp_path / "plain"))
     check_tokenizer_files("granite", str(tmp_path / "plain"))  # phrases, no tokens needed
     check_tokenizer_files(None, str(tmp_path / "plain"))
+
+
+def test_special_tags_keep_special_tokens_in_the_text():
+    from transformers import AutoTokenizer
+
+    from config.default_model import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
+    tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    parser = reasoning_parser("qwen3", tok)
+    ids = tok.encode("<think>x</think>y", add_special_tokens=False)
+    assert "</think>" not in tok.decode(ids, skip_special_tokens=True)  # why it matters
+    params = SamplingParams()
+    ChatReasoning(parser, None).prepare_params(params)
+    assert params.skip_special_tokens is False
+    assert ChatReasoning(parser, None).message("assistant", tok.decode(ids)).content == "y"
