@@ -109,3 +109,15 @@ def rope_context_len(max_position_embeddings: int, scaling: dict[str, Any] | Non
         extended = int(scaling["original_max_position_embeddings"]) * float(factor)
         return max(max_position_embeddings, math.ceil(extended))
     return max_position_embeddings
+
+
+def for_context(scaling: dict[str, Any] | None, max_model_len: int) -> dict[str, Any] | None:
+    """The scaling an engine serving up to max_model_len tokens builds its tables with: LongRoPE
+    gets long_context, whether it turns every position with the long factors (max_model_len
+    beyond original_max_position_embeddings) or the short ones (within it); one factor set for
+    every sequence, as keys rotated by both sets in one KV cache break attention
+    (docs/models/rope-scaling.md). Other types unchanged."""
+    if scaling is None or rope_type(scaling) != "longrope":
+        return scaling
+    original = int(scaling["original_max_position_embeddings"])
+    return {**scaling, "long_context": max_model_len > original}

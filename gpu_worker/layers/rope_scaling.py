@@ -1,20 +1,25 @@
 """Rotary angles per position for each rope scaling type, as transformers 5.24 computes them
 (transformers/modeling_rope_utils.py), in float64.
 
-transformers picks two types' frequencies from the sequence length of each forward call:
+transformers picks two types' frequencies from the sequence length of each forward call.
 LongRoPE takes the long factors when the call's highest position + 1 exceeds the original
-context, dynamic NTK recomputes the base for that length. The engine's tables are indexed by
-position instead (one row per position, whatever the request or the batch), so position p gets
-the frequencies transformers uses for a call whose highest position is p: LongRoPE's long
-factors from p = original_max_position_embeddings on, dynamic NTK's base for length
-max(p + 1, max_position_embeddings). That is transformers' own result for a prompt within the
-original context and every token generated after it, one by one; a prompt that starts beyond
-the original context gets, at its first positions, the short factors (the unscaled base) where
-transformers would use the long ones (a base for the whole prompt's length). Keys therefore
-depend only on their position: the prefix cache and CUDA graphs stay valid and batching does
-not change a request's result (vLLM's LongRoPE switches the whole batch to the long factors
-when any position exceeds the original context; its dynamic NTK uses one base for
-max_position_embeddings * factor at every position). docs/models/rope-scaling.md says more.
+context; Phi-3's generate() then drops its KV cache and re-encodes the whole sequence with them,
+because keys rotated by both factor sets in one cache break attention (transformers PR 33129).
+The engine's tables hold one factor set for every position and every sequence instead, chosen
+by the context it serves (config/rope_arch.py for_context): the long factors when max_model_len
+exceeds original_max_position_embeddings, the short ones otherwise. That is transformers' result
+for every prompt beyond the original context (long factors throughout) and, with max_model_len
+within it, for everything (short factors throughout); a shorter sequence in a long-context
+engine is turned with the long factors where transformers uses the short ones until it grows
+past the original context.
+
+Dynamic NTK recomputes the base for each call's length once past max_position_embeddings,
+keeping the keys already cached (transformers does not re-encode). The table gives position p
+the base for length max(p + 1, max_position_embeddings): transformers' own result for a prompt
+within the context and every token generated after it one by one; a prompt that starts beyond
+gets, at its first positions, the base of their own length where transformers uses the
+prompt's. Keys depend only on their position: the prefix cache and CUDA graphs stay valid and
+batching cannot change a result. docs/models/rope-scaling.md says more.
 """
 
 from __future__ import annotations
@@ -120,20 +125,22 @@ def _exponents(dim: int) -> torch.Tensor:
     return torch.arange(0, dim, 2, dtype=torch.float64) / dim
 
 
-def _longrope(positions: torch.Tensor, dim: int, theta: float, scaling: dict[str, Any]) -> Any:
-    """[P, dim / 2] frequencies: short_factor's below the original context, long_factor's
-    from it on (module docstring); each factor divides one frequency."""
-    factors = {}
-    for name in ("short_factor", "long_factor"):
-        values = torch.tensor(scaling[name], dtype=torch.float64)
-        if values.shape != (dim // 2,):
+def _longrope(dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
+    """[dim / 2] frequencies, each divided by its factor: long_factor's where long_context (the
+    engine serves past the original context; absent: the config's max_position_embeddings
+    does), short_factor's otherwise (module docstring)."""
+    long = scaling.get("long_context")
+    if long is None:
+        long = scaling["max_position_embeddings"] > scaling["original_max_position_embeddings"]
+    name = "long_factor" if long else "short_factor"
+    for which in ("short_factor", "long_factor"):
+        if len(scaling[which]) != dim // 2:
             raise ValueError(
-                f"rope scaling longrope: {name} has {values.numel()} entries, the {dim} "
+                f"rope scaling longrope: {which} has {len(scaling[which])} entries, the {dim} "
                 f"rotary dims need {dim // 2}"
             )
-        factors[name] = 1.0 / (values * theta ** _exponents(dim))
-    long = positions >= int(scaling["original_max_position_embeddings"])
-    return torch.where(long[:, None], factors["long_factor"], factors["short_factor"])
+    factors = torch.tensor(scaling[name], dtype=torch.float64)
+    return 1.0 / (factors * theta ** _exponents(dim))
 
 
 def _dynamic(positions: torch.Tensor, dim: int, theta: float, scaling: dict[str, Any]) -> Any:
@@ -157,8 +164,9 @@ def rotary_angles(
         return torch.outer(positions, inv_freq), 1.0
     kind = rope_type(scaling)
     if kind == "longrope":
-        freqs = _longrope(positions, dim, theta, scaling)
-        return positions[:, None] * freqs, longrope_attention_factor(scaling)
+        return torch.outer(positions, _longrope(dim, theta, scaling)), longrope_attention_factor(
+            scaling
+        )
     if kind == "dynamic":
         return positions[:, None] * _dynamic(positions, dim, theta, scaling), 1.0
     rescale = ROPE_SCALINGS.get(kind)

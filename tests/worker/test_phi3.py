@@ -1,7 +1,13 @@
 """Phi3ForCausalLM (gpu_worker/models/phi3.py) against transformers in fp32 on the CPU: a plain
 Phi-3 with a sliding window shorter than the prompts, and a Phi-4-mini-shaped one (LongRoPE,
-partial_rotary_factor 0.75, tied embeddings) generating past its original context, and with a
-prompt beyond it (the engine's position-indexed LongRoPE: gpu_worker/layers/rope_scaling.py)."""
+partial_rotary_factor 0.75, tied embeddings). Weights are drawn with initializer_range 0.3 so
+that the rotation decides the greedy tokens (at transformers' 0.02 a tiny model's attention is
+nearly uniform and wrong frequencies could pass).
+
+LongRoPE uses one factor set per engine (config/rope_arch.py for_context): served past the
+original context (the default max_model_len, 128 > 32), the long factors, equal to transformers'
+generate() for prompts beyond the original context; served within it (max_model_len 32), the
+short factors, equal for everything."""
 
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ TINY = dict(
     eos_token_id=2,
     bos_token_id=1,
     pad_token_id=0,
+    initializer_range=0.3,
 )
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
 
@@ -89,6 +96,7 @@ def test_loads_as_configured(case):
         assert runner.arch.rope_scaling is not None
         assert runner.arch.rope_scaling["rope_type"] == "longrope"
         assert runner.arch.rope_scaling["original_max_position_embeddings"] == ORIGINAL
+        assert runner.arch.rope_scaling["long_context"] is True  # max_model_len 128 > 32
         assert runner.model.fused_decode.stack() is None  # the fused C step refuses partial
 
 
@@ -117,13 +125,12 @@ def test_split_projections_equal_the_checkpoint(case):
 
 
 def test_greedy_tokens_equal_transformers(case):
-    """Prompts longer than the window (phi3-window); for LongRoPE, prompts within the original
-    context whose generation runs past it (the long factors from position 32 on)."""
-    name, model_dir, runner, driver = case
-    lengths = (20, 25) if name == "phi4-mini-longrope" else (20, 30)
+    """Prompts longer than the window (phi3-window); for LongRoPE served past its original
+    context, prompts beyond it (transformers turns them with the long factors throughout)."""
+    name, model_dir, _, driver = case
+    lengths = (40, 50) if name == "phi4-mini-longrope" else (20, 30)
     prompts = random_prompts(512, lengths)
     reference, _ = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
-    assert all(n + NEW_TOKENS > ORIGINAL for n in lengths)
     assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
     outputs = {}
     for req_id, ids in prompts.items():  # one at a time, and in prompt chunks
@@ -131,49 +138,28 @@ def test_greedy_tokens_equal_transformers(case):
     assert_same_tokens(outputs, reference)
 
 
+def test_longrope_within_the_original_context_uses_the_short_factors(tmp_path):
+    """max_model_len within the original context (32): the short factors, transformers' for
+    every sequence that fits; the long-context engine's tokens differ for the same prompts."""
+    model_dir = _make_phi3(tmp_path / "m", **CASES["phi4-mini-longrope"])
+    runner, driver = make_runner(model_dir, kv_cache_memory="4MiB", max_model_len=ORIGINAL)
+    assert runner.arch.rope_scaling is not None
+    assert runner.arch.rope_scaling["long_context"] is False
+    prompts = random_prompts(512, (8, 14))
+    reference, _ = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=5), reference)
+    _, long_driver = make_runner(model_dir, kv_cache_memory="4MiB")
+    assert long_driver.run(prompts, GREEDY, NEW_TOKENS) != reference
+
+
 def test_tensor_parallel_shards_the_split_projections(case):
     """Two ranks (gloo, multiprocess executor): each takes its q/k/v heads and gate/up columns
     of the split fused tensors; the tokens equal transformers'."""
     name, model_dir, _, _ = case
-    prompts = random_prompts(512, (22,), seed=3)
+    prompts = random_prompts(512, (40 if name == "phi4-mini-longrope" else 22,), seed=3)
     reference, _ = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
     outputs, _ = run_multiproc(model_dir, prompts, GREEDY, NEW_TOKENS, tensor_parallel_size=2)
     assert_same_tokens(outputs, reference)
-
-
-def _hf_token_by_token(model, ids: list[int], new_tokens: int) -> list[int]:
-    """transformers' greedy tokens when every position is its own forward call (prompt too):
-    LongRoPE then picks each position's factors as the engine's position-indexed table does."""
-    cache = transformers.DynamicCache()
-    out = []
-    with torch.inference_mode():
-        for token in ids:
-            logits = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits
-        for _ in range(new_tokens):
-            out.append(int(logits[0, -1].argmax()))
-            step = torch.tensor([[out[-1]]])
-            logits = model(step, past_key_values=cache, use_cache=True).logits
-    return out
-
-
-def test_longrope_prompt_beyond_the_original_context(tmp_path):
-    """A 40-token prompt (original context 32): the engine's tokens are transformers' own with
-    each position in its own call (short factors below 32, long from 32 on). transformers'
-    generate() turns the whole prompt with the long factors instead: its logits differ, the
-    documented difference (docs/models/rope-scaling.md)."""
-    model_dir = _make_phi3(tmp_path / "m", **CASES["phi4-mini-longrope"])
-    _, driver = make_runner(model_dir, kv_cache_memory="4MiB")
-    prompts = random_prompts(512, (40,), seed=11)
-    hf = hf_causal_lm(model_dir)
-    reference = {r: _hf_token_by_token(hf, ids, NEW_TOKENS) for r, ids in prompts.items()}
-    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=16), reference)
-    ids = torch.tensor([prompts["len40"]])
-    cache = transformers.DynamicCache()
-    with torch.inference_mode():
-        whole = hf(ids).logits[0, -1]
-        for token in prompts["len40"]:
-            each = hf(torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits[0, -1]
-    assert (whole - each).abs().max() > 1e-3
 
 
 def test_config_refusals(tmp_path):

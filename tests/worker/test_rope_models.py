@@ -24,7 +24,10 @@ YARN = {
     "original_max_position_embeddings": 32,
 }
 
-CONTEXT = {"max_position_embeddings": 128}
+# Weights large enough that the rotation decides tokens (at the default 0.02 a tiny model's
+# attention is nearly uniform and other frequencies could give the same greedy tokens).
+SHARP = {"initializer_range": 0.3}
+CONTEXT = {"max_position_embeddings": 128, **SHARP}
 
 # name -> (family, overrides, prompt lengths, engine args)
 CASES = {
@@ -35,6 +38,7 @@ CASES = {
         {
             "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
             "max_position_embeddings": 32,
+            **SHARP,
         },
         (20, 28),
         {"max_model_len": 64},
@@ -56,3 +60,7 @@ def test_greedy_tokens_equal_transformers(tmp_path, name):
     reference, _ = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
     greedy = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=NEW_TOKENS)
     assert_same_tokens(driver.run(prompts, greedy, NEW_TOKENS, chunk=9), reference)
+    # The scaling decides tokens here: the same weights with the default rotary give others.
+    plain = {"rope_type": "default", "rope_theta": 10000.0}
+    unscaled, _ = hf_greedy(hf_causal_lm(model_dir, rope_parameters=plain), prompts, NEW_TOKENS)
+    assert unscaled != reference

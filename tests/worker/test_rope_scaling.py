@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from config.model_arch import SUPPORTED_ROPE_TYPES, ModelArchConfig
-from config.rope_arch import rope_context_len
+from config.rope_arch import for_context, rope_context_len
 from gpu_worker.layers.rotary import RotaryEmbedding, longrope_attention_factor
 from kernels import cpu_binding
 from tests.kernels.paged_inputs import DEVICE
@@ -127,43 +127,43 @@ LONGROPE_CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(LONGROPE_CASES))
-def test_longrope_equals_transformers_over_a_generation(name):
+def test_longrope_equals_transformers(name):
     """transformers chooses the factors per call (long once the call's last position reaches the
-    original context); our position-indexed table equals every call of a generation whose
-    prompt fits the original context, short rows before it and long rows from it on."""
+    original context). The engine's one factor set per context: the short table equals every
+    call of a generation that stays within the original context, the long table a prompt
+    beyond it in one call and every position generated after it."""
     partial, extra = LONGROPE_CASES[name]
     rotary_dim = int(HEAD_DIM * partial)
-    params = _longrope(rotary_dim, **extra)
-    hf = _hf_rotary(dict(params), partial=partial)
-    rope = RotaryEmbedding(
-        HEAD_DIM, MAX_POS, THETA, {**params, "partial_rotary_factor": partial}, rotary_dim
-    )
-    assert rope.cos.shape == (MAX_POS, rotary_dim)
-    for positions, cos, sin in _generation_calls(hf, prompt_len=10, end=MAX_POS):
-        _assert_rows(rope, (cos, sin), positions)
-    # The attention factor is not 1 (it scales cos and sin), and the long factors differ from
-    # the short ones: the comparison would catch either left out.
+    params = {**_longrope(rotary_dim, **extra), "partial_rotary_factor": partial}
+
+    def ours(long_context: bool | None) -> RotaryEmbedding:
+        scaling = dict(params) if long_context is None else {**params, "long_context": long_context}
+        return RotaryEmbedding(HEAD_DIM, MAX_POS, THETA, scaling, rotary_dim)
+
+    short, long = ours(False), ours(True)
+    assert short.cos.shape == long.cos.shape == (MAX_POS, rotary_dim)
+    for positions, cos, sin in _generation_calls(_hf_rotary(dict(params), partial=partial), 10, 16):
+        _assert_rows(short, (cos, sin), positions)
+    for positions, cos, sin in _generation_calls(_hf_rotary(dict(params), partial=partial), 24, 64):
+        _assert_rows(long, (cos, sin), positions)
+    # Without the engine's choice: long, as max_position_embeddings (64) passes the original 16.
+    torch.testing.assert_close(ours(None).cos, long.cos, rtol=0, atol=0)
+    # The attention factor is not 1 (it scales cos and sin), and the factor sets differ: the
+    # comparisons would catch either left out.
     scale = longrope_attention_factor({**params, "max_position_embeddings": MAX_POS})
-    assert scale == pytest.approx(hf.attention_scaling)
-    assert scale > 1.05
-    assert rope.cos[0, 0] == pytest.approx(scale)
-    only_short = {**params, "long_factor": params["short_factor"], "partial_rotary_factor": partial}
-    short = RotaryEmbedding(HEAD_DIM, MAX_POS, THETA, only_short, rotary_dim)
-    torch.testing.assert_close(rope.cos[:16], short.cos[:16], rtol=0, atol=0)
-    assert not torch.allclose(rope.cos[16:], short.cos[16:], atol=1e-3)
+    assert scale == pytest.approx(_hf_rotary(dict(params), partial=partial).attention_scaling)
+    assert scale > 1.05 and short.cos[0, 0] == pytest.approx(scale)
+    assert not torch.allclose(short.cos[1:], long.cos[1:], atol=1e-3)
 
 
-def test_longrope_prompt_beyond_the_original_context_differs_as_documented():
-    """A prompt longer than the original context: transformers turns every position with the long
-    factors; our table keeps the short ones below the original context (position-indexed, so
-    the prefix cache and batching cannot change a key), and the long ones from it on."""
+def test_longrope_factor_set_follows_the_served_context():
+    """config/rope_arch.py for_context: long factors when max_model_len passes the original
+    context, short within it; other types untouched."""
     params = _longrope(HEAD_DIM)
-    hf = _hf_rotary(dict(params))
-    rope = RotaryEmbedding(HEAD_DIM, MAX_POS, THETA, params)
-    cos, sin = _call(hf, list(range(24)))
-    _assert_rows(rope, (cos[16:], sin[16:]), list(range(16, 24)))
-    ours_cos, _ = _ours(rope, list(range(16)))
-    assert not torch.allclose(ours_cos, cos[:16], atol=1e-3)
+    assert for_context(params, 16)["long_context"] is False  # type: ignore[index]
+    assert for_context(params, 17)["long_context"] is True  # type: ignore[index]
+    yarn = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16)
+    assert for_context(yarn, 1000) is yarn and for_context(None, 10) is None
 
 
 def test_longrope_factors_of_the_wrong_length_are_refused():
@@ -199,7 +199,7 @@ def test_dynamic_ntk_equals_transformers_over_a_generation(factor):
 
 
 def _partial_rope() -> RotaryEmbedding:
-    return RotaryEmbedding(HEAD_DIM, MAX_POS, THETA, _longrope(24), rotary_dim=24)
+    return RotaryEmbedding(HEAD_DIM, MAX_POS, THETA, _longrope(24), rotary_dim=24)  # long
 
 
 def test_partial_rotary_rotates_like_transformers_phi3():
