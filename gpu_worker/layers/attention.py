@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -46,7 +48,7 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         step = get_attn_metadata()
-        features: dict[str, object] = {}
+        features: dict[str, Any] = {}  # only the features the layer has (backend contract)
         if self.sliding_window is not None:
             features["sliding_window"] = self.sliding_window
         if self.sinks is not None:
