@@ -27,6 +27,7 @@ def make_tiny_model(path: Path, arch: str = "llama", **overrides) -> Path:
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
         "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
