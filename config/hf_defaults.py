@@ -48,6 +48,8 @@ _GEMMA: dict[str, Any] = {
 }
 
 TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
+    # MistralConfig's: a 4096-token window on every layer unless config.json says null.
+    "mistral": {"sliding_window": 4096, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6},
     "gemma2": {
         **_GEMMA,
         "vocab_size": 256000,

@@ -108,13 +108,19 @@ class ModelArchConfig:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
         arch = cls.from_dict(cfg, source=str(path))
-        if not arch.eos_token_ids:
-            gen = Path(model_dir) / "generation_config.json"
-            if gen.is_file():
+        # generation_config.json's end ids join config.json's (or a family default's), as vLLM
+        # adds them to the stop ids: instruct checkpoints list their end-of-turn token there
+        # (Gemma's <end_of_turn>, Llama 3's <|eot_id|>).
+        gen = Path(model_dir) / "generation_config.json"
+        if gen.is_file():
+            try:
                 eos = json.loads(gen.read_text()).get("eos_token_id")
-                if eos is not None:
-                    ids = tuple(eos) if isinstance(eos, list) else (int(eos),)
-                    arch = replace(arch, eos_token_ids=ids)
+            except (json.JSONDecodeError, AttributeError):
+                eos = None  # generation_config.py reports a broken file where it reads it
+            if eos is not None:
+                more = [int(t) for t in (eos if isinstance(eos, list) else [eos])]
+                ids = tuple(dict.fromkeys([*arch.eos_token_ids, *more]))
+                arch = replace(arch, eos_token_ids=ids)
         return arch
 
     def layer_sliding_window(self, layer_idx: int) -> int | None:

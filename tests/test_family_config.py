@@ -32,6 +32,7 @@ CONFIGS: dict[str, tuple[type[transformers.PretrainedConfig], str, dict[str, Any
     "gemma2": (transformers.Gemma2Config, "Gemma2ForCausalLM", dict(head_dim=16)),
     "gemma3_text": (transformers.Gemma3TextConfig, "Gemma3ForCausalLM", dict(head_dim=16)),
     "olmo2": (transformers.Olmo2Config, "Olmo2ForCausalLM", {}),
+    "mistral": (transformers.MistralConfig, "MistralForCausalLM", {}),
     "phi3": (transformers.Phi3Config, "Phi3ForCausalLM", {}),
     "qwen3_moe": (
         transformers.Qwen3MoeConfig,
@@ -286,3 +287,21 @@ def test_cli_refuses_a_family_field_in_one_line_with_status_2(tmp_path, capsys):
     assert len(err) == 1, err
     assert err[0].startswith("engine: error: model qwen3_moe (Qwen3MoeForCausalLM): config.json: ")
     assert "use_sliding_window" in err[0]
+
+
+def test_generation_config_end_ids_join_the_configs(tmp_path):
+    """A Gemma 3 config.json whose eos comes from the family default (1) still stops at
+    generation_config.json's <end_of_turn> (106), as vLLM adds those ids to the stop ids."""
+    import json
+
+    from config.model_arch import ModelArchConfig
+
+    cls, arch, fields = CONFIGS["gemma3_text"]
+    cfg = cls(**{**SMALL, **fields}).to_dict()
+    cfg["architectures"] = [arch]
+    cfg.pop("eos_token_id", None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 106]}))
+    assert ModelArchConfig.from_model_dir(tmp_path).eos_token_ids == (1, 106)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 107}))
+    assert ModelArchConfig.from_model_dir(tmp_path).eos_token_ids == (1, 107)

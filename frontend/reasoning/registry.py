@@ -46,8 +46,13 @@ def check_tokenizer_files(name: str | None, tokenizer_dir: str) -> None:
     path = Path(tokenizer_dir) / "tokenizer.json"
     if not needed or not path.is_file():
         return
-    data = json.loads(path.read_text(encoding="utf-8"))
-    vocab = set((data.get("model") or {}).get("vocab") or ())
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot be read ({e})") from None
+    entries = (data.get("model") or {}).get("vocab") or ()
+    # BPE and WordPiece map token -> id; Unigram lists [token, score] pairs.
+    vocab = {e[0] if isinstance(e, list) and e else e for e in entries}
     vocab.update(t.get("content") for t in data.get("added_tokens") or ())
     missing = [t for t in needed if t not in vocab]
     if missing:

@@ -88,9 +88,14 @@ class Qwen3CoderToolParser(BufferedParser):
         if not self._buf.startswith(prefix):
             return False if prefix.startswith(self._buf) else self._malformed()
         end = self._buf.find(">", len(prefix))
+        # A name never holds a tag or a line break: cut there, the tag is malformed (not a call
+        # named up to a later tag's '>').
+        raw = self._buf[len(prefix) : end if end >= 0 else len(self._buf)]
+        if "<" in raw or "\n" in raw.strip():
+            return self._malformed()
         if end < 0:
             return False  # the name may go on
-        name = self._buf[len(prefix) : end].strip()
+        name = raw.strip()
         if not name:
             return self._malformed()
         tag = self._eat(end + 1)

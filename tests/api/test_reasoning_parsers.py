@@ -5,6 +5,7 @@ over two deltas), which must give the same reasoning and content."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,16 @@ def test_launch_checks_the_tokenizer_files(tokenizer, tmp_path):
         check_tokenizer_files("qwen3", str(tmp_path / "plain"))
     check_tokenizer_files("granite", str(tmp_path / "plain"))  # phrases, no tokens needed
     check_tokenizer_files(None, str(tmp_path / "plain"))
+    # A Unigram tokenizer.json lists its vocabulary as [token, score] pairs.
+    unigram = tmp_path / "unigram"
+    unigram.mkdir()
+    model = {"type": "Unigram", "vocab": [["<unk>", 0.0], ["<think>", -1.0], ["a", -2.0]]}
+    (unigram / "tokenizer.json").write_text(json.dumps({"model": model, "added_tokens": []}))
+    with pytest.raises(ValueError, match="</think>"):
+        check_tokenizer_files("qwen3", str(unigram))
+    (unigram / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot be read"):
+        check_tokenizer_files("qwen3", str(unigram))
 
 
 def test_special_tags_keep_special_tokens_in_the_text():

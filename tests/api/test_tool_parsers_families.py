@@ -219,6 +219,22 @@ def test_qwen3_coder_malformed_stays_content(text):
     assert Qwen3CoderToolParser().extract("A " + text) == ("A " + text, [])
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>\n<function=get_weather\n</tool_call>",  # the tag never closes
+        "<tool_call>\n<function=get weather\nrest>\n</function>\n</tool_call>",
+    ],
+)
+def test_qwen3_coder_streams_no_call_for_a_broken_name(text):
+    """Streamed, a function tag whose name runs into a line break or another tag is content,
+    as when read whole, not a call named up to a later tag's '>'."""
+    for sizes in _chunkings():
+        events = _streamed(Qwen3CoderToolParser(), "A " + text, sizes)
+        assert not any(isinstance(e, ToolCallDelta) for e in events)
+    assert Qwen3CoderToolParser().extract("A " + text) == ("A " + text, [])
+
+
 def test_qwen3_coder_streams_string_values_as_they_come():
     parser = Qwen3CoderToolParser(tools={"write": {"properties": {"n": {"type": "integer"}}}})
     assert parser.feed("<tool_call>\n<function=write>\n<parameter=text>\nfirst") == [
