@@ -59,7 +59,7 @@ class AttentionSupport:
 
     backend: str
     block_sizes: tuple[int, ...] | None = None
-    head_dims: tuple[int, ...] | None = None
+    head_dims: tuple[int, ...] | range | None = None
     dtypes: tuple[str, ...] | None = None
     sliding_window: bool = False
     logits_soft_cap: bool = False
@@ -111,9 +111,13 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
             # Powers of two <= 128: at 256, BLOCK_N = 256 makes head_dim-128 K+V tiles 128 KiB a
             # pipeline stage in bf16 (an H100 has 227 KiB) and the fp32 scores 128 regs a thread.
             block_sizes=(1, 8, 16, 32, 64, 128),
-            # tl.dot needs a power of two >= 16; at 512 the [64, head_dim] fp32 accumulator alone
-            # is 256 registers a thread at 4 warps (the limit is 255).
-            head_dims=(16, 32, 64, 128, 256),
+            # The kernels pad the head dimension to the next power of two (tl.dot takes >= 16)
+            # with masked loads and stores, so 96 runs in 128 lanes. Multiples of 8 keep each
+            # cache row 16-byte aligned in 16-bit dtypes. Up to 256: at 512 lanes the
+            # [64, head_dim] fp32 accumulator alone is 256 registers a thread at 4 warps (the
+            # limit is 255). Checked under the interpreter at 48, 80 and 96 besides the powers
+            # of two (tests/kernels/test_head_padding_triton.py).
+            head_dims=range(16, 257, 8),
             dtypes=("float16", "bfloat16", "float32"),
             sliding_window=True,
             logits_soft_cap=True,
@@ -185,7 +189,9 @@ def attention_backends_for(
     raise ConfigError("; ".join(reasons))
 
 
-def _one_of(values: tuple) -> str:
-    """'1, 8 or 16'."""
+def _one_of(values: tuple | range) -> str:
+    """'1, 8 or 16', or 'a multiple of 8 from 16 to 256' for a range."""
+    if isinstance(values, range):
+        return f"a multiple of {values.step} from {values.start} to {values[-1]}"
     text = [str(v) for v in values]
     return text[0] if len(text) == 1 else f"{', '.join(text[:-1])} or {text[-1]}"

@@ -334,7 +334,8 @@ def _model_with_head_dim(directory: Path, head_dim: int) -> Path:
 
 
 CUDA_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-CUDA_HEAD_DIMS = (16, 32, 64, 128, 256)
+# The Triton kernels pad head sizes that are not powers of two (multiples of 8 up to 256).
+CUDA_HEAD_DIMS = (16, 32, 48, 64, 80, 96, 128, 192, 256)
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
@@ -376,18 +377,18 @@ def test_cuda_refuses_block_size_256_naming_the_supported_ones(tiny):
 
 
 @pytest.mark.parametrize("head_dim", CUDA_HEAD_DIMS)
-def test_cuda_accepts_power_of_two_head_sizes(tmp_path, head_dim):
+def test_cuda_accepts_padded_head_sizes(tmp_path, head_dim):
     cfg = _resolved(_model_with_head_dim(tmp_path, head_dim), device="cuda")
     assert cfg.arch.head_dim == head_dim
 
 
-@pytest.mark.parametrize("head_dim", [8, 48, 80, 96, 192, 512])
+@pytest.mark.parametrize("head_dim", [8, 100, 264, 512])
 def test_cuda_refuses_other_head_sizes_before_loading(tmp_path, head_dim):
     with pytest.raises(
         ConfigError,
         match=re.escape(
             f"head_dim {head_dim} is not supported by the triton attention kernels on cuda, which "
-            "take head_dim 16, 32, 64, 128 or 256"
+            "take head_dim a multiple of 8 from 16 to 256"
         ),
     ):
         _resolved(_model_with_head_dim(tmp_path, head_dim), device="cuda")
@@ -413,8 +414,9 @@ def test_backend_selection_uses_the_same_rules():
     assert attention_backend(cuda, torch.bfloat16, 128, 128).name == "triton"
     with pytest.raises(ConfigError, match="block_size 256 is not supported"):
         attention_backend(cuda, torch.bfloat16, 128, 256)
-    with pytest.raises(ConfigError, match="head_dim 80 is not supported"):
-        attention_backend(cuda, torch.float16, 80, 16)
+    assert attention_backend(cuda, torch.bfloat16, 96, 16).name == "triton"  # Phi-3-mini
+    with pytest.raises(ConfigError, match="head_dim 100 is not supported"):
+        attention_backend(cuda, torch.float16, 100, 16)
     assert attention_backend(torch.device("cpu"), torch.float32, 80, 256).name == "torch"
     assert attention_backend(torch.device("cpu"), torch.bfloat16, 64, 16).name == "torch"
 

@@ -1,8 +1,12 @@
 """paged_attention, the Triton flash-attention kernel over a paged KV cache ([num_blocks,
 block_size, Hkv, D]) for mixed prefill/decode batches, and the pieces the other Triton attention
-kernels share (find_request, attend_tile, dot_types). kernels/paged_attention.py holds the input
-checks, the C kernel and the torch reference. Imported only where a Triton kernel runs: the
-Triton attention backends on CUDA, and the tests under TRITON_INTERPRET=1.
+kernels share (find_request, attend_tile, dot_types, head_pad). kernels/paged_attention.py holds
+the input checks, the C kernel and the torch reference. Imported only where a Triton kernel runs:
+the Triton attention backends on CUDA, and the tests under TRITON_INTERPRET=1.
+
+Head sizes that are not powers of two (Phi-3-mini's 96) run padded, as vLLM's Triton attention
+does: the head-dimension tiles span head_pad(head_dim) lanes and every load and store masks the
+lanes past head_dim, so the caches and the output keep their unpadded [.., head_dim] layout.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def attend_tile(
     allowed,
     kv_head,
     offs_d,
+    d_valid,
     scale_log2,
     stride_kb,
     stride_ks,
@@ -70,12 +75,15 @@ def attend_tile(
     row starts at bt_row, read through the table for kv_head; scores where `allowed` is false
     count as -inf. MAY_BE_EMPTY: a row may have seen no allowed key yet (a sliding window), so
     its running max may still be -inf. SOFT_CAP c > 0: each scaled score s becomes
-    c * tanh(s / c) (Gemma 2). Returns the updated running max, sum and un-normalised output."""
+    c * tanh(s / c) (Gemma 2). offs_d spans the padded head size; d_valid marks its real lanes
+    (the padding reads zeros, which add nothing to q.k and fill output lanes never stored).
+    Returns the updated running max, sum and un-normalised output."""
     block = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
     in_block = k_pos % BLOCK_SIZE
     k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh
     v_off = block * stride_vb + in_block * stride_vs + kv_head * stride_vh
-    k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=k_valid[None, :], other=0.0)
+    k_mask = k_valid[None, :] & d_valid[:, None]
+    k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=k_mask, other=0.0)
     k = k.to(tl.float32).to(DOT_DTYPE)
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
     if SOFT_CAP > 0:
@@ -92,7 +100,8 @@ def attend_tile(
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=k_valid[:, None], other=0.0)
+    v_mask = k_valid[:, None] & d_valid[None, :]
+    v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=v_mask, other=0.0)
     v = v.to(tl.float32).to(DOT_DTYPE)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
@@ -150,6 +159,7 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -177,14 +187,16 @@ def _paged_attention_kernel(
     row_valid = (tok < q_len) & (head_in_group < GROUP)
     q_head = kv_head * GROUP + head_in_group
     q_pos = ctx_len + tok
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_valid = offs_d < HEAD_DIM
+    row_d = row_valid[:, None] & d_valid[None, :]
 
     q_row = (q_start + tok).to(tl.int64) * stride_qt + q_head * stride_qh
-    q = tl.load(q_ptr + q_row[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+    q = tl.load(q_ptr + q_row[:, None] + offs_d[None, :], mask=row_d, other=0.0)
     q = q.to(tl.float32).to(DOT_DTYPE)
 
     m_i, l_i = _initial_max_sum(sinks_ptr, q_head, row_valid, BLOCK_Q * GROUP_PAD, HAS_SINKS)
-    acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_PAD], dtype=tl.float32)
     # Without a window every row keeps key 0 unmasked (q_pos >= 0 and kv_end >= 1), so m_i is
     # finite after the first chunk and the -inf initialisation never produces NaN; with one, a
     # row's keys may start in a later chunk than the tile's first row's (attend_tile guards).
@@ -215,6 +227,7 @@ def _paged_attention_kernel(
             causal,
             kv_head,
             offs_d,
+            d_valid,
             scale_log2,
             stride_kb,
             stride_ks,
@@ -236,11 +249,17 @@ def _paged_attention_kernel(
     tl.store(
         out_ptr + o_row[:, None] + offs_d[None, :],
         acc.to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None],
+        mask=row_d,
     )
 
 
 TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def head_pad(head_dim: int) -> int:
+    """The lanes the kernels' head-dimension tiles span for head_dim: the next power of two
+    (tl.arange and tl.dot need one), at least 16 (tl.dot's smallest K)."""
+    return max(16, triton.next_power_of_2(head_dim))
 
 
 def dot_types(query: torch.Tensor) -> tuple[tl.dtype, str | None]:
@@ -301,6 +320,7 @@ def paged_attention(
         GROUP=shapes.group,
         GROUP_PAD=group_pad,
         HEAD_DIM=shapes.head_dim,
+        HEAD_PAD=head_pad(shapes.head_dim),
         BLOCK_SIZE=shapes.block_size,
         BLOCK_Q=block_q,
         BLOCK_N=block_n,

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import check_features, check_paged_inputs, paged_strides
-from kernels.triton.paged_attention import LOG2E, attend_tile, dot_types
+from kernels.triton.paged_attention import LOG2E, attend_tile, dot_types, head_pad
 
 # Tokens per partition on the device (vLLM's paged attention v2 uses 512 too).
 PARTITION_SIZE = 512
@@ -85,6 +85,7 @@ def _decode_partition_kernel(
     GROUP: tl.constexpr,
     ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PARTITION: tl.constexpr,
@@ -116,14 +117,16 @@ def _decode_partition_kernel(
     rows = tl.arange(0, ROWS)
     row_valid = rows < GROUP
     q_head = kv_head * GROUP + rows
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_valid = offs_d < HEAD_DIM
+    row_d = row_valid[:, None] & d_valid[None, :]
     q_row = q_start.to(tl.int64) * stride_qt + q_head * stride_qh
-    q = tl.load(q_ptr + q_row[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+    q = tl.load(q_ptr + q_row[:, None] + offs_d[None, :], mask=row_d, other=0.0)
     q = q.to(tl.float32).to(DOT_DTYPE)
 
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([ROWS, HEAD_PAD], dtype=tl.float32)
     # The decode query is the last position, so it sees every key before seq_len: no causal mask.
     # The first tile holds key `start` < end, so m_i is finite after it and no NaN appears.
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
@@ -143,6 +146,7 @@ def _decode_partition_kernel(
             k_valid[None, :],
             kv_head,
             offs_d,
+            d_valid,
             scale_log2,
             stride_kb,
             stride_ks,
@@ -163,7 +167,7 @@ def _decode_partition_kernel(
     tl.store(m_ptr + ml_off, m_i, mask=row_valid)
     tl.store(l_ptr + ml_off, l_i, mask=row_valid)
     a_off = ml_off * HEAD_DIM
-    tl.store(acc_ptr + a_off[:, None] + offs_d[None, :], acc, mask=row_valid[:, None])
+    tl.store(acc_ptr + a_off[:, None] + offs_d[None, :], acc, mask=row_d)
 
 
 @triton.jit(do_not_specialize=["stride_ms", "stride_mh"])
@@ -180,6 +184,7 @@ def _decode_reduce_kernel(
     stride_ms,
     stride_mh,
     HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
     PARTITION: tl.constexpr,
     PARTS_BLOCK: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr,
@@ -201,7 +206,8 @@ def _decode_reduce_kernel(
         num_parts = (seq_len + PARTITION - 1) // PARTITION
     ml_base = seq.to(tl.int64) * stride_ms + head * stride_mh
     a_base = ml_base * HEAD_DIM  # acc is m's layout with a contiguous head_dim
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_valid = offs_d < HEAD_DIM
 
     # Two passes over the (few) partition maxima keep every loop-carried value a vector.
     m_run = tl.full([PARTS_BLOCK], float("-inf"), dtype=tl.float32)
@@ -216,7 +222,7 @@ def _decode_reduce_kernel(
         m_all = tl.maximum(m_all, sink)
 
     l_run = tl.zeros([PARTS_BLOCK], dtype=tl.float32)
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([HEAD_PAD], dtype=tl.float32)
     for p0 in range(0, num_parts, PARTS_BLOCK):
         offs_p = p0 + tl.arange(0, PARTS_BLOCK)
         valid = offs_p < num_parts
@@ -226,7 +232,7 @@ def _decode_reduce_kernel(
         l_run += w * l_part
         a = tl.load(
             acc_ptr + a_base + offs_p[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=valid[:, None],
+            mask=valid[:, None] & d_valid[None, :],
             other=0.0,
         )
         acc += tl.sum(w[:, None] * a, axis=0)
@@ -236,7 +242,7 @@ def _decode_reduce_kernel(
         l_all += tl.exp2(sink - m_all)
     out = acc / l_all
     o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh
-    tl.store(out_ptr + o_off + offs_d, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + o_off + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_valid)
 
 
 def num_partitions(
@@ -292,7 +298,7 @@ def paged_decode_split(
         # The interpreter's dot takes any shape; keeping rows * block_n * head_dim under
         # OpenBLAS's threading threshold (2**18) matters: numpy's threaded GEMM on small
         # operands is a thousand times slower on a busy machine.
-        block_n = max(block_size, min(_INTERPRETER_BLOCK_N, 2**17 // (rows * head_dim)))
+        block_n = max(block_size, min(_INTERPRETER_BLOCK_N, 2**17 // (rows * head_pad(head_dim))))
     block_n = min(block_n, partition_size)  # both powers of two, so block_n divides a partition
     dot_dtype, dot_precision = dot_types(query)
 
@@ -319,6 +325,7 @@ def paged_decode_split(
         GROUP=group,
         ROWS=rows,
         HEAD_DIM=head_dim,
+        HEAD_PAD=head_pad(head_dim),
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         PARTITION=partition_size,
@@ -339,6 +346,7 @@ def paged_decode_split(
         *out.stride()[:2],
         *m_scratch.stride()[:2],
         HEAD_DIM=head_dim,
+        HEAD_PAD=head_pad(head_dim),
         PARTITION=partition_size,
         PARTS_BLOCK=_PARTS_BLOCK,
         SLIDING_WINDOW=sliding_window or 0,

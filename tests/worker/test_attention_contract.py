@@ -179,3 +179,22 @@ def test_qwen2_layers_below_max_window_layers_attend_to_the_whole_context(tmp_pa
     model = _qwen2_with_window(tmp_path / "qwen2", use_sliding_window=True)  # 28 full layers
     config = resolved_config(model=str(model), device="cpu")
     assert config.arch is not None and config.arch.sliding_window is None
+
+
+def test_a_phi3_mini_head_size_selects_triton_on_cuda(tmp_path):
+    """Phi-3-mini's head_dim 96 (3072 over 32 heads): the Triton kernels pad it to 128 lanes,
+    so CUDA takes it (configuration only: nothing is loaded on a GPU)."""
+    model = make_tiny_model(
+        tmp_path / "phi3",
+        "phi3",
+        hidden_size=192,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        pad_token_id=0,
+    )
+    config = resolved_config(model=str(model), device="cuda", dtype="bfloat16")
+    assert config.arch is not None and config.arch.head_dim == 96
+    block_size = config.cache.block_size
+    assert attention_backends_for("cuda", block_size, 96, "bfloat16") == ["triton"]
+    cuda = torch.device("cuda")  # only named: nothing is allocated on it
+    assert attention_backend(cuda, torch.bfloat16, 96, block_size).name == "triton"
