@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gpu_worker.attention.triton_backend import TritonAttentionBackend
 from gpu_worker.layers.rotary import RotaryEmbedding
 from kernels.paged_attention import paged_attention_ref
 from kernels.triton import rms_norm as triton_rms_norm
@@ -20,6 +21,7 @@ from kernels.triton.paged_decode import paged_decode_split
 from kernels.triton.write_kv import write_kv
 from kernels.write_kv import write_kv_ref
 from tests.kernels.paged_inputs import assert_close_to_reference, make_batch
+from tests.kernels.test_triton_backend_decode import decode_step
 
 _EXTRA = 16  # columns past head_dim in every wider buffer
 _SENTINEL = 7.0
@@ -176,3 +178,27 @@ def test_rms_norm_per_head_96(device):
     out = triton_rms_norm.rms_norm(x, weight, 1e-6)
     expected = torch.nn.functional.rms_norm(x.cpu(), (head_dim,), weight.cpu(), 1e-6)
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_backend_forward_head_96(device):
+    # The Triton backend's step at Phi-3-mini's head size: write_kv, then the one-pass kernel.
+    batch = make_batch([(40, 1), (9, 6)], 2, 2, 96, 16, torch.float32, seed=2, device=device)
+    k, v, kv_cache, meta = decode_step(batch, device)
+    expected_cache = kv_cache.clone()
+    write_kv_ref(k, v, expected_cache[0], expected_cache[1], meta.slot_mapping)
+    scale = 96**-0.5
+    expected = paged_attention_ref(
+        batch["query"],
+        expected_cache[0],
+        expected_cache[1],
+        meta.block_table,
+        meta.query_start_loc,
+        meta.seq_lens,
+        scale=scale,
+        out_dtype=torch.float32,
+    )
+
+    out = TritonAttentionBackend().forward(batch["query"], k, v, kv_cache, meta, scale=scale)
+
+    torch.testing.assert_close(kv_cache, expected_cache, rtol=0, atol=0)
+    assert_close_to_reference(out, expected, torch.float32)
