@@ -23,7 +23,6 @@ from config.model_arch import ModelArchConfig
 from config.observability import ObservabilityConfig
 from config.parallel import ParallelConfig
 from config.quantization import check_checkpoint_quantization, resolve_quantization
-from config.rope_arch import for_context
 from config.scheduler import SchedulerConfig, default_async_scheduling, default_batched_tokens
 from config.vllm_only_args import ENGINE_ONLY, refusals
 
@@ -89,9 +88,6 @@ class EngineConfig:
                 f"max_model_len {self.model.max_model_len} exceeds the model's "
                 f"max_position_embeddings {positions}{extended}"
             )
-        # LongRoPE's one factor set for this context (config/rope_arch.py for_context).
-        context = for_context(self.arch.rope_scaling, self.model.max_model_len)
-        self.arch = replace(self.arch, rope_scaling=context)
         # A kernel that cannot run these would fail at the first forward, after the model loaded.
         attention_backends_for(
             self.device_type,

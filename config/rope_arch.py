@@ -111,13 +111,13 @@ def rope_context_len(max_position_embeddings: int, scaling: dict[str, Any] | Non
     return max_position_embeddings
 
 
-def for_context(scaling: dict[str, Any] | None, max_model_len: int) -> dict[str, Any] | None:
-    """The scaling an engine serving up to max_model_len tokens builds its tables with: LongRoPE
-    gets long_context, whether it turns every position with the long factors (max_model_len
-    beyond original_max_position_embeddings) or the short ones (within it); one factor set for
-    every sequence, as keys rotated by both sets in one KV cache break attention
-    (docs/models/rope-scaling.md). Other types unchanged."""
+def long_rope_threshold(scaling: dict[str, Any] | None, max_model_len: int) -> int | None:
+    """LongRoPE's original context when an engine serving max_model_len tokens can see a
+    request outgrow it: a request whose tokens exceed it turns with the long factors (the
+    engine core recomputes one that crosses it, as transformers' Phi-3 generate() re-encodes);
+    None when every request stays short (no LongRoPE, or max_model_len within the original
+    context)."""
     if scaling is None or rope_type(scaling) != "longrope":
-        return scaling
+        return None
     original = int(scaling["original_max_position_embeddings"])
-    return {**scaling, "long_context": max_model_len > original}
+    return original if max_model_len > original else None

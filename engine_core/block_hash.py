@@ -1,7 +1,8 @@
 """Chained hashes of full KV blocks: block i's hash certifies every token up to its end.
 
 hash(block) = H((parent_hash, tuple(block token ids), extra_keys)); the first block's parent is
-a constant root and its extra_keys carry the request's cache_salt, so salted tenants never share.
+a constant root and its extra_keys carry the request's cache_salt, so salted tenants never share,
+and LongRoPE's long flag, so KV turned with the long factors never serves a short request.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class HashedTokens(Protocol):
 
     all_token_ids: list[int]
     cache_salt: str | None
+    rope_long: bool
     block_hashes: list[BlockHash]
 
 
@@ -74,6 +76,14 @@ def hash_block_tokens(
     return hash_fn((parent_hash, tuple(token_ids), extra_keys))
 
 
+def _first_extra(request: HashedTokens) -> Any:
+    """The first block's extra keys: the cache salt, and LongRoPE's long flag where set (KV
+    turned with the long factors never serves a short request, nor the reverse)."""
+    if request.rope_long:
+        return ("rope_long", request.cache_salt)
+    return request.cache_salt
+
+
 class BlockHasher:
     """Callable: the hashes of a request's newly completed full blocks, in order."""
 
@@ -99,7 +109,7 @@ class BlockHasher:
         tokens = request.all_token_ids
         new: list[BlockHash] = []
         for i in range(start, end):
-            extra = request.cache_salt if i == 0 else None
+            extra = _first_extra(request) if i == 0 else None
             parent = hash_fn((parent, tuple(tokens[i * block_size : (i + 1) * block_size]), extra))
             new.append(parent)
         return new
@@ -118,7 +128,7 @@ class BlockHasher:
                 (
                     hashes[-1] if i else self._root,
                     tokens if self._as_list else tuple(tokens),
-                    request.cache_salt if i == 0 else None,
+                    _first_extra(request) if i == 0 else None,
                 )
             )
         )

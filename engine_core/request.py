@@ -71,6 +71,7 @@ class Request:
         "arrival_time",
         "priority",
         "cache_salt",
+        "rope_long",
         "client_index",
         "num_cached_tokens",
         "stop_reason",
@@ -107,6 +108,8 @@ class Request:
         self.arrival_time = arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
+        # LongRoPE: turned with the long factors (the scheduler sets it, set_rope_long).
+        self.rope_long = False
         self.client_index = client_index
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
@@ -218,6 +221,15 @@ class Request:
     def next_hash_len(self) -> int | None:
         """The token count at which the next block hash is due (None: no prefix caching)."""
         return None if self._block_hasher is None else self._hash_at
+
+    def set_rope_long(self) -> None:
+        """Turn the request with LongRoPE's long factors from now on; its block hashes are
+        recomputed (the flag is part of them: short and long KV never share a block). Only
+        while it holds no computed KV (waiting, or just preempted)."""
+        self.rope_long = True
+        if self._block_hasher is not None:
+            self.block_hashes = []
+            self._hash_blocks(self._block_hasher)
 
     def _hash_blocks(self, hasher: BlockHasher) -> None:
         self.block_hashes.extend(hasher(self))

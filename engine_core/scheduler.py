@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from config.engine import EngineConfig
 from config.kv_window import freed_window
+from config.rope_arch import long_rope_threshold
 from engine_core.block_hash import make_block_hasher
 from engine_core.block_pool import KVCacheBlock
 from engine_core.kv_cache_manager import KVCacheManager
@@ -63,6 +64,10 @@ class Scheduler:
         self.priority_policy = sched.scheduling_policy == "priority"
         self.async_scheduling = bool(sched.async_scheduling)  # None (unresolved): off
         self.eos_token_id = eos_token_id
+        # LongRoPE: the token count past which a request turns with the long factors (None:
+        # every request stays short); see _switch_to_long.
+        scaling = config.arch.rope_scaling if config.arch is not None else None
+        self.long_rope_at = long_rope_threshold(scaling, self.max_model_len)
         self.kv = KVCacheManager(
             num_blocks,
             cache.block_size,
@@ -110,6 +115,8 @@ class Scheduler:
                 f"prompt of {request.num_prompt_tokens} tokens; it must have 1 to "
                 f"max_model_len ({self.max_model_len}) tokens"
             )
+        if self.long_rope_at is not None and request.num_prompt_tokens > self.long_rope_at:
+            request.set_rope_long()  # a prompt beyond the original context starts long
         self.requests[request.request_id] = request
         if request.grammar is not None and not request.grammar.ready:
             self.waiting_for_grammar.append(request)
@@ -246,6 +253,15 @@ class Scheduler:
             if n > budget:  # a prompt chunk
                 n = budget
                 end = computed + n
+            if self.long_rope_at is not None and end > self.long_rope_at and not req.rope_long:
+                # Crossing LongRoPE's original context: recomputed with the long factors,
+                # once the token in flight (sampled with the short ones) is known.
+                if not pending:
+                    i -= 1
+                    num_running -= 1
+                    del running[i]
+                    self._switch_to_long(req)
+                continue
             new_block_ids = no_blocks
             # The steady case skips the KV cache manager: its blocks hold end, and no block
             # completes (with async scheduling, the token that fills the last block may be in
@@ -311,6 +327,9 @@ class Scheduler:
         new: list[Scheduled] = []
         while len(waiting) and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting.peek()
+            long_at = self.long_rope_at
+            if long_at is not None and not req.rope_long and req.num_tokens > long_at:
+                req.set_rope_long()  # before the prefix-cache lookup: long blocks only
             hit_blocks, num_hit = kv.get_computed_blocks(req)
             n = min(min(req.num_tokens, self.max_model_len) - num_hit, budget)
             if kv.allocate_slots(req, n, hit_blocks) is None:
@@ -499,6 +518,20 @@ class Scheduler:
         req.num_output_placeholders = 0  # the in-flight step's token is thrown away
         req.num_preemptions += 1
         self._num_preemptions += 1
+        self._finished_req_ids[req.request_id] = None
+        self.waiting.add_preempted(req)
+
+    def _switch_to_long(self, req: Request) -> None:
+        """Recompute a running request with LongRoPE's long factors from its first token, as
+        transformers' Phi-3 generate() drops its cache and re-encodes the whole sequence once
+        it outgrows the original context (transformers PR 33129): its KV is freed, its block
+        hashes carry the long flag, and it waits at the front of the queue, resumed like a
+        preempted request (the runner drops its row and takes it anew, with rope_long). Not
+        counted as a preemption: no block shortage caused it."""
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.set_rope_long()
         self._finished_req_ids[req.request_id] = None
         self.waiting.add_preempted(req)
 

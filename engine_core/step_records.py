@@ -74,6 +74,7 @@ def commit(
                 block_ids,
                 num_hit,
                 r.output_token_ids,
+                r.rope_long,
             )
             for r, _, num_hit, block_ids, _ in new
         ],

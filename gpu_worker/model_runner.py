@@ -223,6 +223,7 @@ class ModelRunner:
             sched.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids)
         )
         batch = self.inputs.prepare(req_ids, num_scheduled, sched.total_num_scheduled_tokens)
+        self._offset_long_rope(batch, num_scheduled)
         hidden = self._forward(batch)
         owners, chunks, complete = self.prompt_logprobs.compute(
             self.model.compute_logits, hidden, batch, self.states
@@ -252,6 +253,21 @@ class ModelRunner:
         self.sampling.post_update(batch.sample_slots, batch.sample_slots_np, sampled)
         return output
 
+    def _offset_long_rope(self, batch: InputBatch, num_scheduled: np.ndarray) -> None:
+        """LongRoPE: the positions of long requests' tokens move to the rotary table's long
+        half (RotaryEmbedding.long_offset), in place, before the forward (a CUDA graph's
+        persistent positions included). Nothing reads positions but the rotary lookup: the
+        attention metadata and slot mapping are built already."""
+        offset = int(getattr(getattr(self.model, "rotary", None), "long_offset", 0))
+        if not offset:
+            return
+        long_rows = self.states.rope_long_np[batch.slots_np]
+        if not long_rows.any():
+            return
+        per_token = np.repeat(long_rows.astype(np.int64) * offset, num_scheduled)
+        (shift,) = self.h2d.copy(per_token)
+        batch.positions.add_(shift)
+
     def _update_states(self, sched: SchedulerOutput) -> None:
         states, sampling = self.states, self.sampling
         for req_id in sched.finished_req_ids:
@@ -267,6 +283,7 @@ class ModelRunner:
                 len(new.prompt_token_ids),
                 new.block_ids,
                 new.num_computed_tokens,
+                new.rope_long,
             )
             sampling.add(slot, params, len(new.output_token_ids))
             if sampling.penalized_np[slot]:

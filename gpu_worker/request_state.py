@@ -43,6 +43,8 @@ class RequestStates:
         self.num_tokens_np = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed_np = np.zeros(max_num_reqs, dtype=np.int64)
         self.prompt_len_np = np.zeros(max_num_reqs, dtype=np.int64)
+        # LongRoPE: the slot's request turns with the long factors (NewRequestData.rope_long).
+        self.rope_long_np = np.zeros(max_num_reqs, dtype=bool)
         # Blocks each slot holds: a list, read and written one slot at a time.
         self.num_blocks = [0] * max_num_reqs
         self.block_table_np = np.zeros((max_num_reqs, max_blocks), dtype=np.int32)
@@ -62,8 +64,10 @@ class RequestStates:
         num_prompt: int,
         block_ids: list[int],
         num_computed: int,
+        rope_long: bool = False,
     ) -> int:
-        """Claim a slot for a request that already holds token_ids; returns the slot."""
+        """Claim a slot for a request that already holds token_ids; returns the slot.
+        rope_long: LongRoPE's long factors turn it (rope_offsets)."""
         if not self._free:
             raise RuntimeError("more live requests than max_num_seqs")
         n = len(token_ids)
@@ -78,6 +82,7 @@ class RequestStates:
         self.num_tokens_np[slot] = n
         self.num_computed_np[slot] = num_computed
         self.prompt_len_np[slot] = num_prompt
+        self.rope_long_np[slot] = rope_long
         self._count_writes[0].put(slot, n)
         self._count_writes[1].put(slot, num_computed)
         self.num_blocks[slot] = 0

@@ -20,6 +20,9 @@ class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     block_ids: list[int]
     num_computed_tokens: int
     output_token_ids: list[int] = []
+    # LongRoPE: the request turns with the long factors (its tokens exceed the original
+    # context; the engine core resends a request that crosses it, recomputed from scratch).
+    rope_long: bool = False
 
 
 class CachedRequestData(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

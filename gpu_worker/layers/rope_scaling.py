@@ -5,13 +5,9 @@ transformers picks two types' frequencies from the sequence length of each forwa
 LongRoPE takes the long factors when the call's highest position + 1 exceeds the original
 context; Phi-3's generate() then drops its KV cache and re-encodes the whole sequence with them,
 because keys rotated by both factor sets in one cache break attention (transformers PR 33129).
-The engine's tables hold one factor set for every position and every sequence instead, chosen
-by the context it serves (config/rope_arch.py for_context): the long factors when max_model_len
-exceeds original_max_position_embeddings, the short ones otherwise. That is transformers' result
-for every prompt beyond the original context (long factors throughout) and, with max_model_len
-within it, for everything (short factors throughout); a shorter sequence in a long-context
-engine is turned with the long factors where transformers uses the short ones until it grows
-past the original context.
+The engine builds both tables (RotaryEmbedding: short rows, then long rows at long_offset) and
+chooses per request as transformers does: the engine core flags a request long once its tokens
+exceed the original context and recomputes one that crosses it (engine_core/scheduler.py).
 
 Dynamic NTK recomputes the base for each call's length once past max_position_embeddings,
 keeping the keys already cached (transformers does not re-encode). The table gives position p
@@ -126,9 +122,9 @@ def _exponents(dim: int) -> torch.Tensor:
 
 
 def _longrope(dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
-    """[dim / 2] frequencies, each divided by its factor: long_factor's where long_context (the
-    engine serves past the original context; absent: the config's max_position_embeddings
-    does), short_factor's otherwise (module docstring)."""
+    """[dim / 2] frequencies, each divided by its factor: long_factor's where long_context
+    (RotaryEmbedding builds both; absent: where the config's max_position_embeddings passes the
+    original context), short_factor's otherwise (module docstring)."""
     long = scaling.get("long_context")
     if long is None:
         long = scaling["max_position_embeddings"] > scaling["original_max_position_embeddings"]

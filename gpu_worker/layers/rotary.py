@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from config.rope_arch import rope_context_len
+from config.rope_arch import rope_context_len, rope_type
 from gpu_worker.layers.rope_scaling import (
     ROPE_SCALINGS,
     longrope_attention_factor,
@@ -54,9 +54,16 @@ class RotaryEmbedding(nn.Module):
                 )
             # The rules read the base and the config's context length (transformers' config).
             scaling = {**scaling, "max_position_embeddings": max_positions, "rope_theta": theta}
-        angles, magnitude = rotary_angles(
-            rope_context_len(max_positions, scaling), rotary_dim, theta, scaling
-        )
+        rows = rope_context_len(max_positions, scaling)
+        angles, magnitude = rotary_angles(rows, rotary_dim, theta, scaling)
+        # LongRoPE: rows [0, rows) turn with the short factors, [rows, 2 * rows) with the long
+        # ones; a long request's positions come offset by long_offset (the model runner adds
+        # it), so one batch mixes both without a host wait (transformers picks per sequence).
+        self.long_offset = 0
+        if scaling is not None and rope_type(scaling) == "longrope":
+            short = rotary_angles(rows, rotary_dim, theta, {**scaling, "long_context": False})
+            long = rotary_angles(rows, rotary_dim, theta, {**scaling, "long_context": True})
+            angles, magnitude, self.long_offset = torch.cat([short[0], long[0]]), short[1], rows
         self.head_dim = head_dim
         # The leading dims of each head that rotate (Phi's partial_rotary_factor: fewer).
         self.rotary_dim = rotary_dim

@@ -34,8 +34,11 @@ class StepDriver:
         params: SamplingParams,
         max_new: int,
         chunk: int | None = None,
+        rope_long: bool = False,
     ) -> dict[str, list[int]]:
-        """Generate max_new tokens for every prompt, at most `chunk` prompt tokens per step."""
+        """Generate max_new tokens for every prompt, at most `chunk` prompt tokens per step;
+        rope_long: every request turns with LongRoPE's long factors (the engine core's choice
+        for a request beyond the original context)."""
         new_reqs = []
         for req_id, prompt in prompts.items():
             self.blocks[req_id], self.computed[req_id] = [], 0
@@ -53,7 +56,12 @@ class StepDriver:
                 if req_id in pending:
                     new_reqs.append(
                         NewRequestData(
-                            req_id, pending.pop(req_id), params, list(self.blocks[req_id]), 0
+                            req_id,
+                            pending.pop(req_id),
+                            params,
+                            list(self.blocks[req_id]),
+                            0,
+                            rope_long=rope_long,
                         )
                     )
                 else:

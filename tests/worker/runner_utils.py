@@ -144,6 +144,7 @@ def run_multiproc(
     *,
     chunk: int | None = None,
     tensor_parallel_size: int = 2,
+    rope_long: bool = False,
     **engine_args,
 ) -> tuple[dict[str, list[int]], int]:
     """The prompts' tokens through the multiprocess executor on the CPU (gloo, one thread a
@@ -160,6 +161,6 @@ def run_multiproc(
     try:
         num_blocks = executor.initialize()
         driver = StepDriver(executor, num_blocks, config.cache.block_size)
-        return driver.run(prompts, params, max_new, chunk=chunk), num_blocks
+        return driver.run(prompts, params, max_new, chunk=chunk, rope_long=rope_long), num_blocks
     finally:
         executor.shutdown()

@@ -4,10 +4,10 @@ partial_rotary_factor 0.75, tied embeddings). Weights are drawn with initializer
 that the rotation decides the greedy tokens (at transformers' 0.02 a tiny model's attention is
 nearly uniform and wrong frequencies could pass).
 
-LongRoPE uses one factor set per engine (config/rope_arch.py for_context): served past the
-original context (the default max_model_len, 128 > 32), the long factors, equal to transformers'
-generate() for prompts beyond the original context; served within it (max_model_len 32), the
-short factors, equal for everything."""
+LongRoPE's factor set is chosen per request (the engine core's rope_long, sent with the request):
+here the runner is driven directly, so the prompts beyond the original context (32) are sent
+long; tests/worker/test_longrope_per_request.py checks the engine core's choice, a short and a
+long request in one batch and a request crossing the original context during decode."""
 
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ def test_loads_as_configured(case):
         assert runner.arch.rope_scaling is not None
         assert runner.arch.rope_scaling["rope_type"] == "longrope"
         assert runner.arch.rope_scaling["original_max_position_embeddings"] == ORIGINAL
-        assert runner.arch.rope_scaling["long_context"] is True  # max_model_len 128 > 32
+        # Both factor sets: short rows 0..127, long rows 128..255.
+        assert rotary.long_offset == 128 and rotary.cos.shape == (256, 12)
         assert runner.model.fused_decode.stack() is None  # the fused C step refuses partial
 
 
@@ -131,25 +132,28 @@ def test_greedy_tokens_equal_transformers(case):
     lengths = (40, 50) if name == "phi4-mini-longrope" else (20, 30)
     prompts = random_prompts(512, lengths)
     reference, _ = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
-    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS), reference)
+    long = name == "phi4-mini-longrope"
+    assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, rope_long=long), reference)
     outputs = {}
     for req_id, ids in prompts.items():  # one at a time, and in prompt chunks
-        outputs.update(driver.run({req_id: ids}, GREEDY, NEW_TOKENS, chunk=7))
+        outputs.update(driver.run({req_id: ids}, GREEDY, NEW_TOKENS, chunk=7, rope_long=long))
     assert_same_tokens(outputs, reference)
 
 
 def test_longrope_within_the_original_context_uses_the_short_factors(tmp_path):
-    """max_model_len within the original context (32): the short factors, transformers' for
-    every sequence that fits; the long-context engine's tokens differ for the same prompts."""
+    """max_model_len within the original context (32): no request can turn long (the engine
+    core's threshold is None); the short factors are transformers' for every sequence that
+    fits; the same requests sent long answer differently (the factors decide the tokens)."""
+    from config.rope_arch import long_rope_threshold
+
     model_dir = _make_phi3(tmp_path / "m", **CASES["phi4-mini-longrope"])
     runner, driver = make_runner(model_dir, kv_cache_memory="4MiB", max_model_len=ORIGINAL)
     assert runner.arch.rope_scaling is not None
-    assert runner.arch.rope_scaling["long_context"] is False
+    assert long_rope_threshold(runner.arch.rope_scaling, ORIGINAL) is None
     prompts = random_prompts(512, (8, 14))
     reference, _ = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
     assert_same_tokens(driver.run(prompts, GREEDY, NEW_TOKENS, chunk=5), reference)
-    _, long_driver = make_runner(model_dir, kv_cache_memory="4MiB")
-    assert long_driver.run(prompts, GREEDY, NEW_TOKENS) != reference
+    assert driver.run(prompts, GREEDY, NEW_TOKENS, rope_long=True) != reference
 
 
 def test_tensor_parallel_shards_the_split_projections(case):
@@ -158,7 +162,14 @@ def test_tensor_parallel_shards_the_split_projections(case):
     name, model_dir, _, _ = case
     prompts = random_prompts(512, (40 if name == "phi4-mini-longrope" else 22,), seed=3)
     reference, _ = hf_greedy(hf_causal_lm(model_dir), prompts, NEW_TOKENS)
-    outputs, _ = run_multiproc(model_dir, prompts, GREEDY, NEW_TOKENS, tensor_parallel_size=2)
+    outputs, _ = run_multiproc(
+        model_dir,
+        prompts,
+        GREEDY,
+        NEW_TOKENS,
+        tensor_parallel_size=2,
+        rope_long=name == "phi4-mini-longrope",
+    )
     assert_same_tokens(outputs, reference)
 
 

@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from config.model_arch import SUPPORTED_ROPE_TYPES, ModelArchConfig
-from config.rope_arch import for_context, rope_context_len
+from config.rope_arch import long_rope_threshold, rope_context_len
 from gpu_worker.layers.rotary import RotaryEmbedding, longrope_attention_factor
 from kernels import cpu_binding
 from tests.kernels.paged_inputs import DEVICE
@@ -129,41 +129,35 @@ LONGROPE_CASES = {
 @pytest.mark.parametrize("name", sorted(LONGROPE_CASES))
 def test_longrope_equals_transformers(name):
     """transformers chooses the factors per call (long once the call's last position reaches the
-    original context). The engine's one factor set per context: the short table equals every
-    call of a generation that stays within the original context, the long table a prompt
-    beyond it in one call and every position generated after it."""
+    original context). The engine's table holds both sets: rows 0..MAX_POS-1 (a short request's
+    positions) equal every call of a generation that stays within the original context, rows
+    long_offset + p (a long request's) a prompt beyond it in one call and every position
+    generated after it."""
     partial, extra = LONGROPE_CASES[name]
     rotary_dim = int(HEAD_DIM * partial)
     params = {**_longrope(rotary_dim, **extra), "partial_rotary_factor": partial}
-
-    def ours(long_context: bool | None) -> RotaryEmbedding:
-        scaling = dict(params) if long_context is None else {**params, "long_context": long_context}
-        return RotaryEmbedding(HEAD_DIM, MAX_POS, THETA, scaling, rotary_dim)
-
-    short, long = ours(False), ours(True)
-    assert short.cos.shape == long.cos.shape == (MAX_POS, rotary_dim)
+    rope = RotaryEmbedding(HEAD_DIM, MAX_POS, THETA, dict(params), rotary_dim)
+    assert rope.long_offset == MAX_POS and rope.cos.shape == (2 * MAX_POS, rotary_dim)
     for positions, cos, sin in _generation_calls(_hf_rotary(dict(params), partial=partial), 10, 16):
-        _assert_rows(short, (cos, sin), positions)
+        _assert_rows(rope, (cos, sin), positions)
     for positions, cos, sin in _generation_calls(_hf_rotary(dict(params), partial=partial), 24, 64):
-        _assert_rows(long, (cos, sin), positions)
-    # Without the engine's choice: long, as max_position_embeddings (64) passes the original 16.
-    torch.testing.assert_close(ours(None).cos, long.cos, rtol=0, atol=0)
+        _assert_rows(rope, (cos, sin), [p + rope.long_offset for p in positions])
     # The attention factor is not 1 (it scales cos and sin), and the factor sets differ: the
     # comparisons would catch either left out.
     scale = longrope_attention_factor({**params, "max_position_embeddings": MAX_POS})
     assert scale == pytest.approx(_hf_rotary(dict(params), partial=partial).attention_scaling)
-    assert scale > 1.05 and short.cos[0, 0] == pytest.approx(scale)
-    assert not torch.allclose(short.cos[1:], long.cos[1:], atol=1e-3)
+    assert scale > 1.05 and rope.cos[0, 0] == pytest.approx(scale)
+    assert not torch.allclose(rope.cos[1:MAX_POS], rope.cos[MAX_POS + 1 :], atol=1e-3)
 
 
-def test_longrope_factor_set_follows_the_served_context():
-    """config/rope_arch.py for_context: long factors when max_model_len passes the original
-    context, short within it; other types untouched."""
+def test_longrope_threshold_follows_the_served_context():
+    """config/rope_arch.py long_rope_threshold: the original context when max_model_len passes
+    it (requests beyond it turn long), None within it (none can) and for other types."""
     params = _longrope(HEAD_DIM)
-    assert for_context(params, 16)["long_context"] is False  # type: ignore[index]
-    assert for_context(params, 17)["long_context"] is True  # type: ignore[index]
+    assert long_rope_threshold(params, 16) is None
+    assert long_rope_threshold(params, 17) == 16
     yarn = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16)
-    assert for_context(yarn, 1000) is yarn and for_context(None, 10) is None
+    assert long_rope_threshold(yarn, 1000) is None and long_rope_threshold(None, 10) is None
 
 
 def test_longrope_factors_of_the_wrong_length_are_refused():
