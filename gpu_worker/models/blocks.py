@@ -167,6 +167,16 @@ class GatedMLP(nn.Module):
         return self.layout.forward(self.gate_up_proj, self.down_proj, x)
 
 
+def add_and_norm(
+    norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual), the add fused into the norm; the first layer's x
+    (residual None) is normed and becomes the residual."""
+    if residual is None:
+        return norm(x), x
+    return norm.forward_with_residual(x, residual)
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks; the residual add is fused into the next norm."""
 
@@ -186,10 +196,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm.forward_with_residual(x, residual)
+        x, residual = add_and_norm(self.input_layernorm, x, residual)
         x = self.self_attn(x, rotary, cos, sin)
         x, residual = self.post_attention_layernorm.forward_with_residual(x, residual)
         return self.mlp(x), residual

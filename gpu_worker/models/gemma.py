@@ -17,7 +17,7 @@ from config.gemma_arch import GemmaConfig
 from config.model_arch import ModelArchConfig
 from gpu_worker.layers.norm import RMSNorm
 from gpu_worker.layers.rotary import RotaryEmbedding
-from gpu_worker.models.blocks import GatedMLP, SelfAttention
+from gpu_worker.models.blocks import GatedMLP, SelfAttention, add_and_norm
 from gpu_worker.models.decoder import DecoderForCausalLM, Weights
 
 
@@ -57,10 +57,7 @@ class GemmaDecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm.forward_with_residual(x, residual)
+        x, residual = add_and_norm(self.input_layernorm, x, residual)
         x = self.post_attention_layernorm(self.self_attn(x, rotary, cos, sin))
         x, residual = self.pre_feedforward_layernorm.forward_with_residual(x, residual)
         return self.post_feedforward_layernorm(self.mlp(x)), residual

@@ -12,7 +12,7 @@ from torch import nn
 from config.dense_arch import GraniteConfig
 from config.model_arch import ModelArchConfig
 from gpu_worker.layers.rotary import RotaryEmbedding
-from gpu_worker.models.blocks import DecoderLayer, GatedMLP, SelfAttention
+from gpu_worker.models.blocks import DecoderLayer, GatedMLP, SelfAttention, add_and_norm
 from gpu_worker.models.decoder import DecoderForCausalLM
 
 
@@ -39,10 +39,7 @@ class GraniteDecoderLayer(DecoderLayer):
         cos: torch.Tensor,
         sin: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm.forward_with_residual(x, residual)
+        x, residual = add_and_norm(self.input_layernorm, x, residual)
         x = self.self_attn(x, rotary, cos, sin).mul_(self.residual_multiplier)
         x, residual = self.post_attention_layernorm.forward_with_residual(x, residual)
         return self.mlp(x).mul_(self.residual_multiplier), residual
