@@ -235,9 +235,7 @@ def main(argv: list[str] | None = None) -> None:
 
     runners = {dtype: load_runner(args.model, dtype) for dtype in args.dtype}
     config = next(iter(runners.values())).config
-    prompt = workload_prompt(
-        load_tokenizer(config.tokenizer_path), args.prompt_tokens
-    )
+    prompt = workload_prompt(load_tokenizer(config.tokenizer_path), args.prompt_tokens)
     hf = None
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
