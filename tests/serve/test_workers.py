@@ -63,10 +63,12 @@ def test_idle_process_tree_uses_under_2_percent_of_a_core(tp2_server):
     )
     pids = [tp2_server.proc.pid, *tree]
     time.sleep(2)  # let start-up settle
+    # 20 s, two of the engine core's 10 s stats periods: a 10 s window catches one periodic
+    # wake-up or two, and read 0.09-0.22 s on one 2-core box for the same tree.
     before = _cpu_seconds(pids)
-    time.sleep(10)
+    time.sleep(20)
     used = _cpu_seconds(pids) - before
-    assert used < 0.2, f"idle engine processes used {used:.2f} CPU seconds in 10 s"
+    assert used < 0.4, f"idle engine processes used {used:.2f} CPU seconds in 20 s"
 
 
 def test_worker_killed_mid_generation_fails_requests_and_launcher(tp2_server):
