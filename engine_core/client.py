@@ -25,6 +25,7 @@ from engine_core.resolve import resolved_config
 from ipc.channel import Channel
 from ipc.curve import HandshakeWatch, key_from_env
 from ipc.handshake import ready_or_refused
+from ipc.process import wait_for_exit
 from ipc.sockets import connect_dealer
 from protocol.engine_core import (
     PROTOCOL_VERSION,
@@ -117,13 +118,18 @@ class _ClientBase:
             raise EngineDeadError(self._dead)
         return kind, msg
 
+    def _judge_handshake(self, refused: str | None) -> None:
+        """Mark the engine core dead when its handshake was refused, or (after READY) its
+        connection closed."""
+        assert self._handshake is not None
+        if refused is not None:
+            self._dead = f"cannot talk to the engine core at {self.address}: {refused}"
+        elif self._handshake.disconnected and self.ready is not None:
+            self._dead = f"the engine core at {self.address} closed the connection"
+
     def _check_alive(self) -> None:
         if self._dead is None and self._handshake is not None:
-            refused = self._handshake.failure()
-            if refused is not None:
-                self._dead = f"cannot talk to the engine core at {self.address}: {refused}"
-            elif self._handshake.disconnected and self.ready is not None:
-                self._dead = f"the engine core at {self.address} closed the connection"
+            self._judge_handshake(self._handshake.failure())
         if self._dead is None and self.process is not None:
             code = self.process.exit_code()
             if code is not None:
@@ -290,9 +296,15 @@ class AsyncEngineCoreClient(_ClientBase):
         self._calls: dict[int, asyncio.Future[UtilityOutput]] = {}
         self._ready: asyncio.Future[EngineCoreReady] = asyncio.get_running_loop().create_future()
         self._failure: BaseException | None = None
-        # Messages go to _on_message as they arrive, without a future each (ipc/channel.py);
-        # the watch checks the engine core's liveness between them.
+        # Messages go to _on_message as they arrive, without a future each (ipc/channel.py).
         self._channel = Channel(self._socket, self._on_message, self._fail, copy=False)
+        # Liveness without a timer, so an idle client never wakes: the handshake monitor's
+        # events as they arrive, and the exit of an engine core this client started (pidfd).
+        self._monitor = (
+            None
+            if self._handshake is None
+            else Channel(self._handshake.monitor, self._on_monitor_event, self._fail)
+        )
         self._watcher = asyncio.create_task(self._watch())
 
     @classmethod
@@ -370,6 +382,8 @@ class AsyncEngineCoreClient(_ClientBase):
         """Stop reading, close the socket and stop the child engine core, if any."""
         self._watcher.cancel()
         self._channel.close()
+        if self._monitor is not None:
+            self._monitor.close()
         super().shutdown()
 
     async def _send(self, kind: RequestType, msg: Any) -> None:
@@ -382,12 +396,21 @@ class AsyncEngineCoreClient(_ClientBase):
         self._channel.send(self._frames(kind, msg), copy=False)
 
     async def _watch(self) -> None:
+        """Fail once the engine core this client started exits."""
+        if self.process is None:
+            return
         try:
-            while True:
-                await asyncio.sleep(_LIVENESS_POLL_S)
-                self._check_alive()
+            await wait_for_exit(self.process.pid)
+            self._check_alive()
         except Exception as e:
             self._fail(e)
+
+    def _on_monitor_event(self, frames: list[bytes]) -> None:
+        assert self._handshake is not None
+        if self._dead is None:
+            self._judge_handshake(self._handshake.event(frames))
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)  # to _fail, through the channel
 
     def _on_message(self, frames: list[zmq.Frame]) -> None:
         kind, msg = self._decode(frames)
@@ -410,6 +433,8 @@ class AsyncEngineCoreClient(_ClientBase):
             return
         self._failure = error
         self._channel.close()
+        if self._monitor is not None:
+            self._monitor.close()
         self._watcher.cancel()
         waiters = [self._ready, *self._calls.values()]
         self._calls.clear()

@@ -117,24 +117,34 @@ class HandshakeWatch:
         self._monitor.setsockopt(zmq.LINGER, 0)
         self._monitor.connect(address)
 
+    @property
+    def monitor(self) -> zmq.Socket:
+        """The socket its events arrive on, for a loop to watch (ipc/channel.py) and hand each
+        to event()."""
+        return self._monitor
+
     def failure(self) -> str | None:
         """Why the last handshake failed, if one did since the last call."""
         reason = None
         while self._monitor.poll(0):
-            event = zmq.utils.monitor.parse_monitor_message(self._monitor.recv_multipart())
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self.disconnected = True
-                continue
-            reason = (
-                f"{self._peer} refused this client's key"
-                if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                else "the CURVE handshake failed"
-            )
-            reason += (
-                f"; {self._peer} and its clients must share one secret in "
-                f"{ENV_KEY} (or neither set it)"
-            )
+            reason = self.event(self._monitor.recv_multipart()) or reason
         return reason
+
+    def event(self, frames: list[bytes]) -> str | None:
+        """Take in one monitor message: why the handshake failed, if it says so (a closed
+        connection only sets .disconnected)."""
+        event = zmq.utils.monitor.parse_monitor_message(frames)
+        if event["event"] == zmq.EVENT_DISCONNECTED:
+            self.disconnected = True
+            return None
+        reason = (
+            f"{self._peer} refused this client's key"
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            else "the CURVE handshake failed"
+        )
+        return reason + (
+            f"; {self._peer} and its clients must share one secret in {ENV_KEY} (or neither set it)"
+        )
 
     def close(self) -> None:
         self._monitor.close(linger=0)

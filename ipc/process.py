@@ -8,6 +8,7 @@ import ctypes
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -101,6 +102,25 @@ async def wait_for_exit(pid: int, poll_s: float = 0.5) -> None:
         os.close(fd)
 
 
+def _wait_for_parent(parent_pid: int, poll_s: float) -> None:
+    """Block until parent_pid, our parent, is gone: on its pidfd where the kernel has them (no
+    wake-ups while it lives), else by polling our parent pid every poll_s (we are re-parented
+    once it is gone)."""
+    try:
+        fd = os.pidfd_open(parent_pid)
+    except (AttributeError, OSError):  # no pidfds, or the parent is gone already
+        fd = None
+    try:
+        # Still our parent once the descriptor is held: not a reused pid.
+        if fd is not None and os.getppid() == parent_pid:
+            select.select([fd], [], [])
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def watch_parent(
     parent_pid: int,
     *,
@@ -114,10 +134,11 @@ def watch_parent(
 
     on_exit: called first with the reason (e.g. to drain), then the process has grace_s seconds
     to exit on its own. lifeline: the read end of a pipe whose only writer is the parent; its EOF
-    is the parent's death (else the thread polls our parent pid every interval_s: we are
-    re-parented once it is gone). kill_with_parent: also ask the kernel for SIGKILL when the
-    parent's thread that started us exits (PR_SET_PDEATHSIG), which reaches us even when the
-    parent was SIGKILLed and no thread of ours gets to run.
+    is the parent's death (else the thread waits on the parent's pidfd, or without pidfds
+    polls our parent pid every interval_s: we are re-parented once it is gone).
+    kill_with_parent: also ask the kernel for SIGKILL when the parent's thread that started us
+    exits (PR_SET_PDEATHSIG), which reaches us even when the parent was SIGKILLed and no thread
+    of ours gets to run.
     """
     if kill_with_parent:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -131,8 +152,7 @@ def watch_parent(
             except (EOFError, OSError):
                 pass
         else:
-            while os.getppid() == parent_pid:
-                time.sleep(interval_s)
+            _wait_for_parent(parent_pid, interval_s)
         reason = f"parent process {parent_pid} exited"
         if on_exit is None:
             logger.info("%s; exiting", reason)

@@ -48,8 +48,11 @@ from serve.data_parallel_plan import DataParallelPlan
 from serve.dp_rendezvous import FirstHost, HeadlessHost, RendezvousError
 from serve.engine_core_tier import start_engine_cores
 from serve.readiness import POLL_S, StartUpCheck, await_ready, await_ready_files
-from serve.supervision import check_children, stop_tiers
+from serve.supervision import ExitWatch, check_children, stop_tiers
 from serve.tokenizer_tier import start_tokenizer
+
+# Supervising on pidfds and the signal wake-up pipe needs no period; this is a safety net.
+_IDLE_WAKE_S = 5.0
 
 if TYPE_CHECKING:  # Ray is optional: imported only with --data-parallel-backend ray
     from serve.ray_engine_cores import RayEngineCores
@@ -264,6 +267,10 @@ class Launcher:
     def supervise(self, stop_requested: Callable[[], bool]) -> None:
         """Return when stop_requested() turns true, or a headless host's first host stops it
         without an error; LaunchError when a child (or another host's) dies first."""
+        with ExitWatch(self.tiers) as exits:
+            self._supervise(stop_requested, exits)
+
+    def _supervise(self, stop_requested: Callable[[], bool], exits: ExitWatch) -> None:
         while not stop_requested():
             check_children(self.tiers)
             try:
@@ -279,7 +286,7 @@ class Launcher:
                         self._headless_host = None  # it knows: nothing to tell it
                         return
                 else:
-                    time.sleep(POLL_S)
+                    exits.wait(_IDLE_WAKE_S)
             except RendezvousError as e:
                 raise LaunchError(str(e)) from None
 

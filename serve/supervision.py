@@ -3,6 +3,8 @@ reverse start order, each front tier draining its requests until the StopOrder's
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import subprocess
 import sys
@@ -14,6 +16,59 @@ from serve.child import Child, LaunchError
 
 # How long a child may take to exit after SIGTERM once its drain deadline has passed.
 STOP_TIMEOUT_S = 10.0
+# Without pidfds (or off the main thread, where no signal wake-up pipe can be set): the period
+# at which ExitWatch.wait looks at the children and the signals.
+POLL_S = 0.2
+
+
+class ExitWatch:
+    """Sleeps until a child exits or a signal comes: one select over a pidfd per child and the
+    signal wake-up pipe (signal.set_wakeup_fd), so supervising idle children costs no wake-ups.
+    Where the kernel has no pidfds, or off the main thread, it sleeps POLL_S instead. Use it as
+    a context manager: leaving restores the previous wake-up descriptor."""
+
+    def __init__(self, tiers: list[list[Child]]) -> None:
+        self._fds: list[int] = []
+        self._pipe: tuple[int, int] | None = None
+        self._old_wakeup = -1
+        try:
+            for tier in tiers:
+                for child in tier:
+                    self._fds.append(os.pidfd_open(child.popen.pid))
+            pipe = os.pipe()
+            self._fds += pipe  # closed with the pidfds
+            for fd in pipe:
+                os.set_blocking(fd, False)
+            self._old_wakeup = signal.set_wakeup_fd(pipe[1], warn_on_full_buffer=False)
+            self._pipe = pipe
+        except (AttributeError, OSError, ValueError):  # no pidfds; a child gone; not main thread
+            self.close()
+
+    def __enter__(self) -> ExitWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait(self, timeout: float) -> None:
+        """Return once a child has exited or a signal came (or after timeout seconds)."""
+        if self._pipe is None:
+            time.sleep(min(timeout, POLL_S))
+            return
+        ready, _, _ = select.select(self._fds[:-1], [], [], timeout)  # not the write end
+        if self._pipe[0] in ready:
+            try:
+                os.read(self._pipe[0], 512)  # the signals' bytes: the handlers ran already
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._old_wakeup)
+            self._pipe = None
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
 
 
 def check_children(tiers: list[list[Child]], when: str = "unexpectedly") -> None:

@@ -3,6 +3,7 @@ sleeps when idle."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -18,7 +19,7 @@ import msgspec
 import pytest
 import zmq
 
-from engine_core.client import EngineCoreClient, EngineDeadError
+from engine_core.client import AsyncEngineCoreClient, EngineCoreClient, EngineDeadError
 from engine_core.core_proc import EngineCoreProc
 from engine_core.engine_core import EngineCore
 from engine_core.resolve import resolved_config
@@ -211,6 +212,28 @@ def test_engine_core_exits_when_its_parent_dies(engine_args):
     if not _gone(child):
         os.kill(child, 9)
         pytest.fail("the engine core outlived its parent")
+
+
+def test_async_client_hears_its_child_engine_core_die_at_once(engine_args):
+    """The asyncio client watches the engine core it started on its pidfd (no timer): a
+    SIGKILL fails the client's waiting reader with the exit code."""
+
+    async def main() -> tuple[float, str]:
+        client = await AsyncEngineCoreClient.create(engine_args=engine_args, startup_timeout=120)
+        try:
+            reader = asyncio.create_task(client.get_output())
+            await asyncio.sleep(0.2)
+            start = time.monotonic()
+            os.kill(client.process.pid, signal.SIGKILL)
+            with pytest.raises(EngineDeadError) as failed:
+                await asyncio.wait_for(reader, 10)
+            return time.monotonic() - start, str(failed.value)
+        finally:
+            client.shutdown()
+
+    elapsed, message = asyncio.run(main())
+    assert "exited with code -9" in message
+    assert elapsed < 2.0
 
 
 def test_start_up_failure_is_reported(engine_args, tmp_path):

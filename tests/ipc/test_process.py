@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -49,3 +50,32 @@ def test_set_thread_name_names_the_calling_thread_only():
     with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
         assert f.read() == before
     assert names["thread"] == "engine-core-io-"
+
+
+def test_watch_parent_notices_the_parent_exit_on_its_pidfd():
+    """A child whose parent exits hears of it at once, though it would poll only every 5 s."""
+    code = (
+        "import os, subprocess, sys, time\n"
+        "from ipc.process import watch_parent\n"
+        "if sys.argv[1] == 'parent':\n"
+        "    subprocess.Popen([sys.executable, '-c', sys.argv[2], 'child', str(os.getpid())])\n"
+        "    time.sleep(0.5)\n"
+        "else:\n"
+        "    watch_parent(int(sys.argv[2]), interval_s=5.0,\n"
+        "                 on_exit=lambda why: (print(why, flush=True), os._exit(0)))\n"
+        "    print('watching', flush=True)\n"
+        "    time.sleep(30)\n"
+    )
+    start = time.monotonic()
+    parent = subprocess.run(
+        [sys.executable, "-c", code, "parent", code],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert parent.returncode == 0, parent.stderr
+    # The child's lines come through the pipe it shares with the parent until it exits.
+    lines = parent.stdout.splitlines()
+    assert lines[0] == "watching" and "exited" in lines[1], parent.stdout
+    assert time.monotonic() - start < 4.5

@@ -36,15 +36,25 @@ def _descendants(root: int) -> dict[int, str]:
     return found
 
 
-def _cpu_seconds(pids) -> float:
-    total = 0.0
+def _thread_cpu_seconds(pids) -> dict[str, float]:
+    """CPU seconds (user + system) of every thread of pids, by "process/thread" name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, float] = {}
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            process = Path(f"/proc/{pid}/comm").read_text().strip()
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-    return total
+        for task in tasks:
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue
+            name = f"{process}/{stat[stat.index('(') + 1 : stat.rindex(')')]}"
+            fields = stat.rsplit(")", 1)[1].split()
+            totals[name] = totals.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return totals
 
 
 @pytest.fixture
@@ -63,12 +73,17 @@ def test_idle_process_tree_uses_under_2_percent_of_a_core(tp2_server):
     )
     pids = [tp2_server.proc.pid, *tree]
     time.sleep(2)  # let start-up settle
-    # 20 s, two of the engine core's 10 s stats periods: a 10 s window catches one periodic
-    # wake-up or two, and read 0.09-0.22 s on one 2-core box for the same tree.
-    before = _cpu_seconds(pids)
+    # 20 s, two of the engine core's 10 s stats periods. Nothing of ours wakes periodically
+    # (pidfds, the signal wake-up pipe, the ring's doorbell): what remains is torch's gloo, whose
+    # TCP loop thread wakes every 10 ms in each worker (0.13-0.16 s of the 0.15-0.17 s the tree
+    # used in 20 s on one 2-core box).
+    before = _thread_cpu_seconds(pids)
     time.sleep(20)
-    used = _cpu_seconds(pids) - before
-    assert used < 0.4, f"idle engine processes used {used:.2f} CPU seconds in 20 s"
+    after = _thread_cpu_seconds(pids)
+    used = {name: after[name] - before.get(name, 0.0) for name in after}
+    busiest = sorted(((s, n) for n, s in used.items() if s > 0), reverse=True)
+    total = sum(used.values())
+    assert total < 0.4, f"idle engine processes used {total:.2f} CPU seconds in 20 s: {busiest}"
 
 
 def test_worker_killed_mid_generation_fails_requests_and_launcher(tp2_server):
