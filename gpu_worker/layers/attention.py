@@ -45,6 +45,10 @@ class Attention(nn.Module):
             if tp_world_size() > 1:
                 self.sinks.tp_full_size = num_heads * tp_world_size()  # type: ignore[attr-defined]
         self.kv_cache = torch.empty(0)
+        # An fp8 KV cache's scales (stored = value / scale): the checkpoint's k_scale and v_scale
+        # where it has them (set by the loader), else 1.0. Unused by a cache in the model's dtype.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         step = get_attn_metadata()
