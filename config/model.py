@@ -9,7 +9,8 @@ from typing import Any
 from config.errors import ConfigError
 
 DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
-QUANTIZATIONS = ("gguf",)
+# vLLM's --quantization names this engine runs (config/quantization.py resolves them).
+QUANTIZATIONS = ("gguf", "fp8", "gptq", "awq", "compressed-tensors", "modelopt", "fbgemm_fp8")
 
 
 @dataclass(slots=True)
@@ -34,6 +35,8 @@ class ModelConfig:
     # 'gguf': linear weights stay as the GGUF file quantizes them, run by the CPU kernels with
     # float32 activations. None: resolve() picks 'gguf' for a GGUF model (a .gguf file or the
     # default model) on the CPU when dtype is 'auto'; an explicit dtype dequantizes at load.
+    # Else the quant_method of a quantized checkpoint's config.json, which resolve() fills when
+    # None ('fp8' on a dense checkpoint quantizes it at load): config/quantization.py.
     quantization: str | None = None
     # vLLM's --enforce-eager: no CUDA graphs (on the CPU every step is eager anyway).
     enforce_eager: bool = False

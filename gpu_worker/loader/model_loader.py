@@ -15,8 +15,11 @@ from torch import nn
 
 from config.gguf_convert import GGUF_LINK
 from config.model_arch import ModelArchConfig
+from config.quantization import quant_scheme
 from gpu_worker.loader.cpu_layout import process_weights_after_loading
 from gpu_worker.loader.gguf_weights import load_gguf_weights
+from gpu_worker.loader.quant_methods import quantize_model_linears
+from gpu_worker.loader.quantized_checkpoint import load_quantized_checkpoint
 from gpu_worker.models.registry import model_class
 from gpu_worker.models.weights import WeightLoadError
 
@@ -80,11 +83,15 @@ def load_model(
     device: torch.device,
     load_format: str = "auto",
     seed: int = 0,
+    quantization: str | None = None,
 ) -> nn.Module:
     """The model with weights from model_dir, or random weights when load_format is 'dummy';
     with 'gguf' the linear weights stay quantized as in the GGUF file model_dir links (the C
-    kernels on the CPU, the Triton ones on CUDA)."""
+    kernels on the CPU, the Triton ones on CUDA). quantization (ModelConfig.quantization,
+    resolved): the linear weights of a GPTQ, AWQ or FP8 checkpoint stay quantized, and dense
+    or dummy ones are quantized at load (config/quantization.py's quant_scheme)."""
     began = time.perf_counter()
+    scheme = quant_scheme(arch.hf_config, quantization, load_format)
     cls = model_class(arch.architecture, source=str(Path(model_dir) / "config.json"))
     if load_format == "gguf" and device.type not in ("cpu", "cuda"):
         raise ValueError(f"GGUF quantized weights have no kernels on {device.type}")
@@ -99,8 +106,12 @@ def load_model(
         _fill_dummy(model, seed, device)
     elif load_format == "gguf":
         load_gguf_weights(model, Path(model_dir) / GGUF_LINK)
+    elif scheme is not None and not scheme.quantize_at_load:
+        load_quantized_checkpoint(model, safetensors_files(model_dir), scheme, device)
     else:
         model.load_weights(iter_safetensors(model_dir))
+    if scheme is not None and scheme.quantize_at_load:
+        quantize_model_linears(model, scheme)
     process_weights_after_loading(model, device, torch.get_num_threads())
     logger.info(
         "model loaded in %.2f s (load format %s, %s on %s)",

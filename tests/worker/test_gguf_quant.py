@@ -94,8 +94,8 @@ def test_quantization_needs_a_gguf_model_and_the_kernels(tmp_path):
     with pytest.raises(ConfigError, match="needs a GGUF model"):
         _resolved(model=str(tiny), quantization="gguf")
     assert _resolved(model=str(tiny)).model.quantization is None
-    with pytest.raises(ConfigError, match="quantization must be one of gguf"):
-        engine_config_from_kwargs(quantization="awq")
+    with pytest.raises(ConfigError, match="quantization must be one of gguf, fp8"):
+        engine_config_from_kwargs(quantization="bitsandbytes")
     with library_env(ENGINE_CPU_KERNELS="0"):
         assert _resolved().model.quantization is None
         with pytest.raises(ConfigError, match="need the C CPU kernels"):

@@ -401,8 +401,8 @@ def test_other_checkpoint_quantizations_refused_at_configuration(dense_dir, tmp_
 
     gptq = tmp_path / "gptq"
     shutil.copytree(dense_dir, gptq)
-    _edit_config(gptq, quantization_config={"quant_method": "gptq", "bits": 4})
-    with pytest.raises(ConfigError, match="quant_method 'gptq' is not supported"):
+    _edit_config(gptq, quantization_config={"quant_method": "bitsandbytes", "bits": 4})
+    with pytest.raises(ConfigError, match="quant_method 'bitsandbytes' is not supported"):
         resolved_config(model=str(gptq), device="cpu")
     llama = make_tiny_model(tmp_path / "llama", "llama")
     _edit_config(llama, quantization_config=MXFP4_CONFIG)

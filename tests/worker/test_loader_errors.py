@@ -117,9 +117,10 @@ def test_registry_and_configuration_list_the_same_architectures():
     assert sorted(ARCHITECTURES) == sorted(SUPPORTED_ARCHITECTURES)
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq", "fp8", "mxfp4"])
+@pytest.mark.parametrize("method", ["bitsandbytes", "hqq", "mxfp4"])
 def test_unknown_quant_method_is_refused_at_resolve(model_dir, method):
-    # mxfp4 is gpt-oss's alone; the others have no loader yet.
+    # mxfp4 is gpt-oss's alone; the others have no loader (gptq, awq and the fp8 formats do:
+    # tests/test_quantization_config.py).
     _edit_config(model_dir, quantization_config={"quant_method": method, "bits": 4})
     refusal = "read only for GptOssForCausalLM" if method == "mxfp4" else "not supported"
     with pytest.raises(ConfigError, match=f"quant_method '{method}' is {refusal}"):

@@ -235,6 +235,7 @@ def int_parts(monkeypatch) -> list[list[IntWeight]]:
         return real(parts, device) if real is not None else DequantizedLinearMethod(parts)
 
     monkeypatch.setattr(quantized_checkpoint, "int_method", record)
+    monkeypatch.setattr(quant_methods, "int_method", record)
     return seen
 
 
@@ -308,3 +309,36 @@ def test_engine_generate_prints_dequantized_transformers_continuation(
     argv = ["generate", prompt, "--model", str(tmp_path / case), "--max-tokens", str(NEW_TOKENS)]
     assert main([*argv, "--ignore-eos", "--device", "cpu", "--max-model-len", "64"]) == 0
     assert capsys.readouterr().out.rstrip("\n") == expected
+
+
+def test_fp8_quantized_at_load_equals_transformers_with_fp8_rounded_weights(dense_dir, int_parts):
+    # --quantization fp8 on a dense checkpoint: every Linear but lm_head per output channel.
+    runner, driver = make_runner(dense_dir, max_model_len=64, quantization="fp8")
+    write, _ = fp8(per_channel=True, static=False)
+    state = load_file(str(dense_dir / "model.safetensors"))
+    deq = {
+        key: write(key.removesuffix(".weight"), value, {})
+        for key, value in state.items()
+        if key.removesuffix(".weight").rsplit(".", 1)[-1] in PROJECTIONS
+    }
+    got = driver.run(PROMPTS, SamplingParams(temperature=0.0, ignore_eos=True), NEW_TOKENS)
+    reference = hf_reference(dense_dir, deq)
+    for req, ids in PROMPTS.items():
+        assert got[req] == hf_greedy(reference, ids), req
+    assert not int_parts
+    o_proj = runner.model.model.layers[1].self_attn.o_proj  # its W^T read back through x = I
+    expected = deq["model.layers.1.self_attn.o_proj.weight"]
+    torch.testing.assert_close(
+        o_proj(torch.eye(o_proj.in_features)).t(), expected, rtol=0, atol=1e-7
+    )
+    assert not torch.equal(expected, state["model.layers.1.self_attn.o_proj.weight"])
+
+
+def test_dummy_weights_quantized_at_load_for_benchmarks(dense_dir, int_parts):
+    runner, driver = make_runner(
+        dense_dir, max_model_len=64, quantization="gptq", load_format="dummy"
+    )
+    assert len(int_parts) == 2 * 4  # qkv, o, gate_up, down of each layer; lm_head stays dense
+    assert {(p.bits, p.group_size) for parts in int_parts for p in parts} == {(4, 64), (4, 128)}
+    got = driver.run(PROMPTS, SamplingParams(temperature=0.0, ignore_eos=True), 4)
+    assert all(len(tokens) == 4 for tokens in got.values())
