@@ -47,7 +47,7 @@ _AWQ_UNPACK = (0, 4, 1, 5, 2, 6, 3, 7)  # column r of a packed int32 is its nibb
 # k_scale/v_scale as compressed-tensors (self_attn.k_scale, k_proj.output_scale) and ModelOpt
 # (k_proj.k_scale) name them.
 _KV_SCALE = re.compile(
-    r"^(?P<attn>.*)\.(?:(?P<a>[kv])_scale|(?P<b>[kv])_proj\.(?:[kv]|output)_scale)$"
+    r"^(?P<attn>.*?)\.(?:(?P<a>[kv])_scale|(?P<b>[kv])_proj\.(?:[kv]|output)_scale)$"
 )
 
 

@@ -119,6 +119,29 @@ def awq(group: int) -> Callable:
     return write, config
 
 
+def ct_int(bits: int, group: int) -> Callable:
+    """compressed-tensors pack-quantized, symmetric: signed codes offset by 2**(bits-1) and
+    packed along K, a scale per output row and group."""
+
+    def write(name: str, w: torch.Tensor, tensors: dict) -> torch.Tensor:
+        n, k = w.shape
+        q, s, _, deq = rtn(w, bits, torch.arange(k) // (group if group > 0 else k), sym=True)
+        tensors[f"{name}.weight_packed"] = pack_along_columns(q, bits)  # [N, K * bits / 32]
+        tensors[f"{name}.weight_scale"] = s.t().half()  # [N, groups]
+        tensors[f"{name}.weight_shape"] = torch.tensor([n, k])
+        return deq
+
+    weights = {"num_bits": bits, "type": "int", "symmetric": True, "actorder": None}
+    weights |= {"strategy": "group", "group_size": group} if group > 0 else {"strategy": "channel"}
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+        "ignore": ["lm_head"],
+    }
+    return write, config
+
+
 def fp8(per_channel: bool, static: bool, fmt: str = "compressed-tensors") -> Callable:
     def write(name: str, w: torch.Tensor, tensors: dict) -> torch.Tensor:
         amax = w.abs().amax(1, keepdim=True) if per_channel else w.abs().amax().view(1)
@@ -134,6 +157,7 @@ def fp8(per_channel: bool, static: bool, fmt: str = "compressed-tensors") -> Cal
         return write, {"quant_method": "fbgemm_fp8", "modules_to_not_convert": ["lm_head"]}
     if fmt == "modelopt":
         config = {"quant_method": "modelopt", "quant_algo": "FP8", "exclude_modules": ["lm_head"]}
+        config["kv_cache_quant_algo"] = "FP8"
         return write, config
     acts = (
         {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}
@@ -161,6 +185,8 @@ CASES = {
     "gptq-asym-g32-desc-act": gptq(4, 32, sym=False, desc_act=True),
     "gptq-8bit-channel-v2": gptq(8, -1, sym=False, desc_act=False, v2=True),
     "awq-g32": awq(32),
+    "ct-w4a16-g32": ct_int(4, 32),
+    "ct-w8a16-channel": ct_int(8, -1),
     "ct-fp8-channel-dynamic": fp8(per_channel=True, static=False),
     "ct-fp8-tensor-static": fp8(per_channel=False, static=True),
     "fbgemm-fp8": fp8(per_channel=True, static=False, fmt="fbgemm_fp8"),
@@ -190,6 +216,10 @@ def write_checkpoint(dense_dir: Path, out: Path, case: str) -> dict[str, torch.T
         for layer in range(2):
             tensors[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor(0.5 + layer)
             tensors[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(0.25)
+    if qconfig.get("kv_cache_quant_algo"):  # ModelOpt names them after the projections
+        for layer in range(2):
+            tensors[f"model.layers.{layer}.self_attn.k_proj.k_scale"] = torch.tensor(0.5 + layer)
+            tensors[f"model.layers.{layer}.self_attn.v_proj.v_scale"] = torch.tensor([0.25])
     (out / "model.safetensors").unlink()
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
     config = json.loads((out / "config.json").read_text())
@@ -270,7 +300,7 @@ def test_quantized_checkpoint_greedy_equals_dequantized_transformers(
     for req, ids in PROMPTS.items():
         assert got[req] == hf_greedy(reference, ids), (case, req)
     model = runner.model
-    if case.startswith(("gptq", "awq")):
+    if case.startswith(("gptq", "awq", "ct-w")):
         # Every Linear but lm_head took int parts; each dequantizes exactly to the checkpoint's W.
         assert len(int_parts) == 2 * 4
         qkv = torch.cat([p.dequantize() for p in int_parts[0]])
@@ -285,7 +315,7 @@ def test_quantized_checkpoint_greedy_equals_dequantized_transformers(
         w = qkv(torch.eye(qkv.in_features)).t()
         names = [f"model.layers.0.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj")]
         torch.testing.assert_close(w, torch.cat([deq[n] for n in names]), rtol=0, atol=1e-7)
-    if case == "ct-fp8-tensor-static":
+    if case in ("ct-fp8-tensor-static", "modelopt-fp8"):
         attns = model.attention_layers()
         assert [(a.k_scale, a.v_scale) for a in attns] == [(0.5, 0.25), (1.5, 0.25)]
 
@@ -342,3 +372,19 @@ def test_dummy_weights_quantized_at_load_for_benchmarks(dense_dir, int_parts):
     assert {(p.bits, p.group_size) for parts in int_parts for p in parts} == {(4, 64), (4, 128)}
     got = driver.run(PROMPTS, SamplingParams(temperature=0.0, ignore_eos=True), 4)
     assert all(len(tokens) == 4 for tokens in got.values())
+
+
+def test_act_order_groups_of_unequal_size_are_refused(dense_dir, tmp_path, int_parts):
+    from engine_core.resolve import resolved_config
+    from gpu_worker.loader.model_loader import load_model
+    from gpu_worker.models.weights import WeightLoadError
+
+    path = tmp_path / "gptq"
+    write_checkpoint(dense_dir, path, "gptq-asym-g32-desc-act")
+    tensors = load_file(str(path / "model.safetensors"))
+    g_idx = tensors["model.layers.0.self_attn.q_proj.g_idx"]
+    g_idx[g_idx == 0] = 1  # group 1 gets 64 inputs, group 0 none
+    save_file(tensors, str(path / "model.safetensors"))
+    config = resolved_config(model=str(path), device="cpu")
+    with pytest.raises(WeightLoadError, match="q_proj.*g_idx does not give each of the 2 groups"):
+        load_model(path, config.arch, torch.float32, torch.device("cpu"), "auto", 0, "gptq")
