@@ -103,12 +103,12 @@ def quantize_model_linears(model: nn.Module, scheme: QuantScheme) -> int:
             continue
         weight = module.weight.detach()
         if scheme.method == "fp8":
-            use_fp8(module, [quantize_fp8(weight.cpu())], device)
+            use_fp8(module, [quantize_fp8(weight)], device)  # on the device: no copies
         else:
             group = scheme.group_size if scheme.group_size > 0 else weight.shape[1]
             if weight.shape[1] % group:
                 group = weight.shape[1]  # one group per row where the size does not divide
-            part = quantize_int(weight.cpu(), scheme.bits, group)
+            part = quantize_int(weight, scheme.bits, group)
             module.use_method(int_method([part], device))
         count += 1
     return count
