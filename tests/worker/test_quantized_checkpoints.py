@@ -3,8 +3,8 @@ quantizer and packing code (not the engine's), give transformers' greedy tokens 
 model whose weights are the dequantized ones (fp32, CPU), through the model runner and through
 `engine generate`; the loader's parts dequantize exactly to those weights.
 
-Int weights run through IntCpuLinearMethod (the C kernels) where it exists; until then a
-dequantizing method local to this test stands in for it (never in product code).
+Int weights run through IntCpuLinearMethod (the C kernels), fp8 ones dequantized (the CPU's
+weight-only path).
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from gpu_worker.layers.linear_method import LinearMethod
 from gpu_worker.layers.quant_weights import IntWeight
 from gpu_worker.loader import quant_methods, quantized_checkpoint
 from protocol.sampling_params import SamplingParams
@@ -228,20 +226,6 @@ def write_checkpoint(dense_dir: Path, out: Path, case: str) -> dict[str, torch.T
     return deq
 
 
-class DequantizedLinearMethod(LinearMethod):
-    """This test's stand-in for IntCpuLinearMethod before it lands: W dequantized, F.linear."""
-
-    def __init__(self, parts) -> None:
-        super().__init__(parts[0].in_features, sum(p.out_features for p in parts))
-        self.weight = torch.cat([p.dequantize() for p in parts])
-
-    def apply(self, layer, x, bias, out=None):
-        return F.linear(x, self.weight.to(x.dtype), bias)
-
-    def nbytes(self, layer) -> int:
-        return self.weight.numel() * 4
-
-
 @pytest.fixture(scope="module")
 def dense_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("dense") / "llama"
@@ -250,19 +234,13 @@ def dense_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def int_parts(monkeypatch) -> list[list[IntWeight]]:
-    """Records the int parts the loader builds; a dequantizing stand-in where the C kernels'
-    method has not landed."""
+    """Records the int parts the loader builds (and the methods it gives them)."""
     seen: list[list[IntWeight]] = []
-    try:
-        from gpu_worker.layers.int_cpu_linear import IntCpuLinearMethod  # noqa: F401
-
-        real = quant_methods.int_method
-    except ImportError:
-        real = None
+    real = quant_methods.int_method
 
     def record(parts, device):
         seen.append(list(parts))
-        return real(parts, device) if real is not None else DequantizedLinearMethod(parts)
+        return real(parts, device)
 
     monkeypatch.setattr(quantized_checkpoint, "int_method", record)
     monkeypatch.setattr(quant_methods, "int_method", record)
@@ -328,8 +306,6 @@ def test_engine_generate_prints_dequantized_transformers_continuation(
 
     from serve.cli import main
 
-    if case.startswith("gptq"):  # the engine core is another process: no stand-in there
-        pytest.importorskip("gpu_worker.layers.int_cpu_linear", reason="IntCpuLinearMethod")
     deq = write_checkpoint(dense_dir, tmp_path / case, case)
     tokenizer = AutoTokenizer.from_pretrained(dense_dir)
     prompt = "A quantized checkpoint reads as its dequantized model"
