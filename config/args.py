@@ -101,7 +101,9 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
                 choices=QUANTIZATIONS,
                 help="gguf: keep a GGUF model's linear weights quantized (CPU, "
                 "float32 activations; the default for GGUF models on "
-                "CPU with --dtype auto)",
+                "CPU with --dtype auto); gptq, awq, compressed-tensors, modelopt, "
+                "fbgemm_fp8: the checkpoint's format (default: its config.json's "
+                "quantization_config); fp8 on a dense checkpoint: quantized at load",
             ),
         ),
         (
@@ -204,6 +206,16 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
             "--num-gpu-blocks-override",
             "num_gpu_blocks_override",
             dict(type=int, help="exact number of KV blocks"),
+        ),
+        (
+            "--kv-cache-dtype",
+            "kv_cache_dtype",
+            dict(
+                metavar="auto|fp8|fp8_e4m3",
+                help="auto: the KV cache in the model's dtype; fp8 (= fp8_e4m3): keys and values "
+                "in float8 e4m3 scaled by the checkpoint's k_scale/v_scale (else 1.0), twice "
+                "the tokens of a 16-bit cache in the same memory (default auto)",
+            ),
         ),
     ],
     "scheduler": [

@@ -22,17 +22,21 @@ class AttentionFeatures:
     kv_cache_dtype: str = "auto"
 
     @classmethod
-    def of(cls, arch: ModelArchConfig, max_model_len: int) -> AttentionFeatures:
+    def of(
+        cls, arch: ModelArchConfig, max_model_len: int, kv_cache_dtype: str = "auto"
+    ) -> AttentionFeatures:
         """What the model needs at this context length: a sliding window only where a sequence
         can outgrow it (within the window, full causal attention computes the same); sinks where
         the family has them; logits soft-capping where config.json sets attn_logit_softcapping
-        (Gemma 2, and Gemma 3 where a config sets it)."""
+        (Gemma 2, and Gemma 3 where a config sets it); the KV-cache dtype asked for
+        (CacheConfig.kv_cache_dtype: auto or fp8)."""
         window = arch.sliding_window
         return cls(
             sliding_window=window is not None and window < max_model_len,
             logits_soft_cap=arch.hf_config.get("attn_logit_softcapping") is not None,
             sinks=arch.architecture in SINK_ARCHITECTURES,
             mla=arch.kv_latent_dim is not None,
+            kv_cache_dtype=kv_cache_dtype,
         )
 
 
@@ -98,7 +102,8 @@ class AttentionSupport:
 # takes the first that runs a configuration (and whose code is usable there), and
 # EngineConfig.resolve() refuses a configuration none of them runs. Derived from the kernels;
 # each runs sliding windows, sinks and logits soft-capping (docs/models/attention-features.md,
-# docs/models/gemma.md); none implements a KV cache of another dtype. MLA models run on the MLA
+# docs/models/gemma.md). The per-head backends keep an fp8 (e4m3) KV cache besides one in the
+# model's dtype (docs/kv-cache-dtype.md); the MLA backends do not. MLA models run on the MLA
 # backends alone, which run any head and block size: on CUDA kernels/triton/mla_attention.py
 # (CUDA graphs), on the CPU gpu_worker/attention/mla_backend.py (plain torch ops, planned on the
 # host).
@@ -122,6 +127,7 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
             sliding_window=True,
             logits_soft_cap=True,
             sinks=True,
+            kv_cache_dtypes=("auto", "fp8"),
         ),
         AttentionSupport("mla_triton", dtypes=("float16", "bfloat16", "float32"), mla=True),
     ),
@@ -135,9 +141,16 @@ ATTENTION_BACKENDS: dict[str, tuple[AttentionSupport, ...]] = {
             sliding_window=True,
             logits_soft_cap=True,
             sinks=True,
+            kv_cache_dtypes=("auto", "fp8"),
         ),
         # gpu_worker/attention/torch_backend.py: gathers K/V into plain torch ops; runs anything.
-        AttentionSupport("torch", sliding_window=True, logits_soft_cap=True, sinks=True),
+        AttentionSupport(
+            "torch",
+            sliding_window=True,
+            logits_soft_cap=True,
+            sinks=True,
+            kv_cache_dtypes=("auto", "fp8"),
+        ),
         AttentionSupport("mla_torch", mla=True),
     ),
 }

@@ -9,6 +9,9 @@ from config.sizes import parse_size
 
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 HASH_ALGOS = ("sha256", "xxhash", "builtin")
+# --kv-cache-dtype: auto keeps the model's dtype; fp8 (or its full name fp8_e4m3) keeps keys and
+# values in float8_e4m3fn, each divided by its layer's scale (Attention.k_scale / v_scale).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 @dataclass(slots=True)
@@ -21,8 +24,21 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | str | None = None
     num_gpu_blocks_override: int | None = None
+    kv_cache_dtype: str = "auto"  # "auto" or "fp8" (fp8_e4m3 is read as fp8)
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype == "fp8_e4m3":
+            self.kv_cache_dtype = "fp8"
+        if self.kv_cache_dtype == "fp8_e5m2":
+            raise ConfigError(
+                "kv_cache_dtype fp8_e5m2 is not supported: the fp8 KV cache is e4m3 "
+                "(kv_cache_dtype fp8 or fp8_e4m3), whose scales come from the checkpoint"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         if self.block_size not in BLOCK_SIZES:
             raise ConfigError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size}")
         if self.prefix_caching_hash_algo not in HASH_ALGOS:

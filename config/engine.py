@@ -63,6 +63,7 @@ class EngineConfig:
             self.parallel.tensor_parallel_size,
             self.device_type,
             cpu_kernels_available,
+            self.arch.hf_config,
         )
         if self.model.quantization == "gguf":
             self.load.load_format = "gguf"  # the loader reads the GGUF file itself
@@ -94,7 +95,7 @@ class EngineConfig:
             self.cache.block_size,
             self.arch.head_dim,
             self.torch_dtype_name,
-            AttentionFeatures.of(self.arch, self.model.max_model_len),
+            AttentionFeatures.of(self.arch, self.model.max_model_len, self.cache.kv_cache_dtype),
         )
         if self.scheduler.max_num_batched_tokens is None:
             self.scheduler.max_num_batched_tokens = default_batched_tokens(self.device_type)

@@ -34,12 +34,12 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
         ("auto", "hf"),
         "the tokenizer is always the model's Hugging Face tokenizer",
     ),
-    "kv_cache_dtype": (
-        True,
-        ("auto",),
-        "the KV cache is kept in the model's dtype (no fp8 KV cache)",
+    "calculate_kv_scales": (
+        False,
+        (),
+        "an fp8 KV cache's scales are the checkpoint's k_scale/v_scale (else 1.0), never "
+        "computed from the first batch",
     ),
-    "calculate_kv_scales": (False, (), "there is no fp8 KV cache to scale"),
     "cpu_offload_gb": (True, ("0",), "weights are never offloaded to the CPU"),
     "pipeline_parallel_size": (
         True,

@@ -15,6 +15,19 @@ from config.model_arch import ModelArchConfig
 # KV cache on CPU when kv_cache_memory is not given.
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * 2**30
 
+# The element type of an fp8 KV cache (--kv-cache-dtype fp8): e4m3, finite, saturating at 448.
+FP8_KV_DTYPE = torch.float8_e4m3fn
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type for CacheConfig.kv_cache_dtype: the model's dtype for auto,
+    float8_e4m3fn for fp8 (one byte a value: twice the tokens of a 16-bit cache, four times
+    fp32's, in the same memory)."""
+    if kv_cache_dtype == "fp8":
+        return FP8_KV_DTYPE
+    assert kv_cache_dtype == "auto", f"unresolved kv_cache_dtype {kv_cache_dtype!r}"
+    return model_dtype
+
 
 def kv_block_bytes(
     arch: ModelArchConfig, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1
@@ -32,11 +45,14 @@ def kv_cache_num_blocks(
     profile: Callable[[], int] | None = None,
 ) -> int:
     """Blocks that fit: num_gpu_blocks_override, else kv_cache_memory, else what the device allows
-    beside the peak activation bytes that profile() measures (a dummy run of the largest step)."""
+    beside the peak activation bytes that profile() measures (a dummy run of the largest step).
+    dtype: the model's; a block's bytes are counted in the cache's own element type
+    (kv_cache_torch_dtype)."""
     assert config.arch is not None
     cache = config.cache
+    cache_dtype = kv_cache_torch_dtype(cache.kv_cache_dtype, dtype)
     per_block = kv_block_bytes(
-        config.arch, cache.block_size, dtype, config.parallel.tensor_parallel_size
+        config.arch, cache.block_size, cache_dtype, config.parallel.tensor_parallel_size
     )
     if cache.num_gpu_blocks_override is not None:
         num_blocks = cache.num_gpu_blocks_override

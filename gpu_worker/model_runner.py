@@ -24,7 +24,7 @@ from gpu_worker.decode_inputs import DecodeInputs
 from gpu_worker.forward_context import StepAttention, forward_context
 from gpu_worker.grammar_mask import apply_grammar_bitmask
 from gpu_worker.input_batch import InputBatch, InputPreparer
-from gpu_worker.kv_cache import allocate_kv_caches, kv_cache_num_blocks
+from gpu_worker.kv_cache import allocate_kv_caches, kv_cache_num_blocks, kv_cache_torch_dtype
 from gpu_worker.loader.model_loader import load_model, torch_dtype
 from gpu_worker.prompt_logprobs import PromptLogprobs
 from gpu_worker.request_state import RequestStates
@@ -47,7 +47,9 @@ class ModelRunner:
         self.device = device
         self.dtype = torch_dtype(config.torch_dtype_name)
         self.block_size = config.cache.block_size
-        features = AttentionFeatures.of(self.arch, config.max_model_len)
+        features = AttentionFeatures.of(
+            self.arch, config.max_model_len, config.cache.kv_cache_dtype
+        )
         self.backend = attention_backend(
             device, self.dtype, self.arch.head_dim, self.block_size, features
         )
@@ -81,6 +83,7 @@ class ModelRunner:
             self.device,
             self.config.load.load_format,
             self.config.model.seed,
+            self.config.model.quantization,
         )
 
     def determine_num_blocks(self) -> int:
@@ -95,7 +98,7 @@ class ModelRunner:
             self.arch,
             num_blocks,
             self.block_size,
-            self.dtype,
+            kv_cache_torch_dtype(self.config.cache.kv_cache_dtype, self.dtype),
             self.device,
             self.backend.kv_cache_shape,
             self.config.parallel.tensor_parallel_size,

@@ -43,14 +43,19 @@ _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_
 _SIGNATURES = {
     "paged_attention_f32": (
         ctypes.c_int,
-        # q..seq_lens, num_reqs..block_size, scale, window, sinks, soft_cap, num_threads
+        # q..seq_lens, num_reqs..block_size, scale, window, sinks, soft_cap, kv_fp8, k_scale,
+        # v_scale, num_threads
         [_P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I32, _I32, _I32, _I32, _I32]
-        + [_F32, _I32, _P, _F32, _I32],
+        + [_F32, _I32, _P, _F32, _I32, _F32, _F32, _I32],
     ),
     "linear_f32": (None, [_P, _I64, _P, _P, _P, _I64, _I64, _I32, _I32, _I32]),
     "swiglu_f32": (None, [_P, _I64, _P, _P, _I64, _I64, _I32, _I32, _I32]),
     "swiglu_tile_rows": (_I32, []),
     "write_kv_f32": (None, [_P, _I64, _P, _I64, _P, _I64, _P, _P, _I32, _I32, _I32, _I32]),
+    "write_kv_fp8": (
+        None,
+        [_P, _I64, _P, _I64, _P, _I64, _P, _P, _I32, _I32, _I32, _F32, _F32, _I32],
+    ),
     "silu_and_mul_f32": (None, [_P, _I64, _P, _I64, _I64, _I64, _I32]),
     "add_rms_norm_f32": (None, [_P, _P, _P, _P, _I64, _I64, _F32, _I32]),
     "rotary_f32": (None, [_P, _I64, _I64, _I32, _I32, _I32, _P, _P, _I32]),

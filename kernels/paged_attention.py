@@ -116,15 +116,20 @@ def paged_attention_cpu(
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal GQA attention of packed queries q [T, Hq, D] over the paged caches, reading blocks
     in place; returns [T, Hq, D]. Caches in the CPU layout: key_cache [num_blocks, Hkv, D,
     block_size] (each block's keys transposed), value_cache [num_blocks, Hkv, block_size, D];
-    block_size a multiple of 16, D 64 or 128. sliding_window, sinks ([Hq] fp32) and
+    block_size a multiple of 16, D 64 or 128; fp32, or both float8_e4m3fn (an fp8 cache, read
+    as key * k_scale and value * v_scale). sliding_window, sinks ([Hq] fp32) and
     logits_soft_cap as in paged_attention_ref; blocks wholly before a query tile's window are
     not read."""
-    for t, name in ((q, "q"), (key_cache, "key_cache"), (value_cache, "value_cache")):
-        check_cpu(t, name)
+    fp8 = key_cache.dtype == torch.float8_e4m3fn
+    check_cpu(q, "q")
+    for t, name in ((key_cache, "key_cache"), (value_cache, "value_cache")):
+        check_cpu(t, name, torch.float8_e4m3fn if fp8 else torch.float32)
     for t, name in (
         (block_table, "block_table"),
         (query_start_loc, "query_start_loc"),
@@ -186,6 +191,9 @@ def paged_attention_cpu(
             sliding_window or 0,
             None if sinks is None else sinks.data_ptr(),
             logits_soft_cap or 0.0,
+            int(fp8),
+            k_scale,
+            v_scale,
             torch.get_num_threads(),
         )
         if rc == -2:

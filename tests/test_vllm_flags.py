@@ -51,7 +51,7 @@ def test_model_positional_and_vllm_names():
         "--swap-space",
         "4",
         "--kv-cache-dtype",
-        "auto",
+        "fp8_e4m3",
     )
     kwargs = engine_kwargs(args)
     assert kwargs["model"] == "my/model"
@@ -68,6 +68,7 @@ def test_model_positional_and_vllm_names():
     assert config.model.served_model_names == ["a", "b"]
     assert config.model.enforce_eager and config.model.trust_remote_code
     assert config.cache.kv_cache_memory == 2**30
+    assert config.cache.kv_cache_dtype == "fp8"  # e4m3, vLLM's fp8
     assert config.model.override_generation_config == {"temperature": 0.5}
 
 
@@ -76,8 +77,7 @@ def test_vllm_flags_the_engine_cannot_honour_are_refused_by_name(capsys):
         [
             "serve",
             "m",
-            "--kv-cache-dtype",
-            "fp8",
+            "--calculate-kv-scales",
             "--enable-lora",
             "--pipeline-parallel-size",
             "2",
@@ -88,7 +88,7 @@ def test_vllm_flags_the_engine_cannot_honour_are_refused_by_name(capsys):
     assert code == 2
     err = capsys.readouterr().err
     for flag in (
-        "--kv-cache-dtype fp8",
+        "--calculate-kv-scales",
         "--enable-lora",
         "--pipeline-parallel-size 2",
         "--middleware x.y",
@@ -110,8 +110,13 @@ def test_llm_keyword_arguments_as_vllm_names_them():
     assert config.cache.kv_cache_memory == 10**8
     assert config.model.served_model_names == ["x", "y"]
     assert config.observability.disable_log_stats
-    with pytest.raises(ConfigError, match="enable_lora is not supported.*kv_cache_dtype='fp8'"):
-        engine_config_from_kwargs(enable_lora=True, kv_cache_dtype="fp8")
+    with pytest.raises(ConfigError, match="enable_lora is not supported.*calculate_kv_scales"):
+        engine_config_from_kwargs(enable_lora=True, calculate_kv_scales=True)
+    assert engine_config_from_kwargs(kv_cache_dtype="fp8").cache.kv_cache_dtype == "fp8"
+    with pytest.raises(ConfigError, match="kv_cache_dtype fp8_e5m2 is not supported: .* e4m3"):
+        engine_config_from_kwargs(kv_cache_dtype="fp8_e5m2")
+    with pytest.raises(ConfigError, match="kv_cache_dtype must be one of auto, fp8, fp8_e4m3"):
+        engine_config_from_kwargs(kv_cache_dtype="int8")
     with pytest.raises(ConfigError, match="not both"):
         engine_config_from_kwargs(kv_cache_memory_bytes=1, kv_cache_memory=2)
     with pytest.raises(ConfigError, match="unknown engine argument"):

@@ -78,10 +78,16 @@ class AttentionBackend(ABC, Generic[Metadata]):
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """Write this step's k and v ([T, Hkv, D]) into kv_cache at the metadata's slots (a
         slot of -1 writes nothing), then attend q ([T, Hq, D], Hq a multiple of Hkv) causally
         to each request's whole context; returns [T, Hq, D].
+
+        An fp8 cache (kv_cache.dtype float8_e4m3fn, --kv-cache-dtype fp8) stores k / k_scale
+        and v / v_scale rounded to e4m3 (saturating at +-448), and attention reads them back
+        as value * scale in fp32; the layer passes its scales only with such a cache.
 
         The layer's features, passed only where it has them (a backend whose support lacks one
         is never handed it: selection refuses the model first): sliding_window, a query at

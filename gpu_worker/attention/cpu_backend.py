@@ -5,7 +5,8 @@ the step (decodes and prefill chunks alike) straight from its blocks: no gather,
 The cache keeps each block's keys transposed per KV head, so the kernel's score loop is plain
 vector FMAs (kernels/cpu/paged_attention.c). A layer's sliding window, sinks and logits soft cap
 go to the same kernel: the walk starts at the window, the sinks seed each softmax, the cap bends
-each score before its softmax step.
+each score before its softmax step. An fp8 cache (float8_e4m3fn, same layout) is written
+quantized by the layer's k_scale / v_scale and converted back to fp32 as the kernel reads it.
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ class CpuAttentionBackend(AttentionBackend[CpuAttnMetadata]):
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; writes k/v into the cache, returns [T, Hq, D]."""
         key_cache, value_cache = self.split_cache(kv_cache)
-        write_kv_cpu(k, v, key_cache, value_cache, meta.slot_mapping)
+        write_kv_cpu(k, v, key_cache, value_cache, meta.slot_mapping, k_scale, v_scale)
         return paged_attention_cpu(
             q,
             key_cache,
@@ -94,4 +97,6 @@ class CpuAttentionBackend(AttentionBackend[CpuAttnMetadata]):
             sliding_window=sliding_window,
             sinks=sinks,
             logits_soft_cap=logits_soft_cap,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

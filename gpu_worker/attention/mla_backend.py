@@ -79,6 +79,8 @@ class MLATorchBackend(AttentionBackend[MLAMetadata]):
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """q: [T, H, L] the absorbed queries ([q_nope W_UK | q_pe]); k: [T, 1, L] this step's
         latent vectors [c_kv | k_pe], written into the cache at the slots; v: k's first Dv
@@ -87,6 +89,7 @@ class MLATorchBackend(AttentionBackend[MLAMetadata]):
         assert sliding_window is None and sinks is None and logits_soft_cap is None, (
             "the MLA backend's support has none of them"
         )
+        assert k_scale == v_scale == 1.0, "an fp8 KV cache is refused with MLA (no scales)"
         check_latent_kv(k, v)
         cache = kv_cache.view(-1, kv_cache.shape[-1])
         cache.index_copy_(0, meta.slot_mapping, k[:, 0])

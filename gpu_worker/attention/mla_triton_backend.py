@@ -46,12 +46,15 @@ class MLATritonBackend(AttentionBackend[DeviceBatch]):
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """As MLATorchBackend.forward: q [T, H, L], k [T, 1, L] (written), v = k[..., :Dv];
         returns [T, H, Dv]."""
         assert sliding_window is None and sinks is None and logits_soft_cap is None, (
             "the MLA backend's support has none of them"
         )
+        assert k_scale == v_scale == 1.0, "an fp8 KV cache is refused with MLA (no scales)"
         check_latent_kv(k, v)
         write_latent(k[:, 0], kv_cache, meta.slot_mapping)
         return mla_attention(

@@ -12,7 +12,12 @@ from config.attention import (
     AttentionFeatures,
     attention_backends_for,
 )
+from config.errors import ConfigError
 from gpu_worker.attention.backend import AttentionBackend
+
+# Triton converts float8_e4m3fn (an fp8 KV cache's loads) only from compute capability 8.9
+# (Ada, Hopper); it refuses the type below.
+FP8_KV_MIN_CAPABILITY = (8, 9)
 
 
 def attention_backend(
@@ -27,7 +32,16 @@ def attention_backend(
     available here: Triton kernels on CUDA; on the CPU the C kernels (fp32, head_dim 64 or 128,
     block_size a multiple of 16) when they build here, else vectorized torch ops. Raises
     ConfigError naming each backend's reason when none runs them (resolve() refuses such a
-    config first)."""
+    config first), and an fp8 KV cache on a CUDA device below compute capability 8.9."""
+    if features.kv_cache_dtype == "fp8" and device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < FP8_KV_MIN_CAPABILITY:
+            raise ConfigError(
+                f"kv_cache_dtype fp8 needs a CUDA device of compute capability 8.9 or newer "
+                f"(the Triton attention kernels read float8_e4m3fn, which Triton compiles "
+                f"from 8.9 only); {device} has {capability[0]}.{capability[1]}: use "
+                f"kv_cache_dtype auto"
+            )
     dtype_name = str(dtype).removeprefix("torch.")
     table = ATTENTION_BACKENDS.get(device.type, ())
     classes = [backend_class(support.backend) for support in table]

@@ -6,6 +6,10 @@ step). Each group gathers its requests' K/V from the paged cache with one index 
 runs one batched scaled_dot_product_attention. Sinks add one logit per head to the softmax's
 denominator and a soft cap bends every score before it, which scaled_dot_product_attention
 cannot: such layers run the softmax themselves.
+
+An fp8 cache (float8_e4m3fn) holds k / k_scale and v / v_scale (kernels/write_kv.py's
+quantize_kv); the gathered keys and values are converted exactly to q's dtype and the scales
+applied to the fp32 scores (k_scale) and the output (v_scale).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from config.attention import attention_support
 from gpu_worker.attention.backend import AttentionBackend
 from gpu_worker.attention.host_plan import Group, KeyView, is_whole, plan_step
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
+from kernels.write_kv import quantize_kv
 
 
 @dataclass(slots=True)
@@ -64,22 +69,35 @@ class TorchAttentionBackend(AttentionBackend[TorchAttnMetadata]):
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; writes k/v into the cache, returns [T, Hq, D]."""
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         key_cache = kv_cache[0].view(-1, num_kv_heads, head_dim)
         value_cache = kv_cache[1].view(-1, num_kv_heads, head_dim)
-        key_cache.index_copy_(0, meta.slot_mapping, k)
-        value_cache.index_copy_(0, meta.slot_mapping, v)
-        bend = _Scores(scale, sinks, logits_soft_cap)
+        fp8 = kv_cache.dtype == torch.float8_e4m3fn
+        if fp8:
+            # index_copy_ has no float8 kernel on the CPU: copy the bytes.
+            k, v = (
+                quantize_kv(k, k_scale).view(torch.uint8),
+                quantize_kv(v, v_scale).view(torch.uint8),
+            )
+            key_cache.view(torch.uint8).index_copy_(0, meta.slot_mapping, k)
+            value_cache.view(torch.uint8).index_copy_(0, meta.slot_mapping, v)
+        else:
+            key_cache.index_copy_(0, meta.slot_mapping, k)
+            value_cache.index_copy_(0, meta.slot_mapping, v)
+        bend = _Scores(scale * k_scale if fp8 else scale, sinks, logits_soft_cap)
         if is_whole(meta.groups):
             group = meta.groups[0]
-            return self._attend(q, key_cache, value_cache, group, group.view(sliding_window), bend)
-        out = torch.empty_like(q)
-        for group in meta.groups:
-            view = group.view(sliding_window)
-            group.scatter(out, self._attend(q, key_cache, value_cache, group, view, bend))
-        return out
+            out = self._attend(q, key_cache, value_cache, group, group.view(sliding_window), bend)
+        else:
+            out = torch.empty_like(q)
+            for group in meta.groups:
+                view = group.view(sliding_window)
+                group.scatter(out, self._attend(q, key_cache, value_cache, group, view, bend))
+        return out * v_scale if fp8 and v_scale != 1.0 else out
 
     @staticmethod
     def _attend(
@@ -98,6 +116,8 @@ class TorchAttentionBackend(AttentionBackend[TorchAttnMetadata]):
         kv_shape = (bg, -1, key_cache.shape[1], key_cache.shape[2])
         keys = key_cache.index_select(0, slots).view(kv_shape).transpose(1, 2)  # [Bg, Hkv, Lkv, D]
         values = value_cache.index_select(0, slots).view(kv_shape).transpose(1, 2)
+        # An fp8 cache's values convert exactly (e4m3 fits in every float dtype).
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
         if scores.sinks is None and scores.soft_cap is None:
             out = F.scaled_dot_product_attention(
                 qg, keys, values, attn_mask=view.mask, scale=scores.scale, enable_gqa=True

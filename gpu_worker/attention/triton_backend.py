@@ -74,11 +74,13 @@ class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
         sliding_window: int | None = None,
         sinks: torch.Tensor | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]. A layer whose window is shorter
         than the split's threshold reads too few keys to gain from splitting them: it takes the
         one-pass kernel in every step (the same in a captured graph and at its replay)."""
-        write_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
+        write_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping, k_scale, v_scale)
         short_window = sliding_window is not None and sliding_window < SPLIT_MIN_SEQ_LEN
         if not short_window and self.uses_split_decode(meta, kv_cache.shape[3], q.device):
             return paged_decode_split(
@@ -93,6 +95,8 @@ class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
                 sliding_window=sliding_window,
                 sinks=sinks,
                 logits_soft_cap=logits_soft_cap,
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
         return paged_attention(
             q,
@@ -106,4 +110,6 @@ class TritonAttentionBackend(AttentionBackend[DeviceBatch]):
             sliding_window=sliding_window,
             sinks=sinks,
             logits_soft_cap=logits_soft_cap,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

@@ -59,4 +59,6 @@ class Attention(nn.Module):
             features["sinks"] = self.sinks
         if self.logits_soft_cap is not None:
             features["logits_soft_cap"] = self.logits_soft_cap
+        if self.kv_cache.dtype == torch.float8_e4m3fn:
+            features["k_scale"], features["v_scale"] = self.k_scale, self.v_scale
         return step.backend.forward(q, k, v, self.kv_cache, step.metadata, self.scale, **features)

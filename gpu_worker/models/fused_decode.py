@@ -56,6 +56,7 @@ def _layer(layer: nn.Module) -> StackLayer | None:
         or attn.attn.logits_soft_cap is not None
         or attn.attn.head_dim not in HEAD_DIMS
         or attn.attn.kv_cache.dim() != 5
+        or attn.attn.kv_cache.dtype != torch.float32  # an fp8 cache: the backends convert it
         or attn.attn.num_heads % attn.attn.num_kv_heads
         or attn.attn.num_heads // attn.attn.num_kv_heads > MAX_GROUP
     ):

@@ -17,12 +17,18 @@
  * to a vector), so blocks before it are never read. Sinks (a logit per query head, gpt-oss) join
  * each softmax's denominator as its initial running max and sum, and attend to nothing. A soft
  * cap c (Gemma 2) turns each visible scaled score s into c * tanh(s / c) before its softmax step.
+ *
+ * An fp8 cache (--kv-cache-dtype fp8: bytes in float8_e4m3fn, the same layout) is converted
+ * chunk by chunk into per-thread float buffers (two: the next chunk's is filled while this one
+ * computes), which the walk then reads as it reads an fp32 cache. Its scales fold into the
+ * arithmetic: k_scale into the query's scale, v_scale into the output's normalisation.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
+#include "fp8.h"
 #include "vec.h"
 
 #define NC 4              /* vectors of positions per step of the online softmax */
@@ -45,6 +51,8 @@ typedef struct {
     int32_t window;     /* > 0: a query at p sees keys p - window + 1..p; 0: every key before it */
     const float *sinks; /* [Hq] natural-log sink per query head, or NULL */
     float soft_cap;     /* > 0: scores become soft_cap * tanh(score / soft_cap); 0: none */
+    const uint8_t *k8, *v8; /* an fp8 cache (then k_cache / v_cache are unused), or NULL */
+    float out_scale;        /* the output's factor: an fp8 cache's v_scale, else 1 */
 } params_t;
 
 /* Gemma 2's attention logits soft-capping on the scores sv[t0..nv). */
@@ -57,10 +65,12 @@ static inline void soft_cap_scores(float *restrict sv, int32_t t0, int32_t nv, f
 /* K and V base pointers of the NC position vectors of the chunk starting at `start` (a multiple
  * of VW, so vectors never straddle blocks: block_size is a multiple of 16); vectors past `last`
  * repeat the chunk's first vector's block, or the walk's first (`first`) past the end, so nothing
- * outside the blocks the walk covers is ever read. */
+ * outside the blocks the walk covers is ever read. An fp8 cache's vectors are converted into buf
+ * (keys [NC][D][VW], then values [NC][VW][D]: key rows VW apart instead of block_size), unless
+ * the chunk lies past the end (its pointers are never read). */
 static inline void chunk_pointers(const params_t *p, const int32_t *block_table, int32_t kv_head,
                                   int32_t start, int32_t first, int32_t last, int32_t head_dim,
-                                  const float **kp, const float **vp)
+                                  float *buf, const float **kp, const float **vp)
 {
     const int32_t bs = p->block_size;
     const int64_t head_elems = (int64_t)head_dim * bs;
@@ -68,8 +78,22 @@ static inline void chunk_pointers(const params_t *p, const int32_t *block_table,
         int32_t at = start + c * VW;
         if (at > last) at = start <= last ? start : first;
         const int64_t block = (int64_t)block_table[at / bs] * p->num_kv_heads + kv_head;
-        kp[c] = p->k_cache + block * head_elems + at % bs;
-        vp[c] = p->v_cache + block * head_elems + (int64_t)(at % bs) * head_dim;
+        const int64_t k_off = block * head_elems + at % bs;
+        const int64_t v_off = block * head_elems + (int64_t)(at % bs) * head_dim;
+        if (!p->k8) {
+            kp[c] = p->k_cache + k_off;
+            vp[c] = p->v_cache + v_off;
+            continue;
+        }
+        float *kb = buf + (int64_t)c * VW * head_dim, *vb = kb + (int64_t)CHUNK * head_dim;
+        if (start <= last) {
+            for (int32_t d = 0; d < head_dim; d++)
+                storev(kb + (int64_t)d * VW, load_e4m3(p->k8 + k_off + (int64_t)d * bs));
+            for (int32_t i = 0; i < VW * head_dim; i += VW)
+                storev(vb + i, load_e4m3(p->v8 + v_off + i));
+        }
+        kp[c] = kb;
+        vp[c] = vb;
     }
 }
 
@@ -119,6 +143,9 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
     float *restrict m = s + padded * CHUNK;       /* [nvec] running max */                         \
     float *restrict l = m + padded;               /* [nvec] running sum */                         \
     int32_t *restrict pos = (int32_t *)(l + padded); /* [nvec] position of each vector */          \
+    /* An fp8 cache's converted chunks: this one's and the next one's (2 * CHUNK * D each). */    \
+    float *dq = (float *)(pos + padded), *dq_next = dq + 2 * CHUNK * D;                            \
+    const int64_t ks = p->k8 ? VW : bs; /* apart: key rows of a position vector */               \
     memset(qs, 0, sizeof(float) * padded * D);                                                     \
     for (int32_t t = 0; t < ntok; t++) {                                                           \
         const float *src = p->q + (int64_t)(q_start + first + t) * p->q_stride                     \
@@ -138,12 +165,13 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
     const int32_t oldest = win > 0 && pos[0] - win + 1 > 0 ? pos[0] - win + 1 : 0;                 \
     const int32_t walk = oldest / VW * VW;                                                         \
     const float *kp[NC], *vp[NC], *kp_next[NC], *vp_next[NC];                                      \
-    chunk_pointers(p, block_table, kv_head, walk, walk, last, D, kp, vp);                          \
+    chunk_pointers(p, block_table, kv_head, walk, walk, last, D, dq, kp, vp);                      \
     for (int32_t start = walk; start <= last; start += CHUNK) {                                    \
         const int32_t n = (last + 1 - start) < CHUNK ? (last + 1 - start) : CHUNK;                 \
         /* The next chunk lies in other blocks: fetch it while this one computes (the hardware  \
          * prefetcher stops at block boundaries, and one core keeps few misses in flight). */   \
-        chunk_pointers(p, block_table, kv_head, start + CHUNK, walk, last, D, kp_next, vp_next);  \
+        chunk_pointers(p, block_table, kv_head, start + CHUNK, walk, last, D, dq_next, kp_next,  \
+                       vp_next);                                                                   \
         for (int32_t v0 = 0; v0 < padded; v0 += LANES) {                                           \
             vf a[LANES][NC];                                                                       \
             _Pragma("GCC unroll 8") for (int j = 0; j < LANES; j++)                                \
@@ -151,14 +179,14 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
             for (int32_t d = 0; d < D; d++) {                                                      \
                 if (v0 == 0 && start + CHUNK <= last) {                                            \
                     _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {                         \
-                        __builtin_prefetch(kp_next[c] + (int64_t)d * bs);                          \
+                        __builtin_prefetch(kp_next[c] + (int64_t)d * ks);                          \
                         if (d * 16 < VW * D) /* a line per d covers the vector's V rows */         \
                             __builtin_prefetch(vp_next[c] + (int64_t)d * 16);                      \
                     }                                                                              \
                 }                                                                                  \
                 vf kv[NC];                                                                         \
                 _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++)                               \
-                    kv[c] = loadv(kp[c] + (int64_t)d * bs);                                        \
+                    kv[c] = loadv(kp[c] + (int64_t)d * ks);                                        \
                 _Pragma("GCC unroll 8") for (int j = 0; j < LANES; j++) {                          \
                     const float qd = qs[(v0 + j) * D + d];                                         \
                     _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) a[j][c] += qd * kv[c];    \
@@ -188,13 +216,16 @@ static void attend_tile_##D(const params_t *p, const int32_t *block_table, int32
             kp[c] = kp_next[c];                                                                    \
             vp[c] = vp_next[c];                                                                    \
         }                                                                                          \
+        float *const dq_done = dq;                                                                 \
+        dq = dq_next;                                                                              \
+        dq_next = dq_done;                                                                         \
     }                                                                                              \
     for (int32_t t = 0; t < ntok; t++) {                                                           \
         float *dst = p->out + (int64_t)(q_start + first + t) * p->out_stride                       \
                      + (int64_t)kv_head * group * D;                                               \
         for (int32_t g = 0; g < group; g++) {                                                      \
             const int32_t vi = t * group + g;                                                      \
-            const float inv = 1.0f / l[vi];                                                        \
+            const float inv = p->out_scale / l[vi];                                                \
             for (int32_t d = 0; d < D; d++) dst[g * D + d] = acc[vi * D + d] * inv;                \
         }                                                                                          \
     }                                                                                              \
@@ -218,7 +249,7 @@ void paged_attention_decode_head(const float *q, float *out, const float *k_cach
                                  int32_t head_dim, int32_t block_size, float scale, float *scratch)
 {
     const params_t p = {q, 0, out, 0, k_cache, v_cache, group, num_kv_heads, block_size, scale,
-                        0, NULL, 0.0f};
+                        0, NULL, 0.0f, NULL, NULL, 1.0f};
     if (head_dim == 64)
         attend_tile_64(&p, block_table, 0, 1, seq_len, 0, 1, kv_head, scratch);
     else
@@ -228,20 +259,24 @@ void paged_attention_decode_head(const float *q, float *out, const float *k_cach
 /* q: [T, Hq, D] rows q_stride apart (heads packed); out: [T, Hq, D] rows out_stride apart;
  * caches in the layout above; block_tables: [R, bt_stride]; query_start_loc: [R + 1];
  * seq_lens: [R]; window: the sliding window (0: none); sinks: [Hq] or NULL; soft_cap: the
- * attention logits soft cap (0: none). Returns 0; -1 when
+ * attention logits soft cap (0: none); kv_fp8: the caches hold float8_e4m3fn bytes, read as
+ * value * k_scale / v_scale (otherwise floats; the scales unused). Returns 0; -1 when
  * scratch memory ran out; -2 for a head_dim other than 64 or 128 or a block_size that is not a
  * multiple of 16. */
 int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t out_stride,
-                        const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                        const void *k_cache, const void *v_cache, const int32_t *block_tables,
                         int64_t bt_stride, const int32_t *query_start_loc, const int32_t *seq_lens,
                         int32_t num_reqs, int32_t num_q_heads, int32_t num_kv_heads,
                         int32_t head_dim, int32_t block_size, float scale, int32_t window,
-                        const float *sinks, float soft_cap, int32_t num_threads)
+                        const float *sinks, float soft_cap, int32_t kv_fp8, float k_scale,
+                        float v_scale, int32_t num_threads)
 {
     if ((head_dim != 64 && head_dim != 128) || block_size % 16) return -2;
-    const params_t p = {q, q_stride, out, out_stride, k_cache, v_cache,
-                        num_q_heads / num_kv_heads, num_kv_heads, block_size, scale,
-                        window > 0 ? window : 0, sinks, soft_cap > 0.0f ? soft_cap : 0.0f};
+    const params_t p = {q, q_stride, out, out_stride, kv_fp8 ? NULL : k_cache,
+                        kv_fp8 ? NULL : v_cache, num_q_heads / num_kv_heads, num_kv_heads,
+                        block_size, kv_fp8 ? scale * k_scale : scale, window > 0 ? window : 0,
+                        sinks, soft_cap > 0.0f ? soft_cap : 0.0f, kv_fp8 ? k_cache : NULL,
+                        kv_fp8 ? v_cache : NULL, kv_fp8 ? v_scale : 1.0f};
     const int32_t tile_tokens = p.group >= TILE_VECTORS ? 1 : TILE_VECTORS / p.group;
     int64_t num_tiles = 0;
     for (int32_t r = 0; r < num_reqs; r++) {
@@ -256,7 +291,8 @@ int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t ou
         for (int32_t f = 0; f < q_len; f += tile_tokens) tiles[k++] = (tile_t){r, f};
     }
     const int32_t max_vec = (tile_tokens * p.group + LANES - 1) / LANES * LANES;
-    const size_t scratch_floats = (size_t)max_vec * (2 * head_dim + CHUNK + 3);
+    const size_t scratch_floats = (size_t)max_vec * (2 * head_dim + CHUNK + 3)
+                                  + (kv_fp8 ? (size_t)4 * CHUNK * head_dim : 0);
     const int64_t num_items = num_tiles * num_kv_heads;
     int failed = 0;
     #pragma omp parallel num_threads(num_threads)

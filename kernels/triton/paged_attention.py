@@ -7,6 +7,11 @@ the Triton attention backends on CUDA, and the tests under TRITON_INTERPRET=1.
 Head sizes that are not powers of two (Phi-3-mini's 96) run padded, as vLLM's Triton attention
 does: the head-dimension tiles span head_pad(head_dim) lanes and every load and store masks the
 lanes past head_dim, so the caches and the output keep their unpadded [.., head_dim] layout.
+
+An fp8 cache (float8_e4m3fn, --kv-cache-dtype fp8) is read through the same loads: each tile
+converts exactly to fp32 (then to the dot's dtype, which holds every e4m3 value), and the
+layer's scales fold into the fp32 arithmetic: k_scale into the scores' scale, v_scale into the
+output's normalisation (host floats: constants in a captured graph, no device read).
 """
 
 from __future__ import annotations
@@ -168,6 +173,8 @@ def _paged_attention_kernel(
     SLIDING_WINDOW: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    v_scale=1.0,
+    SCALE_OUT: tl.constexpr = False,
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -245,6 +252,8 @@ def _paged_attention_kernel(
     if SLIDING_WINDOW > 0:
         l_i = tl.where(l_i == 0.0, 1.0, l_i)  # padding rows may have seen no key at all
     acc = acc / l_i[:, None]
+    if SCALE_OUT:
+        acc = acc * v_scale
     o_row = (q_start + tok).to(tl.int64) * stride_ot + q_head * stride_oh
     tl.store(
         out_ptr + o_row[:, None] + offs_d[None, :],
@@ -283,11 +292,14 @@ def paged_attention(
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal GQA attention of each request's packed queries over its paged K/V; matches
     paged_attention_ref, sliding_window, sinks ([Hq], on query's device) and logits_soft_cap
     included. With a window, each query tile's walk starts at its first query's window: earlier
-    blocks are not read."""
+    blocks are not read. An fp8 cache (float8_e4m3fn) is read as key * k_scale and
+    value * v_scale."""
     out, shapes = check_paged_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, out)
     check_features(sliding_window, sinks, shapes.num_q_heads, logits_soft_cap)
     if shapes.num_tokens == 0 or shapes.num_seqs == 0:
@@ -312,7 +324,7 @@ def paged_attention(
         query_start_loc,
         seq_lens,
         out if sinks is None else sinks,  # any pointer when there are none (never read)
-        scale * math.log2(math.e),
+        scale * k_scale * math.log2(math.e),
         shapes.num_seqs,
         *query.stride()[:2],
         *out.stride()[:2],
@@ -329,6 +341,8 @@ def paged_attention(
         SLIDING_WINDOW=sliding_window or 0,
         HAS_SINKS=sinks is not None,
         SOFT_CAP=float(logits_soft_cap or 0.0),
+        v_scale=float(v_scale),
+        SCALE_OUT=v_scale != 1.0,
         num_warps=4,
     )
     return out

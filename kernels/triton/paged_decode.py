@@ -189,6 +189,8 @@ def _decode_reduce_kernel(
     PARTS_BLOCK: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    v_scale=1.0,
+    SCALE_OUT: tl.constexpr = False,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -241,6 +243,8 @@ def _decode_reduce_kernel(
     if HAS_SINKS:
         l_all += tl.exp2(sink - m_all)
     out = acc / l_all
+    if SCALE_OUT:
+        out = out * v_scale  # an fp8 cache's value scale
     o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh
     tl.store(out_ptr + o_off + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_valid)
 
@@ -271,9 +275,12 @@ def paged_decode_split(
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention (every request has 0 or 1 query token) of each request's query over its
-    paged K/V, split along the context; matches paged_attention_ref for such batches.
+    paged K/V, split along the context; matches paged_attention_ref for such batches. An fp8
+    cache (float8_e4m3fn) is read as key * k_scale and value * v_scale.
     max_seq_len must be at least seq_lens.max() (a host value: nothing is read from the device);
     partition_size (default PARTITION_SIZE, or the block size if larger) must be a power of two
     and a multiple of the block size. sliding_window, sinks ([Hq]) and logits_soft_cap as in
@@ -318,7 +325,7 @@ def paged_decode_split(
         block_table,
         query_start_loc,
         seq_lens,
-        scale * math.log2(math.e),
+        scale * k_scale * math.log2(math.e),
         *query.stride()[:2],
         *paged_strides(key_cache, value_cache, block_table),
         *m_scratch.stride()[:2],
@@ -351,6 +358,8 @@ def paged_decode_split(
         PARTS_BLOCK=_PARTS_BLOCK,
         SLIDING_WINDOW=sliding_window or 0,
         HAS_SINKS=sinks is not None,
+        v_scale=float(v_scale),
+        SCALE_OUT=v_scale != 1.0,
         num_warps=4,
     )
     return out

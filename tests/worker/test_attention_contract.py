@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -46,7 +47,8 @@ def test_no_backend_claims_a_feature_it_does_not_implement():
     for _, support in ENTRIES:
         # Soft-capping: every per-head backend (tests/kernels/test_attention_softcap.py).
         assert support.logits_soft_cap == (not support.mla)
-        assert support.kv_cache_dtypes == ("auto",)
+        # An fp8 cache: every per-head backend (tests/kernels/test_kv_cache_fp8.py), no MLA one.
+        assert support.kv_cache_dtypes == (("auto",) if support.mla else ("auto", "fp8"))
         # MLA: the latent-cache backend alone (tests/worker/test_deepseek.py).
         assert support.mla == support.backend.startswith("mla_")
 
@@ -81,14 +83,17 @@ def test_a_feature_no_backend_runs_is_refused_naming_each_backend(features, word
 
 
 def test_a_kv_cache_dtype_no_backend_keeps_is_refused_naming_the_kept_ones():
+    fp8 = AttentionFeatures(kv_cache_dtype="fp8")
+    assert attention_backends_for("cuda", 16, 128, "bfloat16", fp8) == ["triton"]
+    assert attention_backends_for("cpu", 16, 64, "float32", fp8) == ["cpu", "torch"]
     with pytest.raises(
         ConfigError,
         match=re.escape(
-            "kv_cache_dtype fp8 is not supported by the triton attention kernels on cuda, "
+            "kv_cache_dtype fp8 is not supported by the mla_triton attention kernels on cuda, "
             "which take kv_cache_dtype auto"
         ),
     ):
-        attention_backends_for("cuda", 16, 128, "bfloat16", AttentionFeatures(kv_cache_dtype="fp8"))
+        attention_backends_for("cuda", 16, 128, "bfloat16", replace(fp8, mla=True))
 
 
 def _arch(**fields) -> ModelArchConfig:
