@@ -45,6 +45,9 @@ def int_to_gguf(
     """W [N, K] = scales * codes + offsets (uint8 codes [N, K], fp32 scales and offsets
     [N, K / group_size], W in the codes' input order) packed for the C kernels as the most
     compact GGUF type that dequantizes to the same fp32 W, bit for bit."""
+    codes = codes.to(device="cpu", dtype=torch.uint8).contiguous()
+    scales = scales.to(device="cpu", dtype=torch.float32).contiguous()
+    offsets = offsets.to(device="cpu", dtype=torch.float32).contiguous()
     n, k = codes.shape
     if k % BLOCK or group_size % BLOCK or k % group_size:
         raise NoExactGGUF(

@@ -16,6 +16,7 @@ four bytes a weight, with a warning naming the reason. Never an inexact conversi
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -158,8 +159,9 @@ def _consecutive(
 
 
 def _warn_dense(part: IntWeight, reason: str) -> None:
-    if reason not in _warned:
-        _warned.add(reason)
+    kind = re.sub(r"-?\d+", "#", reason)  # once per reason, whatever its figures
+    if kind not in _warned:
+        _warned.add(kind)
         logger.warning(
             "a %d-bit [%d, %d] weight runs dequantized in fp32 on the CPU: %s",
             part.bits,

@@ -208,6 +208,18 @@ def test_no_exact_type_runs_dense_and_says_why(
         _assert_matmul(method, permuted.dequantize(), rows, seed=rows)
 
 
+def test_strided_codes_and_scales_as_a_loader_unpacks_them() -> None:
+    """GPTQ's codes come out of their packed [K / 8, N] words transposed: not contiguous."""
+    part = make("awq4", 64, 128, 32)
+    strided = part._replace(
+        codes=part.codes.t().contiguous().t(), scales=part.scales.t().contiguous().t()
+    )
+    assert not strided.codes.is_contiguous()
+    method = IntCpuLinearMethod([strided])
+    assert torch.equal(method.dequantize(), part.dequantize())
+    _assert_matmul(method, part.dequantize(), 3, seed=0)
+
+
 def test_parts_need_one_input_size() -> None:
     with pytest.raises(ValueError, match="one input size"):
         IntCpuLinearMethod([make("sym4", 32, 128, 32), make("sym4", 32, 256, 32)])
