@@ -115,9 +115,7 @@ def _generate(model, scales: tuple[float, float] | None = None, backend=None, **
     prompts = random_prompts(runner.arch.vocab_size, [5, 23, 40])
     params = SamplingParams(temperature=0.0, ignore_eos=True, logprobs=5)
     tokens = driver.run(prompts, params, NEW_TOKENS, chunk=16)
-    fp8 = engine_args.get("kv_cache_dtype") == "fp8"
-    assert seen == ({scales or (1.0, 1.0)} if fp8 else {None})
-    return runner, driver, tokens
+    return runner, driver, tokens, seen
 
 
 def _assert_logprobs_close(got, want, steps: int | None = None, **tolerance) -> None:
@@ -139,10 +137,12 @@ def test_the_c_and_torch_backends_generate_alike_from_an_fp8_cache(tiny64, scale
     """Two implementations of the fp8 cache (the C kernels, the torch ops) in a whole model:
     the same greedy tokens and close logprobs; and each prompt's first token is the fp32
     cache's."""
-    _, ref_driver, expected = _generate(tiny64)
-    c_runner, c_driver, c_tokens = _generate(tiny64, scales, kv_cache_dtype="fp8")
+    _, ref_driver, expected, ref_seen = _generate(tiny64)
+    c_runner, c_driver, c_tokens, c_seen = _generate(tiny64, scales, kv_cache_dtype="fp8")
     torch_backend = TorchAttentionBackend()
-    _, t_driver, t_tokens = _generate(tiny64, scales, torch_backend, kv_cache_dtype="fp8")
+    _, t_driver, t_tokens, t_seen = _generate(tiny64, scales, torch_backend, kv_cache_dtype="fp8")
+    # The layers hand their scales over with an fp8 cache only.
+    assert ref_seen == {None} and c_seen == t_seen == {scales or (1.0, 1.0)}
     assert c_runner.backend.name == "cpu"
     assert all(c.dtype == torch.float8_e4m3fn for c in c_runner.kv_caches)
     assert c_tokens == t_tokens
@@ -159,9 +159,30 @@ def test_the_c_and_torch_backends_generate_alike_from_an_fp8_cache(tiny64, scale
 
 
 def test_the_torch_backend_generates_from_an_fp8_cache(tiny):
-    _, ref_driver, expected = _generate(tiny)
-    runner, driver, tokens = _generate(tiny, (0.05, 0.03), kv_cache_dtype="fp8")
+    _, ref_driver, expected, _ = _generate(tiny)
+    runner, driver, tokens, seen = _generate(tiny, (0.05, 0.03), kv_cache_dtype="fp8")
+    assert seen == {(0.05, 0.03)}
     assert runner.backend.name == "torch"
+    assert all(c.dtype == torch.float8_e4m3fn for c in runner.kv_caches)
+    for req, want in expected.items():
+        assert tokens[req][0] == want[0], req
+        _assert_logprobs_close(driver.logprobs[req], ref_driver.logprobs[req], 1, atol=0.5, rtol=0)
+
+
+def test_a_checkpoints_kv_scales_reach_the_fp8_cache(tmp_path):
+    """A compressed-tensors FP8 checkpoint with a kv_cache_scheme (per-layer k_scale 0.5 / 1.5,
+    v_scale 0.25, written by the quantized-checkpoint tests' own writer): with an fp8 cache each
+    layer hands the backend its checkpoint's scales, and the first tokens are the model's with
+    the cache in fp32."""
+    from tests.worker.test_quantized_checkpoints import write_checkpoint
+
+    dense = make_tiny_model_with_tokenizer(tmp_path / "dense", initializer_range=0.2)
+    write_checkpoint(dense, tmp_path / "ct", "ct-fp8-tensor-static")
+    _, ref_driver, expected, _ = _generate(tmp_path / "ct", max_model_len=128)
+    runner, driver, tokens, seen = _generate(
+        tmp_path / "ct", kv_cache_dtype="fp8", max_model_len=128
+    )
+    assert seen == {(0.5, 0.25), (1.5, 0.25)}
     assert all(c.dtype == torch.float8_e4m3fn for c in runner.kv_caches)
     for req, want in expected.items():
         assert tokens[req][0] == want[0], req
