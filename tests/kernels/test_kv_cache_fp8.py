@@ -275,3 +275,52 @@ def test_triton_split_decode_step_equals_attention_over_rounded_kv(
     )
     _triton_step([(SPLIT_MIN_SEQ_LEN + 99, 1), (700, 1)], torch.float32, k_scale, v_scale, device)
     assert calls, "the step must take the split-context kernels"
+
+
+def _every_code_as_values(layout: str, device) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """One request of one token whose value vectors hold every finite e4m3 code (the two NaN
+    codes as 0) over 2 KV heads x 128 lanes: attention over a single key returns its value, so
+    the output is each code's value times v_scale, exactly."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes[codes & 0x7F == 0x7F] = 0
+    values = codes.view(2, 128).view(FP8)
+    keys = quantize_kv(torch.randn(2, 128, generator=torch.Generator().manual_seed(4)), 1.0)
+    if layout == "c":
+        key_cache = torch.zeros(1, 2, 128, 16, dtype=FP8)
+        value_cache = torch.zeros(1, 2, 16, 128, dtype=FP8)
+        key_cache.view(torch.uint8)[0, :, :, 0] = keys.view(torch.uint8)
+        value_cache.view(torch.uint8)[0, :, 0] = values.view(torch.uint8)
+    else:
+        key_cache = torch.zeros(1, 16, 2, 128, dtype=FP8)
+        value_cache = torch.zeros_like(key_cache)
+        key_cache.view(torch.uint8)[0, 0] = keys.view(torch.uint8)
+        value_cache.view(torch.uint8)[0, 0] = values.view(torch.uint8)
+    batch = {
+        "query": torch.randn(1, 6, 128, generator=torch.Generator().manual_seed(5)),
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "block_table": torch.zeros(1, 1, dtype=torch.int32),
+        "query_start_loc": torch.tensor([0, 1], dtype=torch.int32),
+        "seq_lens": torch.tensor([1], dtype=torch.int32),
+    }
+    expected = values.float().repeat_interleave(3, dim=0)[None] * 0.3  # [1, Hq, D]
+    return {k: t.to(device) for k, t in batch.items()}, expected
+
+
+@needs_c
+def test_c_kernel_reads_every_e4m3_code_exactly():
+    from kernels.paged_attention import paged_attention_cpu
+
+    batch, expected = _every_code_as_values("c", CPU)
+    out = paged_attention_cpu(**dict(batch, q=batch.pop("query")), scale=0.1, v_scale=0.3)
+    assert torch.equal(out, expected)
+
+
+def test_triton_kernels_read_every_e4m3_code_exactly(device):
+    from kernels.triton.paged_attention import paged_attention
+    from kernels.triton.paged_decode import paged_decode_split
+
+    batch, expected = _every_code_as_values("triton", device)
+    assert torch.equal(paged_attention(**batch, scale=0.1, v_scale=0.3).cpu(), expected)
+    out = paged_decode_split(**batch, scale=0.1, max_seq_len=1, v_scale=0.3)
+    assert torch.equal(out.cpu(), expected)
