@@ -26,6 +26,8 @@ CHECKPOINT_QUANTIZATIONS = {"mxfp4": ("GptOssForCausalLM",)}
 # quant_method values whose linear weights the loader keeps quantized (QuantScheme), any
 # architecture with the engine's Linear layers; "fp8" is also --quantization fp8 on a dense one.
 SCHEME_METHODS = ("gptq", "awq", "compressed-tensors", "modelopt", "fbgemm_fp8", "fp8")
+# config.json keys that make a model a mixture of experts (its experts are not Linear layers).
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 INT_GROUP_ALIGN = 32  # the CPU kernels' blocks: a group spans whole 32-column blocks
 
 
@@ -306,6 +308,12 @@ def resolve_quantization(
     scheme = quant_scheme(hf_config or {}, requested, load.load_format)
     if scheme is None:
         return None
+    experts = [k for k in _EXPERT_KEYS if int((hf_config or {}).get(k) or 0) > 0]
+    if experts and not scheme.quantize_at_load:
+        raise ConfigError(
+            f"{scheme.source} checkpoints of mixture-of-experts models are not read yet: the "
+            f"loader keeps Linear layers quantized, not experts ({experts[0]} in config.json)"
+        )
     _check_scheme_runs(scheme, model, tensor_parallel_size, device_type, cpu_kernels_available)
     return scheme.source
 

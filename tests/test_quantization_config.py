@@ -148,6 +148,15 @@ def test_what_cannot_run_is_refused_at_configuration(dense, tmp_path, qc, kwargs
         _resolve(model, **kwargs)
 
 
+def test_mixture_of_experts_checkpoints_are_refused(tmp_path):
+    moe = make_tiny_model(tmp_path / "moe", "qwen3_moe", num_experts=4, num_experts_per_tok=2)
+    config = json.loads((moe / "config.json").read_text())
+    config["quantization_config"] = GPTQ
+    (moe / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="gptq checkpoints of mixture-of-experts models"):
+        _resolve(moe)
+
+
 def test_fp8_on_the_cpu_is_dequantized_so_tensor_parallel_runs(dense, tmp_path):
     model = _with(dense, tmp_path, _ct_fp8(FP8_CHANNEL, DYNAMIC_TOKEN))
     config = _resolve(model, tensor_parallel_size=2)

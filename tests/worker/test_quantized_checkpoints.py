@@ -21,12 +21,13 @@ from safetensors.torch import load_file, save_file
 from gpu_worker.layers.quant_weights import IntWeight
 from gpu_worker.loader import quant_methods, quantized_checkpoint
 from protocol.sampling_params import SamplingParams
-from tests.tiny_models import make_tiny_model_with_tokenizer
+from tests.tiny_models import make_tiny_model, make_tiny_model_with_tokenizer
 from tests.worker.runner_utils import hf_causal_lm, make_runner
 
 NEW_TOKENS = 12
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PROMPTS = {"a": [1, 523, 912, 77, 4051, 31, 8], "b": [1, 12000, 5, 5, 301]}
+PROMPTS_SMALL_VOCAB = {"a": [1, 52, 91, 77, 405, 31, 8], "b": [1, 120, 5, 5, 301]}  # vocab 512
 
 
 # --- this test's quantizer and packers -------------------------------------------------------
@@ -364,3 +365,21 @@ def test_act_order_groups_of_unequal_size_are_refused(dense_dir, tmp_path, int_p
     config = resolved_config(model=str(path), device="cpu")
     with pytest.raises(WeightLoadError, match="q_proj.*g_idx does not give each of the 2 groups"):
         load_model(path, config.arch, torch.float32, torch.device("cpu"), "auto", 0, "gptq")
+
+
+def test_qwen2_gptq_with_qkv_bias_and_tied_embeddings(tmp_path, int_parts):
+    # Qwen2's q/k/v biases load beside the quantized qkv; a tied lm_head stays the embedding.
+    dense = make_tiny_model(tmp_path / "qwen2", "qwen2", tie_word_embeddings=True)
+    state = load_file(str(dense / "model.safetensors"))
+    gen = torch.Generator().manual_seed(3)
+    for key in [k for k in state if k.endswith(".bias")]:  # transformers initializes them to 0
+        state[key] = torch.randn(state[key].shape, generator=gen) * 0.5
+    save_file(state, str(dense / "model.safetensors"), metadata={"format": "pt"})
+    deq = write_checkpoint(dense, tmp_path / "gptq", "gptq-asym-g32-desc-act")
+    runner, driver = make_runner(tmp_path / "gptq", max_model_len=64)
+    got = driver.run(PROMPTS_SMALL_VOCAB, SamplingParams(temperature=0.0, ignore_eos=True), 8)
+    reference = hf_reference(dense, deq)
+    assert any(reference.model.layers[0].self_attn.q_proj.bias != 0)
+    for req, ids in PROMPTS_SMALL_VOCAB.items():
+        assert got[req] == hf_greedy(reference, ids)[:8], req
+    assert len(int_parts) == 2 * 4
