@@ -66,9 +66,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         "device",
         help="batch-1 and batch-64 decode of a Llama-3-8B-"
         "shaped model (dummy weights) against the memory-bandwidth limit",
+        conflict_handler="resolve",  # the workload's --quantization replaces the engine's
     )
     device.add_arguments(dev)
     add_engine_args(dev)
+    device.add_quantization_argument(dev)
     dev.set_defaults(func=run_workload)
     up = workloads.add_parser(
         "startup",

@@ -9,6 +9,12 @@ the memory's limit. A mixture-of-experts step reads only the experts its tokens 
 bandwidth is a large device copy measured in the same run, or the GPU's nominal figure when that
 is higher.
 
+--quantization fp8,gptq,awq,gguf-Q4_K (any of them) and --kv-cache-dtype fp8 run each variant
+after the dense model with the model's dtype and KV cache (the baseline) in the same run, each
+run with its step time's ratio to the baseline's at the same batch size, graphs and scheduling.
+fp8, gptq and awq quantize the dummy weights at load (round to nearest: fp8 per output channel,
+gptq and awq 4-bit in groups of 128; config/quantization.py), gguf-TYPE reads a random GGUF file.
+
 The `engine` command imports this module for its flags, so heavy imports (torch, numpy) wait for
 the run, as in bench/serve.py.
 """
@@ -27,7 +33,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.moe_bytes import experts_hit_per_layer, moe_step_bytes
+from bench.moe_bytes import engine_model, experts_hit_per_layer, moe_step_bytes
 from config.args import context_length, engine_kwargs
 
 logger = logging.getLogger(__name__)
@@ -121,6 +127,11 @@ NOMINAL_BANDWIDTH = (
 _MIXED_REQUESTS, _MIXED_PROMPT, _MIXED_OUTPUT = 64, (32, 256), (16, 128)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _WARMUP_PROMPT, _WARMUP_OUTPUT = 16, 4
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+# --quantization values: dummy weights quantized at load, or gguf-TYPE (a random GGUF file).
+QUANTIZATIONS = ("fp8", "gptq", "awq", *(f"gguf-{t}" for t in GGUF_TYPES))
+# Issue 32's targets: the largest ratio of step times to the baseline's (graphs and async on).
+_TARGETS = {"fp8": {1: 0.6, 64: 0.65}, "int4": {1: 0.4}, "kv-fp8": {1: 0.85}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,9 +164,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gguf-type",
-        choices=("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"),
-        help="run the shape with GGUF weights of this type kept quantized (random codes in a "
-        "GGUF file written for the run) instead of dummy dense weights",
+        choices=GGUF_TYPES,
+        help="the same as --quantization gguf-TYPE",
     )
     parser.add_argument(
         "--quick",
@@ -164,6 +174,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "on, and no offline-mixed run",
     )
     parser.add_argument("--output-json", help="also write the figures to this file")
+
+
+def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    """The workload's --quantization, in place of the engine's (parser resolves the conflict):
+    a list of variants, each measured against the dense baseline."""
+    parser.add_argument(
+        "--quantization",
+        type=_quantization_list,
+        dest="quantization",
+        default=None,
+        metavar="Q[,Q...]",
+        help="also run the shape with its linear weights quantized, each against the dense "
+        "baseline in the same run: fp8 (per output channel, W8A8 where the GPU has fp8 "
+        "tensor cores), gptq or awq (4-bit, groups of 128) quantize the dummy weights at load; "
+        "gguf-TYPE (gguf-Q4_K, ...) reads a random GGUF file of that type",
+    )
+
+
+def _quantization_list(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in QUANTIZATIONS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"engine bench device runs --quantization fp8, gptq, awq or gguf-TYPE (TYPE one of "
+            f"{', '.join(GGUF_TYPES)}), comma-separated; got {value!r}"
+        )
+    return names
 
 
 def _int_list(value: str) -> list[int]:
@@ -227,6 +264,25 @@ def weight_bytes_per_step(arch, dtype_bytes: int) -> int:
     if arch.attention_bias:
         per_layer += q + 2 * kv
     return (arch.num_hidden_layers * per_layer + h + arch.vocab_size * h) * dtype_bytes
+
+
+def model_weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads from a loaded model: each Linear's W in the
+    layout its method reads (quantized or not) and its bias, every other module's own
+    parameters (norms), no embedding table (one row per request)."""
+    from gpu_worker.layers.linear import Embedding, Linear
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, Linear):
+            total += module.method.nbytes(module)
+            params = [] if module.bias is None else [module.bias]
+        elif isinstance(module, Embedding):
+            continue
+        else:
+            params = list(module.parameters(recurse=False))
+        total += sum(p.numel() * p.element_size() for p in params)
+    return total
 
 
 def nominal_bandwidth(device_name: str) -> float | None:
@@ -313,13 +369,13 @@ def _measure(
 
 def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     """Decode at each batch size, with and without CUDA graphs (on CUDA) and async scheduling;
-    ms per step and the fraction of the memory-bandwidth limit."""
+    ms per step and the fraction of the memory-bandwidth limit; then each quantized or fp8-KV
+    variant the same way, with its ratios to the baseline."""
     import numpy as np
     import torch
 
     from bench.machine_limits import copy_bandwidth, machine_info
     from config.device import DeviceConfig
-    from config.engine import engine_config_from_kwargs
 
     kwargs = engine_kwargs(args)
     for name in (
@@ -336,12 +392,7 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
                 f"--shape, --context-len, --output-len and --batch-sizes; async "
                 f"scheduling both off and on)"
             )
-    gguf_type = getattr(args, "gguf_type", None)
-    if "quantization" in kwargs and gguf_type is None:
-        raise ValueError(
-            "engine bench device runs quantized weights from a GGUF file it writes: pass "
-            "--gguf-type (for example Q4_K) instead of --quantization"
-        )
+    variants = _variants(kwargs, getattr(args, "gguf_type", None))
     if args.output_len < 3:
         raise ValueError(
             f"--output-len must be at least 3 to time decode steps, got {args.output_len}"
@@ -354,82 +405,189 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
     nominal = nominal_bandwidth(device_name) if device_type == "cuda" else None
     bandwidth = max(measured, nominal or 0.0)
     rng = np.random.default_rng(0)
-    runs: list[dict[str, Any]] = []
-    mixed: list[dict[str, Any]] = []
     with ExitStack() as stack:
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="engine-bench-device-"))
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="engine-bench-device-")))
         # Room for offline-mixed's longest request too (prompt 256 + output 128).
         max_len = max(args.context_len + args.output_len, _MIXED_PROMPT[1] + _MIXED_OUTPUT[1])
-        engine_args = {
+        common = {
             **kwargs,
             "max_model_len": max_len,
             "max_num_seqs": max(*args.batch_sizes, _MIXED_REQUESTS),
         }
-        quantized_bytes = None
-        if gguf_type is None:
-            engine_args |= {"model": str(write_model_dir(Path(tmp), shape)), "load_format": "dummy"}
-        else:
-            model, quantized_bytes = stack.enter_context(
-                _quantized_model(Path(tmp), shape, gguf_type)
-            )
-            engine_args |= {"model": model, "quantization": "gguf"}
-        block_size = engine_config_from_kwargs(**engine_args).cache.block_size
-        # The largest batch at full length, or offline-mixed's requests at theirs.
-        blocks_needed = max(
-            max(args.batch_sizes) * -(-(args.context_len + args.output_len) // block_size),
-            _MIXED_REQUESTS * -(-(_MIXED_PROMPT[1] + _MIXED_OUTPUT[1]) // block_size),
+        dense = {"model": str(write_model_dir(tmp, shape)), "load_format": "dummy"}
+        baseline = _runs_of_variant(
+            {**common, **dense}, args, rng, bandwidth, device_type, None, weights_from_model=False
         )
-        if "kv_cache_memory" not in kwargs and "num_gpu_blocks_override" not in kwargs:
-            # Only what the largest batch needs: two engines never hold a device's worth each.
-            engine_args["num_gpu_blocks_override"] = blocks_needed
-        # Graphs exist on CUDA only; --enforce-eager keeps to the eager runs.
-        graph_modes: tuple[bool, ...] = (True, False) if device_type == "cuda" else (True,)
-        if engine_args.pop("enforce_eager", False):
-            graph_modes = (True,)
-        async_modes: tuple[bool, ...] = (False, True)
-        if args.quick:  # graphs where there are any, async on
-            graph_modes, async_modes = graph_modes[-1:], (True,)
-        experts_hit: dict[int, tuple[list[float], str]] = {}
-        for eager in graph_modes:
-            for async_scheduling in async_modes:
-                config = engine_config_from_kwargs(
-                    **engine_args, async_scheduling=async_scheduling, enforce_eager=eager
+        measured_variants = []
+        for variant in variants:
+            quantized_bytes = None
+            engine_args = {**common, **dense, "kv_cache_dtype": variant["kv_cache_dtype"]}
+            if variant["gguf_type"] is not None:
+                model, quantized_bytes = stack.enter_context(
+                    _quantized_model(tmp, shape, variant["gguf_type"])
                 )
-                engine_runs, engine_mixed = _runs_of_one_engine(
-                    config, args, rng, bandwidth, blocks_needed, quantized_bytes, experts_hit
-                )
-                runs += engine_runs
-                if engine_mixed is not None:
-                    mixed.append(engine_mixed)
+                engine_args |= {"model": model, "quantization": "gguf"}
+                del engine_args["load_format"]
+            elif variant["quantization"] is not None:
+                engine_args["quantization"] = variant["quantization"]
+            result = _runs_of_variant(
+                engine_args,
+                args,
+                rng,
+                bandwidth,
+                device_type,
+                quantized_bytes,
+                weights_from_model=variant["quantization"] is not None and quantized_bytes is None,
+            )
+            for run in result["runs"]:
+                run["ms_ratio_to_baseline"] = _ratio(run, baseline["runs"])
+            measured_variants.append(
+                {**variant, **result, "targets": _target_checks(variant, result["runs"])}
+            )
+    config = baseline.pop("config")
     assert config.arch is not None
-    dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
-    moe = moe_step_bytes(config.arch, dtype_bytes) if quantized_bytes is None else None
     return {
         "workload": "device",
         "machine": machine_info(),
         "device_type": device_type,
         "shape": shape,
         "dtype": config.torch_dtype_name,
-        "gguf_type": gguf_type,
         "layers": config.arch.num_hidden_layers,
         "hidden_size": config.arch.hidden_size,
-        "block_size": block_size,
+        "block_size": config.cache.block_size,
         "context_len": args.context_len,
         "output_len": args.output_len,
-        # A mixture of experts' varies with the experts a step hits: each run gives its own.
-        "weight_bytes_per_step": None
-        if moe is not None
-        else quantized_bytes or weight_bytes_per_step(config.arch, dtype_bytes),
-        "moe": None if moe is None else moe.summary(),
-        "kv_bytes_per_token": config.arch.kv_elements_per_token * dtype_bytes,
+        **baseline,
         "bandwidth_gb_s": {
             "measured_copy": round(measured / 1e9, 1),
             "nominal": round(nominal / 1e9, 1) if nominal else None,
             "limit": round(bandwidth / 1e9, 1),
         },
-        "runs": runs,
-        "offline_mixed": mixed,
+        "variants": [{k: v for k, v in m.items() if k != "config"} for m in measured_variants],
     }
+
+
+def _variants(kwargs: dict[str, Any], gguf_type: str | None) -> list[dict[str, Any]]:
+    """The variants measured against the dense baseline (popping their flags from kwargs):
+    each --quantization, with --kv-cache-dtype's cache; the fp8 cache alone where no
+    quantization is asked."""
+    quantizations: list[str] = kwargs.pop("quantization", None) or []
+    if gguf_type is not None:
+        if quantizations:
+            raise ValueError(
+                "--gguf-type TYPE is --quantization gguf-TYPE: pass one of the two flags"
+            )
+        quantizations = [f"gguf-{gguf_type}"]
+    kv = kwargs.pop("kv_cache_dtype", "auto")
+    kv = "fp8" if kv == "fp8_e4m3" else kv
+    variants = []
+    asked: list[str | None] = [*quantizations] or ([None] if kv != "auto" else [])
+    for q in asked:
+        gguf = q[len("gguf-") :] if q is not None and q.startswith("gguf-") else None
+        name = "+".join([n for n in (q, None if kv == "auto" else f"kv-{kv}") if n])
+        variants.append(
+            {
+                "name": name,
+                "quantization": None if gguf else q,
+                "gguf_type": gguf,
+                "kv_cache_dtype": kv,
+            }
+        )
+    return variants
+
+
+def _runs_of_variant(
+    engine_args: dict[str, Any],
+    args: argparse.Namespace,
+    rng,
+    bandwidth: float,
+    device_type: str,
+    quantized_bytes: int | None,
+    weights_from_model: bool,
+) -> dict[str, Any]:
+    """Every batch size on one engine per graph and scheduling mode: the runs, offline-mixed's,
+    the weight and KV bytes a step reads, and the last engine's configuration."""
+    from config.engine import engine_config_from_kwargs
+
+    engine_args = dict(engine_args)
+    block_size = engine_config_from_kwargs(**engine_args).cache.block_size
+    # The largest batch at full length, or offline-mixed's requests at theirs.
+    blocks_needed = max(
+        max(args.batch_sizes) * -(-(args.context_len + args.output_len) // block_size),
+        _MIXED_REQUESTS * -(-(_MIXED_PROMPT[1] + _MIXED_OUTPUT[1]) // block_size),
+    )
+    if "kv_cache_memory" not in engine_args and "num_gpu_blocks_override" not in engine_args:
+        # Only what the largest batch needs: two engines never hold a device's worth each.
+        engine_args["num_gpu_blocks_override"] = blocks_needed
+    # Graphs exist on CUDA only; --enforce-eager keeps to the eager runs.
+    graph_modes: tuple[bool, ...] = (True, False) if device_type == "cuda" else (True,)
+    if engine_args.pop("enforce_eager", False):
+        graph_modes = (True,)
+    async_modes: tuple[bool, ...] = (False, True)
+    if args.quick:  # graphs where there are any, async on
+        graph_modes, async_modes = graph_modes[-1:], (True,)
+    experts_hit: dict[int, tuple[list[float], str]] = {}
+    runs: list[dict[str, Any]] = []
+    mixed: list[dict[str, Any]] = []
+    step_bytes: dict[str, Any] = {}
+    for eager in graph_modes:
+        for async_scheduling in async_modes:
+            config = engine_config_from_kwargs(
+                **engine_args, async_scheduling=async_scheduling, enforce_eager=eager
+            )
+            engine_runs, engine_mixed, step_bytes = _runs_of_one_engine(
+                config,
+                args,
+                rng,
+                bandwidth,
+                blocks_needed,
+                quantized_bytes,
+                experts_hit,
+                weights_from_model,
+            )
+            runs += engine_runs
+            if engine_mixed is not None:
+                mixed.append(engine_mixed)
+    return {**step_bytes, "runs": runs, "offline_mixed": mixed, "config": config}
+
+
+def _ratio(run: dict[str, Any], baseline: list[dict[str, Any]]) -> float | None:
+    """run's step time over the baseline run's at the same batch size, graphs and scheduling."""
+    key = ("batch_size", "cuda_graphs", "async_scheduling")
+    same = [b for b in baseline if all(b[k] == run[k] for k in key)]
+    return round(run["ms_per_step"] / same[0]["ms_per_step"], 3) if same else None
+
+
+def _target_checks(variant: dict[str, Any], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 32's targets for this variant on its fastest mode's runs (async scheduling on,
+    graphs where there are any): each with the measured figure and whether it is met."""
+    graphs = any(r["cuda_graphs"] for r in runs)
+    best = {
+        r["batch_size"]: r for r in runs if r["async_scheduling"] and r["cuda_graphs"] == graphs
+    }
+    q = variant["quantization"] or variant["gguf_type"] or ""
+    kind = "fp8" if q == "fp8" else "int4" if q in ("gptq", "awq") or q.startswith("Q4") else None
+    if kind is None and variant["kv_cache_dtype"] == "fp8":
+        kind = "kv-fp8"
+    checks = []
+    for batch, bound in _TARGETS.get(kind or "", {}).items():
+        if batch in best and best[batch]["ms_ratio_to_baseline"] is not None:
+            value = best[batch]["ms_ratio_to_baseline"]
+            checks.append(_check(f"batch {batch}: step time / baseline <= {bound}", value, bound))
+    if kind == "int4":
+        if 1 in best and 16 in best:
+            own = round(best[16]["ms_per_step"] / best[1]["ms_per_step"], 3)
+            checks.append(_check("batch 16 step time / own batch 1 <= 1.15", own, 1.15))
+        ratios = [r["ms_ratio_to_baseline"] for r in best.values() if r["batch_size"] <= 64]
+        if ratios and None not in ratios:
+            checks.append(
+                _check("every batch up to 64: step time / baseline <= 1.0", max(ratios), 1.0)
+            )
+    return checks
+
+
+def _check(target: str, value: float, bound: float) -> dict[str, Any]:
+    return {"target": target, "value": value, "met": value <= bound}
 
 
 def _offline_mixed(core, rng) -> dict[str, Any]:
@@ -468,11 +626,13 @@ def _runs_of_one_engine(
     blocks_needed: int,
     quantized_bytes: int | None = None,
     experts_hit: dict[int, tuple[list[float], str]] | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    weights_from_model: bool = False,
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, Any]]:
     """Every batch size, then offline-mixed (not with --quick), on one EngineCore, which is
-    shut down and freed afterwards. quantized_bytes: the weight bytes a step reads when they
-    are GGUF blocks. experts_hit: a mixture of experts' counts by batch size, kept across
-    engines (the dummy weights are the same in each)."""
+    shut down and freed afterwards; with the bytes a step reads. quantized_bytes: the weight
+    bytes a step reads when they are GGUF blocks; weights_from_model: count them in the loaded
+    model's layouts (weights quantized at load). experts_hit: a mixture of experts' counts by
+    batch size, kept across engines (the dummy weights are the same in each)."""
     import gc
 
     import torch
@@ -489,8 +649,24 @@ def _runs_of_one_engine(
             )
         dtype_bytes = _DTYPE_BYTES[config.torch_dtype_name]
         weights = quantized_bytes or weight_bytes_per_step(config.arch, dtype_bytes)
-        kv_per_token = config.arch.kv_elements_per_token * dtype_bytes
-        moe = moe_step_bytes(config.arch, dtype_bytes) if quantized_bytes is None else None
+        if weights_from_model:
+            model = engine_model(core)
+            if model is None:
+                raise ValueError("weights quantized at load are counted in an in-process model")
+            weights = model_weight_bytes(model)
+        kv_bytes = 1 if config.cache.kv_cache_dtype == "fp8" else dtype_bytes
+        kv_per_token = config.arch.kv_elements_per_token * kv_bytes
+        moe = (
+            moe_step_bytes(config.arch, dtype_bytes)
+            if quantized_bytes is None and not weights_from_model
+            else None
+        )
+        step_bytes = {
+            # A mixture of experts' varies with the experts a step hits: each run gives its own.
+            "weight_bytes_per_step": None if moe is not None else weights,
+            "moe": None if moe is None else moe.summary(),
+            "kv_bytes_per_token": kv_per_token,
+        }
         runs = []
         for batch in args.batch_sizes:
             extra: dict[str, Any] = {}
@@ -521,7 +697,7 @@ def _runs_of_one_engine(
                 bandwidth,
             )
             runs.append(run | extra)
-        return runs, None if args.quick else _offline_mixed(core, rng)
+        return runs, None if args.quick else _offline_mixed(core, rng), step_bytes
     finally:
         core.shutdown()
         del core

@@ -91,13 +91,94 @@ def test_bench_device_on_cpu_prints_its_figures(tmp_path, capsys):
 def test_bench_device_runs_gguf_blocks_kept_quantized(tmp_path, capsys):
     """--gguf-type: a random GGUF file of the shape, loaded quantized; a step reads its blocks."""
     argv = ["--device", "cpu", "--shape", "small", "--batch-sizes", "2", "--context-len", "8"]
-    assert main(["bench", "device", *argv, "--output-len", "4", "--gguf-type", "Q8_0"]) == 0
+    argv += ["--output-len", "4", "--quick"]
+    assert main(["bench", "device", *argv, "--gguf-type", "Q8_0"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert (result["gguf_type"], result["dtype"]) == ("Q8_0", "float32")
+    assert result["dtype"] == "float32"
+    [variant] = result["variants"]
+    assert (variant["name"], variant["gguf_type"], variant["quantization"]) == (
+        "gguf-Q8_0",
+        "Q8_0",
+        None,
+    )
     # Q8_0: 34 bytes per 32 weights; the 5 norms of hidden 256 in fp32.
     weights = 2 * (256 * 512 + 256 * 256 + 3 * 256 * 1024) + 32000 * 256
-    assert result["weight_bytes_per_step"] == weights // 32 * 34 + 5 * 256 * 4
-    assert all(r["bytes_per_step"] > result["weight_bytes_per_step"] for r in result["runs"])
+    assert variant["weight_bytes_per_step"] == weights // 32 * 34 + 5 * 256 * 4
+    assert all(r["bytes_per_step"] > variant["weight_bytes_per_step"] for r in variant["runs"])
+
+
+def test_bench_device_quantized_variants_against_the_dense_baseline(capsys):
+    """--quantization fp8,gptq with --kv-cache-dtype fp8: the dense model with its own cache
+    first, then each variant on the same shape, with its bytes and step-time ratios."""
+    argv = ["--device", "cpu", "--shape", "small", "--batch-sizes", "1,3", "--context-len", "8"]
+    argv += ["--output-len", "4", "--quick", "--quantization", "fp8,gptq"]
+    assert main(["bench", "device", *argv, "--kv-cache-dtype", "fp8"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    dense = 4 * (2 * (256 * 512 + 256 * 256 + 3 * 256 * 1024 + 512) + 256 + 32000 * 256)
+    assert result["weight_bytes_per_step"] == dense
+    assert result["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 4  # the baseline's fp32 cache
+    base = {r["batch_size"]: r for r in result["runs"]}
+    assert set(base) == {1, 3} and all(set(r) == RUN_FIELDS for r in result["runs"])
+    fp8, gptq = result["variants"]
+    assert [(v["name"], v["quantization"], v["kv_cache_dtype"]) for v in (fp8, gptq)] == [
+        ("fp8+kv-fp8", "fp8", "fp8"),
+        ("gptq+kv-fp8", "gptq", "fp8"),
+    ]
+    # On the CPU fp8 weights run dequantized into the dense layout: the dense bytes.
+    assert fp8["weight_bytes_per_step"] == dense
+    # gptq: 4-bit codes with a scale and offset per 128 in the C kernels' blocks (under 0.7
+    # bytes a weight), the output projection and the norms as they were.
+    quantized = 2 * (256 * 512 + 256 * 256 + 3 * 256 * 1024)
+    rest = 4 * (32000 * 256 + 5 * 256)
+    assert 0.5 * quantized < gptq["weight_bytes_per_step"] - rest < 0.7 * quantized
+    for variant in (fp8, gptq):
+        assert variant["kv_bytes_per_token"] == 2 * 2 * 2 * 64  # one byte a value
+        for r in variant["runs"]:
+            b = base[r["batch_size"]]
+            assert r["ms_ratio_to_baseline"] == round(r["ms_per_step"] / b["ms_per_step"], 3)
+            assert r["kv_bytes_per_step"] * 4 == b["kv_bytes_per_step"]
+        checks = [c["target"] for c in variant["targets"]]
+        assert checks[0].startswith("batch 1: step time / baseline <=")
+
+
+def _run(batch: int, ms: float, ratio: float, graphs: bool = True, asynchronous: bool = True):
+    return {
+        "batch_size": batch,
+        "cuda_graphs": graphs,
+        "async_scheduling": asynchronous,
+        "ms_per_step": ms,
+        "ms_ratio_to_baseline": ratio,
+    }
+
+
+def test_targets_of_issue_32_read_the_graphs_and_async_runs():
+    from bench.device import _target_checks
+
+    def variant(q=None, gguf=None, kv="auto"):
+        return {"quantization": q, "gguf_type": gguf, "kv_cache_dtype": kv}
+
+    runs = [_run(1, 2.0, 0.5), _run(16, 2.2, 0.55), _run(64, 3.0, 0.7), _run(1, 9.0, 3.0, False)]
+    fp8 = _target_checks(variant("fp8"), runs)
+    assert [(c["value"], c["met"]) for c in fp8] == [(0.5, True), (0.7, False)]
+    int4 = _target_checks(variant("gptq"), runs)
+    assert [(c["value"], c["met"]) for c in int4] == [(0.5, False), (1.1, True), (0.7, True)]
+    assert _target_checks(variant(gguf="Q4_K"), runs)[0]["target"].endswith("<= 0.4")
+    assert _target_checks(variant(gguf="Q8_0"), runs) == []
+    kv = _target_checks(variant(kv="fp8"), runs)
+    assert [(c["target"], c["met"]) for c in kv] == [
+        ("batch 1: step time / baseline <= 0.85", True)
+    ]
+
+
+def test_model_weight_bytes_of_a_dense_model_equal_the_shape_arithmetic(tmp_path):
+    """Counted from the loaded model's layouts (the CPU's re-laid dense weights), the figure
+    weight_bytes_per_step gives from the shape."""
+    from bench.device import model_weight_bytes, write_model_dir
+    from tests.worker.runner_utils import make_runner
+
+    model = write_model_dir(tmp_path, "small")
+    runner, _ = make_runner(model, load_format="dummy", max_model_len=64)
+    assert model_weight_bytes(runner.model) == weight_bytes_per_step(runner.config.arch, 4)
 
 
 def test_random_gguf_resolves_to_the_quantized_model(tmp_path, monkeypatch):
@@ -143,12 +224,21 @@ def test_nominal_bandwidth_by_gpu_name(name, expected):
         (["--max-model-len", "4k"], "sets --max-model-len itself"),
         (["--async-scheduling"], "sets --async-scheduling itself"),
         (["--output-len", "2"], "--output-len must be at least 3"),
-        (["--quantization", "gguf"], "pass --gguf-type"),
+        (["--gguf-type", "Q4_K", "--quantization", "fp8"], "pass one of the two flags"),
     ],
 )
 def test_bench_device_refuses_what_it_cannot_honour(argv, message, capsys):
     assert main(["bench", "device", "--device", "cpu", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["gguf", "compressed-tensors", ",", "gguf-Q3_K", "fp8,int4"])
+def test_bench_device_quantization_flag_names_what_it_runs(value, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "device", "--quantization", value])
+    err = capsys.readouterr().err
+    assert "engine bench device runs --quantization fp8, gptq, awq or gguf-TYPE" in err
+    assert f"got {value!r}" in err
 
 
 def test_batch_sizes_flag(capsys):
