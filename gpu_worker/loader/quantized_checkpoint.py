@@ -54,7 +54,8 @@ _KV_SCALE = re.compile(
 class _Checkpoint:
     """The tensors of a safetensors checkpoint by name, read on demand."""
 
-    def __init__(self, files: list[Path], stack: ExitStack) -> None:
+    def __init__(self, files: list[Path], stack: ExitStack, device: torch.device) -> None:
+        self.device = device  # where get() puts the quantized tensors (unpacked there)
         self.handles: dict[str, object] = {}
         self.file: dict[str, str] = {}
         for path in files:
@@ -74,7 +75,7 @@ class _Checkpoint:
         if name not in self.handles:
             raise ValueError(f"tensor {name!r} is missing")
         self.used.add(name)
-        return self.handles[name].get_tensor(name)  # type: ignore[attr-defined]
+        return self.handles[name].get_tensor(name).to(self.device)  # type: ignore[attr-defined]
 
     def discard(self, name: str) -> None:
         """Mark a tensor the engine does not need as read, where the checkpoint has it."""
@@ -90,7 +91,7 @@ class _Checkpoint:
 def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """int32 [R, C] of 32 / bits codes each, lowest bits first -> uint8 [R * 32 / bits, C]."""
     per = 32 // bits
-    shifts = (torch.arange(per, dtype=torch.int32) * bits).view(1, per, 1)
+    shifts = (torch.arange(per, dtype=torch.int32, device=packed.device) * bits).view(1, per, 1)
     codes = (packed.to(torch.int32).unsqueeze(1) >> shifts) & ((1 << bits) - 1)
     return codes.reshape(-1, packed.shape[1]).to(torch.uint8)
 
@@ -98,7 +99,7 @@ def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
 def _unpack_columns(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """int32 [R, C] -> uint8 [R, C * 32 / bits], each int32's codes lowest bits first."""
     per = 32 // bits
-    shifts = torch.arange(per, dtype=torch.int32) * bits
+    shifts = torch.arange(per, dtype=torch.int32, device=packed.device) * bits
     codes = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
     return codes.reshape(packed.shape[0], -1).to(torch.uint8)
 
@@ -113,7 +114,7 @@ def _int_weight(
     if k % groups:
         raise ValueError(f"{k} inputs do not split into {groups} groups")
     group_size = k // groups
-    contiguous = torch.arange(k) // group_size
+    contiguous = torch.arange(k, device=q.device) // group_size
     perm: torch.Tensor | None = None
     if not torch.equal(g_idx, contiguous):
         perm = torch.argsort(g_idx, stable=True)
@@ -146,7 +147,7 @@ def _gptq(ckpt: _Checkpoint, prefix: str, scheme: QuantScheme) -> IntWeight:
     g_idx = (
         ckpt.get(f"{prefix}.g_idx").to(torch.int64)
         if f"{prefix}.g_idx" in ckpt
-        else torch.arange(k) // (k // scales.shape[0])
+        else torch.arange(k, device=q.device) // (k // scales.shape[0])
     )
     if g_idx.shape != (k,):
         raise ValueError(f"g_idx has shape {tuple(g_idx.shape)}, not [{k}]")
@@ -163,7 +164,7 @@ def _awq(ckpt: _Checkpoint, prefix: str, scheme: QuantScheme) -> IntWeight:
     q = unpack(ckpt.get(f"{prefix}.qweight"))
     zeros = unpack(ckpt.get(f"{prefix}.qzeros"))
     scales = ckpt.get(f"{prefix}.scales")
-    g_idx = torch.arange(q.shape[0]) // (q.shape[0] // scales.shape[0])
+    g_idx = torch.arange(q.shape[0], device=q.device) // (q.shape[0] // scales.shape[0])
     return _int_weight(q, zeros, scales, 4, g_idx)
 
 
@@ -173,7 +174,7 @@ def _packed_int(ckpt: _Checkpoint, prefix: str, scheme: QuantScheme) -> IntWeigh
     q = _unpack_columns(ckpt.get(f"{prefix}.weight_packed"), bits)  # [N, K]
     scales = ckpt.get(f"{prefix}.weight_scale").to(torch.float32)  # [N, groups]
     zeros = torch.full_like(scales, float(1 << (bits - 1))).t()
-    g_idx = torch.arange(q.shape[1]) // (q.shape[1] // scales.shape[1])
+    g_idx = torch.arange(q.shape[1], device=q.device) // (q.shape[1] // scales.shape[1])
     return _int_weight(q.t(), zeros, scales.t(), bits, g_idx)
 
 
@@ -234,7 +235,8 @@ def load_quantized_checkpoint(
         )
     decoder: Any = model  # a model class of gpu_worker/models (cfg, load_weights)
     with ExitStack() as stack:
-        ckpt = _Checkpoint(files, stack)
+        # Unpacked where they run: on a GPU the unpacking is a few device ops per tensor.
+        ckpt = _Checkpoint(files, stack, device if kept else torch.device("cpu"))
         dense: dict[str, torch.Tensor] = {}  # fp8 weights dequantized, by checkpoint name
         quantized = 0
         for name, module in model.named_modules():
