@@ -36,12 +36,27 @@ static inline uint8_t e4m3_from_float(float x)
 
 typedef uint32_t vu_fp8 __attribute__((vector_size(VW * 4)));
 
-/* VW e4m3 values at p as floats (exact; NaN bytes are never written by e4m3_from_float's
- * callers but read as finite garbage). Normal values: the exponent rebiased in the float's
- * bits; subnormals (exponent 0): the mantissa times 2^-9. No float subnormal is formed, so the
- * kernels' flush-to-zero mode leaves every value intact. */
+/* VW e4m3 values at p as floats, exactly (NaN bytes are never written by e4m3_from_float's
+ * callers). With a half-precision conversion instruction: the byte's sign and magnitude moved
+ * into a half's bits (e4m3 is e5m10 with the exponent bias 8 apart and the low mantissa bits
+ * zero, subnormals included), converted, times 2^8. Otherwise: normal values rebiased in the
+ * float's bits, subnormals (exponent 0) the mantissa times 2^-9. Neither forms a float
+ * subnormal, so the kernels' flush-to-zero mode leaves every value intact. */
 static inline __attribute__((always_inline)) vf load_e4m3(const uint8_t *p)
 {
+#if VW == 16
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    const __m256i h = _mm256_or_si256(
+        _mm256_and_si256(_mm256_slli_epi16(w, 8), _mm256_set1_epi16((short)0x8000)),
+        _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(0x3f80)));
+    return (vf)_mm512_cvtph_ps(h) * 256.0f;
+#elif defined(__AVX2__) && defined(__F16C__)
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    const __m128i h = _mm_or_si128(
+        _mm_and_si128(_mm_slli_epi16(w, 8), _mm_set1_epi16((short)0x8000)),
+        _mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(0x3f80)));
+    return (vf)_mm256_cvtph_ps(h) * 256.0f;
+#else
     const vu_fp8 b = (vu_fp8)widen_u8(p);
     const vu_fp8 mag = b & 0x7f;
     const vu_fp8 normal = (mag << 20) + (120u << 23);
@@ -49,6 +64,7 @@ static inline __attribute__((always_inline)) vf load_e4m3(const uint8_t *p)
     const vu_fp8 is_sub = (vu_fp8)(mag < 8); /* all ones where the exponent is 0 */
     const vu_fp8 bits = ((is_sub & (vu_fp8)sub) | (~is_sub & normal)) | ((b & 0x80) << 24);
     return (vf)bits;
+#endif
 }
 
 #endif

@@ -277,7 +277,9 @@ int paged_attention_f32(const float *q, int64_t q_stride, float *out, int64_t ou
                         block_size, kv_fp8 ? scale * k_scale : scale, window > 0 ? window : 0,
                         sinks, soft_cap > 0.0f ? soft_cap : 0.0f, kv_fp8 ? k_cache : NULL,
                         kv_fp8 ? v_cache : NULL, kv_fp8 ? v_scale : 1.0f};
-    const int32_t tile_tokens = p.group >= TILE_VECTORS ? 1 : TILE_VECTORS / p.group;
+    /* An fp8 cache's conversion is paid once per chunk and tile: longer tiles share it. */
+    const int32_t tile_vectors = kv_fp8 ? 4 * TILE_VECTORS : TILE_VECTORS;
+    const int32_t tile_tokens = p.group >= tile_vectors ? 1 : tile_vectors / p.group;
     int64_t num_tiles = 0;
     for (int32_t r = 0; r < num_reqs; r++) {
         const int32_t q_len = query_start_loc[r + 1] - query_start_loc[r];
