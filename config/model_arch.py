@@ -107,6 +107,16 @@ class ModelArchConfig:
             cfg = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
+        # ModelOpt's older exports describe their quantization in hf_quant_config.json alone;
+        # vLLM reads it as quant_method modelopt, and so does config/quantization.py.
+        quant = Path(model_dir) / "hf_quant_config.json"
+        if "quantization_config" not in cfg and quant.is_file():
+            try:
+                cfg["quantization_config"] = {"quant_method": "modelopt"} | json.loads(
+                    quant.read_text()
+                )
+            except (json.JSONDecodeError, TypeError) as e:
+                raise ValueError(f"{quant}: not a JSON object ({e})") from None
         arch = cls.from_dict(cfg, source=str(path))
         # generation_config.json's end ids join config.json's (or a family default's), as vLLM
         # adds them to the stop ids: instruct checkpoints list their end-of-turn token there

@@ -383,3 +383,20 @@ def test_qwen2_gptq_with_qkv_bias_and_tied_embeddings(tmp_path, int_parts):
     for req, ids in PROMPTS_SMALL_VOCAB.items():
         assert got[req] == hf_greedy(reference, ids)[:8], req
     assert len(int_parts) == 2 * 4
+
+
+def test_modelopt_hf_quant_config_json_alone(dense_dir, tmp_path, int_parts):
+    # ModelOpt's older exports: no quantization_config, hf_quant_config.json beside config.json.
+    path = tmp_path / "modelopt"
+    deq = write_checkpoint(dense_dir, path, "modelopt-fp8")
+    config = json.loads((path / "config.json").read_text())
+    qc = config.pop("quantization_config")
+    (path / "config.json").write_text(json.dumps(config))
+    quantization = {k: v for k, v in qc.items() if k != "quant_method"}
+    (path / "hf_quant_config.json").write_text(json.dumps({"quantization": quantization}))
+    runner, driver = make_runner(path, max_model_len=64)
+    assert runner.config.model.quantization == "modelopt"
+    got = driver.run(PROMPTS, SamplingParams(temperature=0.0, ignore_eos=True), NEW_TOKENS)
+    reference = hf_reference(dense_dir, deq)
+    for req, ids in PROMPTS.items():
+        assert got[req] == hf_greedy(reference, ids), req
