@@ -27,7 +27,8 @@ def e4m3_bits(x):
     normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3)
     # Below, a subnormal m * 2^-9: m = |x| * 2^9 rounded to even from the 24-bit significand.
     exponent = (a >> 23).to(tl.int32) - 127
-    shift = tl.minimum(14 - exponent, 31).to(tl.uint32)  # >= 21 here; 31 rounds to 0
+    # >= 21 where used, 31 rounding to 0; clamped for every lane (a shift past 31 is undefined).
+    shift = tl.minimum(tl.maximum(14 - exponent, 1), 31).to(tl.uint32)
     sig = (a & 0x7FFFFF) | 0x800000
     m = sig >> shift
     rem = sig & ((1 << shift) - 1)
