@@ -169,13 +169,17 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantScheme:
             raise ConfigError(f"compressed-tensors: int strategy {strategy!r} is not read")
         if not weights.get("symmetric", True):
             raise ConfigError("compressed-tensors: asymmetric pack-quantized weights are not read")
-        if weights.get("actorder") not in (None, "static"):
-            raise ConfigError(
-                f"compressed-tensors: actorder {weights.get('actorder')!r} is not read"
-            )
+        # "weight" ("static") orders the quantization only; "group" ("dynamic") also orders
+        # the groups, through each layer's weight_g_idx.
+        actorder = weights.get("actorder")
+        if actorder not in (None, "weight", "static", "group", "dynamic"):
+            raise ConfigError(f"compressed-tensors: actorder {actorder!r} is not read")
         group_size = int(weights.get("group_size") or -1) if strategy == "group" else -1
         _check_int("compressed-tensors", bits, group_size)
-        return QuantScheme("int", "compressed-tensors", bits, group_size, ignore=ignore)
+        desc_act = actorder in ("group", "dynamic")
+        return QuantScheme(
+            "int", "compressed-tensors", bits, group_size, desc_act=desc_act, ignore=ignore
+        )
     raise ConfigError(
         f"compressed-tensors: {kind} {bits}-bit weights are not supported (fp8, and int 4/8-bit "
         f"pack-quantized are)"

@@ -29,6 +29,16 @@ def _ct_fp8(weights: dict, acts: dict | None) -> dict:
     }
 
 
+def _ct_int(overrides: dict) -> dict:
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32} | overrides
+    group = {"targets": ["Linear"], "weights": weights}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": group},
+    }
+
+
 FP8_CHANNEL = {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": False}
 DYNAMIC_TOKEN = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
 
@@ -61,6 +71,7 @@ def _resolve(model: Path, **kwargs):
         (GPTQ, "gptq"),
         (AWQ, "awq"),
         (_ct_fp8(FP8_CHANNEL, DYNAMIC_TOKEN), "compressed-tensors"),
+        (_ct_int({"actorder": "group"}), "compressed-tensors"),
         ({"quant_method": "modelopt", "quant_algo": "FP8"}, "modelopt"),
         ({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8"}}, "modelopt"),
         ({"quant_method": "fbgemm_fp8"}, "fbgemm_fp8"),
@@ -131,6 +142,12 @@ def test_dense_checkpoint_quantized_at_load_or_dummy(dense, tmp_path):
             {},
             "quant_algo 'NVFP4' is not supported",
         ),
+        (
+            _ct_int({"symmetric": False}),
+            {},
+            "asymmetric pack-quantized weights are not read",
+        ),
+        (_ct_int({"actorder": "random"}), {}, "actorder 'random' is not read"),
         (GPTQ, {"quantization": "awq"}, "--quantization awq does not match .* gptq"),
         (None, {"quantization": "gptq"}, "no quantization_config .dense weights"),
         (GPTQ, {"dtype": "bfloat16"}, "float32 activations, not bfloat16"),

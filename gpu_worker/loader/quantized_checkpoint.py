@@ -16,7 +16,8 @@ Packings read (the inverse of what each quantizer writes):
 - AWQ (GEMM): qweight int32 [K, N / 8] packed along N in the order 0 2 4 6 1 3 5 7; qzeros
   int32 [K / g, N / 8] likewise; scales fp16 [K / g, N]; W = (q - z) * s.
 - compressed-tensors pack-quantized: weight_packed int32 [N, K * bits / 32] packed along K,
-  codes offset by 2**(bits - 1) (symmetric); weight_scale [N, K / g]; W = s * (q - 2**(bits-1)).
+  codes offset by 2**(bits - 1) (symmetric); weight_scale [N, K / g]; W = s * (q - 2**(bits-1));
+  weight_g_idx [K] with actorder "group", as GPTQ's g_idx.
 - FP8: weight float8_e4m3fn [N, K], weight_scale per tensor or per row, input_scale (static).
 """
 
@@ -174,7 +175,14 @@ def _packed_int(ckpt: _Checkpoint, prefix: str, scheme: QuantScheme) -> IntWeigh
     q = _unpack_columns(ckpt.get(f"{prefix}.weight_packed"), bits)  # [N, K]
     scales = ckpt.get(f"{prefix}.weight_scale").to(torch.float32)  # [N, groups]
     zeros = torch.full_like(scales, float(1 << (bits - 1))).t()
-    g_idx = torch.arange(q.shape[1], device=q.device) // (q.shape[1] // scales.shape[1])
+    k = q.shape[1]
+    g_idx = (
+        ckpt.get(f"{prefix}.weight_g_idx").to(torch.int64)  # actorder "group"
+        if f"{prefix}.weight_g_idx" in ckpt
+        else torch.arange(k, device=q.device) // (k // scales.shape[1])
+    )
+    if g_idx.shape != (k,):
+        raise ValueError(f"weight_g_idx has shape {tuple(g_idx.shape)}, not [{k}]")
     return _int_weight(q.t(), zeros, scales.t(), bits, g_idx)
 
 

@@ -118,19 +118,24 @@ def awq(group: int) -> Callable:
     return write, config
 
 
-def ct_int(bits: int, group: int) -> Callable:
+def ct_int(bits: int, group: int, actorder: str | None = None) -> Callable:
     """compressed-tensors pack-quantized, symmetric: signed codes offset by 2**(bits-1) and
-    packed along K, a scale per output row and group."""
+    packed along K, a scale per output row and group (actorder "group": groups in a shuffled
+    input order, weight_g_idx)."""
 
     def write(name: str, w: torch.Tensor, tensors: dict) -> torch.Tensor:
         n, k = w.shape
-        q, s, _, deq = rtn(w, bits, torch.arange(k) // (group if group > 0 else k), sym=True)
+        g_idx = torch.arange(k) // (group if group > 0 else k)
+        if actorder == "group":
+            g_idx = g_idx[torch.randperm(k, generator=torch.Generator().manual_seed(k + n))]
+            tensors[f"{name}.weight_g_idx"] = g_idx.to(torch.int32)
+        q, s, _, deq = rtn(w, bits, g_idx, sym=True)
         tensors[f"{name}.weight_packed"] = pack_along_columns(q, bits)  # [N, K * bits / 32]
         tensors[f"{name}.weight_scale"] = s.t().half()  # [N, groups]
         tensors[f"{name}.weight_shape"] = torch.tensor([n, k])
         return deq
 
-    weights = {"num_bits": bits, "type": "int", "symmetric": True, "actorder": None}
+    weights = {"num_bits": bits, "type": "int", "symmetric": True, "actorder": actorder}
     weights |= {"strategy": "group", "group_size": group} if group > 0 else {"strategy": "channel"}
     config = {
         "quant_method": "compressed-tensors",
@@ -186,6 +191,7 @@ CASES = {
     "awq-g32": awq(32),
     "ct-w4a16-g32": ct_int(4, 32),
     "ct-w8a16-channel": ct_int(8, -1),
+    "ct-w4a16-g32-actorder-group": ct_int(4, 32, "group"),
     "ct-fp8-channel-dynamic": fp8(per_channel=True, static=False),
     "ct-fp8-tensor-static": fp8(per_channel=False, static=True),
     "fbgemm-fp8": fp8(per_channel=True, static=False, fmt="fbgemm_fp8"),
@@ -285,7 +291,7 @@ def test_quantized_checkpoint_greedy_equals_dequantized_transformers(
         qkv = torch.cat([p.dequantize() for p in int_parts[0]])
         names = [f"model.layers.0.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj")]
         torch.testing.assert_close(qkv, torch.cat([deq[n] for n in names]), rtol=0, atol=0)
-        if "desc-act" in case:
+        if "desc-act" in case or "actorder" in case:
             assert all(p.perm is not None for parts in int_parts for p in parts)
     else:
         assert not int_parts
