@@ -36,9 +36,13 @@ def int_method(parts: Sequence[IntWeight], device: torch.device) -> LinearMethod
     raise ValueError(f"int quantized weights have no kernel on {device.type}")
 
 
-def fp8_method(parts: Sequence[Fp8Weight], device: torch.device) -> LinearMethod | None:
-    """The method computing x @ W^T for W's rows given as fp8 parts on device; None where no
-    kernel computes in fp8 (the CPU): then W runs dequantized (use_fp8)."""
+def fp8_method(
+    parts: Sequence[Fp8Weight], device: torch.device, w8a8: bool = True
+) -> LinearMethod | None:
+    """The method computing x @ W^T for W's rows given as fp8 parts on device: W8A8 where the
+    device has FP8 tensor cores and w8a8 (False: a weight-only checkpoint, W8A16), else
+    weight-only; None where no kernel computes in fp8 (the CPU): then W runs dequantized
+    (use_fp8)."""
     if device.type != "cuda":
         return None
     from gpu_worker.layers.fp8_linear import Fp8LinearMethod, fp8_w8a8_supported
@@ -51,7 +55,7 @@ def fp8_method(parts: Sequence[Fp8Weight], device: torch.device) -> LinearMethod
         )
         for p in parts
     ]
-    return Fp8LinearMethod(parts, w8a8=fp8_w8a8_supported(device))
+    return Fp8LinearMethod(parts, w8a8=w8a8 and fp8_w8a8_supported(device))
 
 
 def use_fp8(layer: Linear, parts: Sequence[Fp8Weight], device: torch.device) -> None:
