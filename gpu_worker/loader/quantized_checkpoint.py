@@ -245,7 +245,9 @@ def load_quantized_checkpoint(
     with ExitStack() as stack:
         # Unpacked where they run: on a GPU the unpacking is a few device ops per tensor.
         ckpt = _Checkpoint(files, stack, device if kept else torch.device("cpu"))
-        dense: dict[str, torch.Tensor] = {}  # fp8 weights dequantized, by checkpoint name
+        # fp8 weights the CPU loads dequantized, by checkpoint name: dequantized one at a time
+        # as model.load_weights reads them (a quarter of the fp32 weights' memory meanwhile).
+        dense: dict[str, tuple[Fp8Weight, torch.dtype]] = {}
         quantized = 0
         for name, module in model.named_modules():
             if not isinstance(module, Linear) or module.weight is None:
@@ -272,7 +274,7 @@ def load_quantized_checkpoint(
                         module.use_method(method)
                     else:
                         for p, part in zip(prefixes, fp8s):
-                            dense[f"{p}.weight"] = part.dequantize().to(module.weight.dtype)
+                            dense[f"{p}.weight"] = part, module.weight.dtype
                             ckpt.used.discard(f"{p}.weight")  # loaded dense, dequantized
             except (ValueError, RuntimeError) as e:
                 source = next(
@@ -288,8 +290,13 @@ def load_quantized_checkpoint(
             "kept quantized" if kept else "dequantized from fp8",
         )
         decoder.load_weights(
-            (file, name, dense.get(name, tensor)) for file, name, tensor in ckpt.rest()
+            (file, name, _dequantized(*dense[name]) if name in dense else tensor)
+            for file, name, tensor in ckpt.rest()
         )
+
+
+def _dequantized(part: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
+    return part.dequantize().to(dtype)
 
 
 def _set_kv_scales(model: nn.Module, ckpt: _Checkpoint) -> None:
