@@ -298,6 +298,11 @@ def resolve_quantization(
     the model's dtype."""
     from config.default_model import names_gguf
 
+    if load.load_format == "gguf" and model.quantization not in (None, "gguf"):
+        raise ConfigError(
+            f"load_format 'gguf' keeps a GGUF file's own quantization, not quantization "
+            f"{model.quantization!r}"
+        )
     requested = "gguf" if load.load_format == "gguf" else model.quantization
     is_gguf = names_gguf(model.model)
     if requested == "gguf" or (requested is None and is_gguf):

@@ -195,3 +195,7 @@ def test_a_device_without_a_path_is_refused():
 
 def test_gguf_resolution_unchanged():
     assert resolved_config(device="cpu").model.quantization == "gguf"
+    with pytest.raises(ConfigError, match="quantization 'fp8' reads a safetensors checkpoint"):
+        resolved_config(device="cpu", quantization="fp8")  # the default model is GGUF
+    with pytest.raises(ConfigError, match="load_format 'gguf' keeps a GGUF file's own"):
+        resolved_config(device="cpu", quantization="fp8", load_format="gguf")
