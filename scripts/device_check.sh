@@ -4,6 +4,7 @@
 # .whl/ (docs/device.md says how to fetch them).
 #
 #   bash scripts/device_check.sh [tests|tier] [bench] [bench-long] [moe] [profile] [gguf] [serve]
+#                                [quant]
 #   (default: tests bench profile)
 #
 # Figures and logs go to $OUT (or ./device-out).
@@ -69,6 +70,43 @@ for stage in $stages; do
         python3 scripts/device_serve_check.py --tokenizer-dir .devmodel \
             2>"$OUT/serve.err" | tee "$OUT/serve.json" || rc=1
         tail -5 "$OUT/serve.err"
+        ;;
+    quant)
+        # Issue 32 on this card: the quantized methods against the dequantized dense model
+        # (scripts/device_quant_check.py), the 8B shape's quantized weights against bf16 at
+        # batch 1, 16 and 64, and the fp8 KV cache against bf16's at a 32k context, batch 1;
+        # graphs and async on. One JSON ($OUT/quant.json) and one log ($OUT/quant.err).
+        tmp=$(mktemp -d)
+        python3 scripts/device_quant_check.py >"$tmp/check.json" 2>>"$OUT/quant.err" || rc=1
+        python3 -m serve.cli bench device --quick --batch-sizes 1,16,64 --output-len 32 \
+            --quantization fp8,gptq,awq,gguf-Q4_K --output-json "$tmp/weights.json" \
+            >/dev/null 2>>"$OUT/quant.err" || rc=1
+        python3 -m serve.cli bench device --quick --batch-sizes 1 --context-len 32k \
+            --output-len 32 --kv-cache-dtype fp8 --output-json "$tmp/kv_cache.json" \
+            >/dev/null 2>>"$OUT/quant.err" || rc=1
+        python3 - "$tmp" "$OUT/quant.json" <<'PY'
+import json, sys
+from pathlib import Path
+tmp, out = Path(sys.argv[1]), sys.argv[2]
+merged = {}
+for part in ("check", "weights", "kv_cache"):
+    path = tmp / f"{part}.json"
+    merged[part] = json.loads(path.read_text()) if path.is_file() and path.stat().st_size else None
+Path(out).write_text(json.dumps(merged, indent=2) + "\n")
+for case in (merged["check"] or {}).get("cases", []):
+    print("check", case["quantization"], case["dtype"], "ok" if case["ok"] else "FAILED",
+          case.get("max_logprob_diff", case.get("error")))
+for part in ("weights", "kv_cache"):
+    result = merged[part] or {}
+    base = {r["batch_size"]: r["ms_per_step"] for r in result.get("runs", [])}
+    print(part, "baseline ms", base)
+    for v in result.get("variants", []):
+        ratios = {r["batch_size"]: r["ms_ratio_to_baseline"] for r in v["runs"]}
+        unmet = [t["target"] for t in v["targets"] if not t["met"]]
+        print(" ", v["name"], "ratio", ratios, "targets unmet:", unmet or "none")
+PY
+        rm -rf "$tmp"
+        tail -5 "$OUT/quant.err"
         ;;
     profile)
         for eager in "" --enforce-eager; do
