@@ -109,36 +109,54 @@ def test_bench_device_runs_gguf_blocks_kept_quantized(tmp_path, capsys):
 
 def test_bench_device_quantized_variants_against_the_dense_baseline(capsys):
     """--quantization fp8,gptq with --kv-cache-dtype fp8: the dense model with its own cache
-    first, then each variant on the same shape, with its bytes and step-time ratios."""
+    first, then the dense model with the fp8 cache, then each quantization with either cache
+    (the fp8 cache compared on the same weights), with bytes and step-time ratios."""
     argv = ["--device", "cpu", "--shape", "small", "--batch-sizes", "1,3", "--context-len", "8"]
     argv += ["--output-len", "4", "--quick", "--quantization", "fp8,gptq"]
     assert main(["bench", "device", *argv, "--kv-cache-dtype", "fp8"]) == 0
     result = json.loads(capsys.readouterr().out)
     dense = 4 * (2 * (256 * 512 + 256 * 256 + 3 * 256 * 1024 + 512) + 256 + 32000 * 256)
-    assert result["weight_bytes_per_step"] == dense
-    assert result["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 4  # the baseline's fp32 cache
+    fp32_kv = 2 * 2 * 2 * 64 * 4  # 2 layers, K and V, 2 heads of 64, fp32
+    assert result["weight_bytes_per_step"] == dense and result["kv_bytes_per_token"] == fp32_kv
     base = {r["batch_size"]: r for r in result["runs"]}
     assert set(base) == {1, 3} and all(set(r) == RUN_FIELDS for r in result["runs"])
-    fp8, gptq = result["variants"]
-    assert [(v["name"], v["quantization"], v["kv_cache_dtype"]) for v in (fp8, gptq)] == [
-        ("fp8+kv-fp8", "fp8", "fp8"),
-        ("gptq+kv-fp8", "gptq", "fp8"),
+    variants = {v["name"]: v for v in result["variants"]}
+    assert list(variants) == ["kv-fp8", "fp8", "fp8+kv-fp8", "gptq", "gptq+kv-fp8"]
+    assert [(v["quantization"], v["kv_cache_dtype"]) for v in variants.values()] == [
+        (None, "fp8"),
+        ("fp8", "auto"),
+        ("fp8", "fp8"),
+        ("gptq", "auto"),
+        ("gptq", "fp8"),
     ]
     # On the CPU fp8 weights run dequantized into the dense layout: the dense bytes.
-    assert fp8["weight_bytes_per_step"] == dense
+    assert variants["kv-fp8"]["weight_bytes_per_step"] == dense
+    assert variants["fp8"]["weight_bytes_per_step"] == dense
     # gptq: 4-bit codes with a scale and offset per 128 in the C kernels' blocks (under 0.7
     # bytes a weight), the output projection and the norms as they were.
     quantized = 2 * (256 * 512 + 256 * 256 + 3 * 256 * 1024)
     rest = 4 * (32000 * 256 + 5 * 256)
-    assert 0.5 * quantized < gptq["weight_bytes_per_step"] - rest < 0.7 * quantized
-    for variant in (fp8, gptq):
-        assert variant["kv_bytes_per_token"] == 2 * 2 * 2 * 64  # one byte a value
+    gptq_bytes = variants["gptq"]["weight_bytes_per_step"]
+    assert 0.5 * quantized < gptq_bytes - rest < 0.7 * quantized
+    assert variants["gptq+kv-fp8"]["weight_bytes_per_step"] == gptq_bytes
+    for name, variant in variants.items():
+        fp8_cache = name.endswith("kv-fp8")
+        assert variant["kv_bytes_per_token"] == (fp32_kv // 4 if fp8_cache else fp32_kv)
+        # The cache is compared on the same weights: the dense baseline or the variant before.
+        weights = name.removesuffix("kv-fp8").removesuffix("+")
+        same = {r["batch_size"]: r for r in variants[weights]["runs"]} if weights else base
         for r in variant["runs"]:
             b = base[r["batch_size"]]
             assert r["ms_ratio_to_baseline"] == round(r["ms_per_step"] / b["ms_per_step"], 3)
-            assert r["kv_bytes_per_step"] * 4 == b["kv_bytes_per_step"]
-        checks = [c["target"] for c in variant["targets"]]
-        assert checks[0].startswith("batch 1: step time / baseline <=")
+            assert r["kv_bytes_per_step"] * (4 if fp8_cache else 1) == b["kv_bytes_per_step"]
+            if fp8_cache:
+                ratio = round(r["ms_per_step"] / same[r["batch_size"]]["ms_per_step"], 3)
+                assert r["ms_ratio_to_same_weights"] == ratio
+            else:
+                assert "ms_ratio_to_same_weights" not in r
+        first = variant["targets"][0]["target"]
+        against = "same weights, model's cache" if fp8_cache else "baseline"
+        assert first.startswith(f"batch 1: step time / {against} <=")
 
 
 def _run(batch: int, ms: float, ratio: float, graphs: bool = True, asynchronous: bool = True):
@@ -164,10 +182,11 @@ def test_targets_of_issue_32_read_the_graphs_and_async_runs():
     assert [(c["value"], c["met"]) for c in int4] == [(0.5, False), (1.1, True), (0.7, True)]
     assert _target_checks(variant(gguf="Q4_K"), runs)[0]["target"].endswith("<= 0.4")
     assert _target_checks(variant(gguf="Q8_0"), runs) == []
-    kv = _target_checks(variant(kv="fp8"), runs)
-    assert [(c["target"], c["met"]) for c in kv] == [
-        ("batch 1: step time / baseline <= 0.85", True)
-    ]
+    kv_runs = [r | {"ms_ratio_to_same_weights": 0.9} for r in runs]
+    for kv_variant in (variant(kv="fp8"), variant("fp8", kv="fp8")):
+        kv = _target_checks(kv_variant, kv_runs)
+        target = "batch 1: step time / same weights, model's cache <= 0.85"
+        assert [(c["target"], c["value"], c["met"]) for c in kv] == [(target, 0.9, False)]
 
 
 def test_model_weight_bytes_of_a_dense_model_equal_the_shape_arithmetic(tmp_path):
