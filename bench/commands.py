@@ -87,12 +87,14 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_workload(args: argparse.Namespace) -> int:
-    """Run the chosen offline or device workload and print its figures."""
+    """Run the chosen offline or device workload and print its figures; 1 where a part of it
+    failed (a device variant's error is among the figures)."""
     import importlib
 
     module, function = _WORKLOADS[args.workload]
-    print_figures(getattr(importlib.import_module(module), function)(args), args.output_json)
-    return 0
+    result = getattr(importlib.import_module(module), function)(args)
+    print_figures(result, args.output_json)
+    return 1 if any("error" in v for v in result.get("variants", ())) else 0
 
 
 def run_serve(args: argparse.Namespace) -> int:

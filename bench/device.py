@@ -420,30 +420,19 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
         )
         measured_variants: list[dict[str, Any]] = []
         for variant in variants:
-            quantized_bytes = None
-            engine_args = {**common, **dense, "kv_cache_dtype": variant["kv_cache_dtype"]}
-            if variant["gguf_type"] is not None:
-                model, quantized_bytes = stack.enter_context(
-                    _quantized_model(tmp, shape, variant["gguf_type"])
+            try:
+                result = _runs_of_quantized(
+                    variant, common, dense, stack, tmp, shape, args, rng, bandwidth, device_type
                 )
-                engine_args |= {"model": model, "quantization": "gguf"}
-                del engine_args["load_format"]
-            elif variant["quantization"] is not None:
-                engine_args["quantization"] = variant["quantization"]
-            result = _runs_of_variant(
-                engine_args,
-                args,
-                rng,
-                bandwidth,
-                device_type,
-                quantized_bytes,
-                weights_from_model=variant["quantization"] is not None and quantized_bytes is None,
-            )
+            except Exception as exc:  # the other variants' figures still come back
+                logger.exception("variant %s failed", variant["name"])
+                measured_variants.append({**variant, "error": repr(exc)})
+                continue
             same_weights = baseline["runs"]
             quantized = variant["quantization"] or variant["gguf_type"]
             if variant["kv_cache_dtype"] != "auto" and quantized:
                 # The same weights with the model dtype's cache ran just before.
-                same_weights = measured_variants[-1]["runs"]
+                same_weights = measured_variants[-1].get("runs", [])
             for run in result["runs"]:
                 run["ms_ratio_to_baseline"] = _ratio(run, baseline["runs"])
                 if variant["kv_cache_dtype"] != "auto":
@@ -472,6 +461,41 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
         },
         "variants": [{k: v for k, v in m.items() if k != "config"} for m in measured_variants],
     }
+
+
+def _runs_of_quantized(
+    variant: dict[str, Any],
+    common: dict[str, Any],
+    dense: dict[str, Any],
+    stack: ExitStack,
+    tmp: Path,
+    shape: str,
+    args: argparse.Namespace,
+    rng,
+    bandwidth: float,
+    device_type: str,
+) -> dict[str, Any]:
+    """_runs_of_variant for one variant: its weights (quantized at load, or a random GGUF file
+    written for it) and KV cache dtype."""
+    quantized_bytes = None
+    engine_args = {**common, **dense, "kv_cache_dtype": variant["kv_cache_dtype"]}
+    if variant["gguf_type"] is not None:
+        model, quantized_bytes = stack.enter_context(
+            _quantized_model(tmp, shape, variant["gguf_type"])
+        )
+        engine_args |= {"model": model, "quantization": "gguf"}
+        del engine_args["load_format"]
+    elif variant["quantization"] is not None:
+        engine_args["quantization"] = variant["quantization"]
+    return _runs_of_variant(
+        engine_args,
+        args,
+        rng,
+        bandwidth,
+        device_type,
+        quantized_bytes,
+        weights_from_model=variant["quantization"] is not None and quantized_bytes is None,
+    )
 
 
 def _variants(kwargs: dict[str, Any], gguf_type: str | None) -> list[dict[str, Any]]:

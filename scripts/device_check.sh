@@ -103,6 +103,9 @@ for part in ("weights", "kv_cache"):
     base = {r["batch_size"]: r["ms_per_step"] for r in result.get("runs", [])}
     print(part, "baseline ms", base)
     for v in result.get("variants", []):
+        if "error" in v:
+            print(" ", v["name"], "FAILED", v["error"])
+            continue
         ratios = {r["batch_size"]: r["ms_ratio_to_baseline"] for r in v["runs"]}
         same = {r["batch_size"]: r.get("ms_ratio_to_same_weights") for r in v["runs"]}
         unmet = [t["target"] for t in v["targets"] if not t["met"]]

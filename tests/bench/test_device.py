@@ -318,3 +318,22 @@ def test_step_overhead_reports_phases(tmp_path):
         phases["forward"] + sum(phases[p] for p in head), abs=0.02
     )
     assert res["ms_per_step"] >= res["model_ms"] + res["overhead_ms"] - 0.05
+
+
+def test_a_failing_variant_leaves_the_others_figures_and_exit_status_1(capsys, monkeypatch):
+    from bench import device
+
+    real = device._runs_of_variant
+
+    def failing_gptq(engine_args, *rest, **kwargs):
+        if engine_args.get("quantization") == "gptq":
+            raise RuntimeError("no kernel")
+        return real(engine_args, *rest, **kwargs)
+
+    monkeypatch.setattr(device, "_runs_of_variant", failing_gptq)
+    argv = ["--device", "cpu", "--shape", "small", "--batch-sizes", "1", "--context-len", "8"]
+    argv += ["--output-len", "4", "--quick", "--quantization", "gptq,fp8"]
+    assert main(["bench", "device", *argv]) == 1
+    gptq, fp8 = json.loads(capsys.readouterr().out)["variants"]
+    assert gptq["error"] == "RuntimeError('no kernel')" and "runs" not in gptq
+    assert "error" not in fp8 and [r["batch_size"] for r in fp8["runs"]] == [1]
