@@ -376,6 +376,7 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.machine_limits import copy_bandwidth, machine_info
     from config.device import DeviceConfig
+    from engine_core.resolve import resolved_config
 
     kwargs = engine_kwargs(args)
     for name in (
@@ -415,6 +416,14 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
             "max_num_seqs": max(*args.batch_sizes, _MIXED_REQUESTS),
         }
         dense = {"model": str(write_model_dir(tmp, shape)), "load_format": "dummy"}
+        for variant in variants:  # what the engine refuses, refused before any run
+            if variant["gguf_type"] is None:
+                resolved_config(
+                    **common,
+                    **dense,
+                    quantization=variant["quantization"],
+                    kv_cache_dtype=variant["kv_cache_dtype"],
+                )
         baseline = _runs_of_variant(
             {**common, **dense}, args, rng, bandwidth, device_type, None, weights_from_model=False
         )

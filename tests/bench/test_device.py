@@ -244,6 +244,8 @@ def test_nominal_bandwidth_by_gpu_name(name, expected):
         (["--async-scheduling"], "sets --async-scheduling itself"),
         (["--output-len", "2"], "--output-len must be at least 3"),
         (["--gguf-type", "Q4_K", "--quantization", "fp8"], "pass one of the two flags"),
+        (["--kv-cache-dtype", "fp8_e5m2"], "kv_cache_dtype fp8_e5m2 is not supported"),
+        (["--quantization", "gptq", "--dtype", "bfloat16"], "drop --dtype or pass --dtype float32"),
     ],
 )
 def test_bench_device_refuses_what_it_cannot_honour(argv, message, capsys):
