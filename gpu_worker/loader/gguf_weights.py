@@ -20,12 +20,14 @@ from torch import nn
 from config.gguf_convert import dense_tensor, hf_row_order, hf_tensor_name
 from config.gguf_tensors import GGUFTensor, read_gguf_tensors
 from gpu_worker.layers.linear import Embedding, Linear
+from gpu_worker.layers.linear_method import EmbeddingMethod
 from gpu_worker.layers.quant_linear import GGUFCpuLinearMethod, GGUFTritonLinearMethod
 from gpu_worker.loader.packed_cache import PackedCache
 from gpu_worker.models.weights import WeightLoadError
 from gpu_worker.parallel.group import tp_world_size
 from kernels.gguf_device import DEVICE_QUANT_TYPES, DeviceQuantWeight, pack_device
 from kernels.gguf_quant import QUANT_TYPES, QuantizedWeight, pack
+from kernels.int_device import GGUF_INT_TYPES, gguf_to_int
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,7 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
     cache = PackedCache(gguf_path) if c_kernels else None
     kernel_types = QUANT_TYPES if c_kernels else DEVICE_QUANT_TYPES
     method = GGUFCpuLinearMethod if c_kernels else GGUFTritonLinearMethod
+    int_methods: dict[tuple[str, ...], EmbeddingMethod] = {}
 
     def packed_tensor(name: str) -> QuantizedWeight | DeviceQuantWeight:
         if name not in packed:
@@ -106,7 +109,18 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
         if not all(s in tensors and tensors[s].tensor_type in kernel_types for s in sources):
             continue
         try:
-            module.use_method(method([packed_tensor(s) for s in sources]))  # type: ignore[arg-type]
+            weights = [packed_tensor(s) for s in sources]
+            if not c_kernels and all(tensors[s].tensor_type in GGUF_INT_TYPES for s in sources):
+                # Q4_0/Q4_1/Q4_K/Q8_0 on CUDA: the int kernel (kernels/int_device.py)
+                from gpu_worker.layers.int_triton_linear import IntTritonLinearMethod
+
+                key = tuple(sources)  # a tied table and output projection: one copy
+                if key not in int_methods:
+                    int_parts = [gguf_to_int(w) for w in weights]  # type: ignore[arg-type]
+                    int_methods[key] = IntTritonLinearMethod(int_parts)
+                module.use_method(int_methods[key])
+            else:
+                module.use_method(method(weights))  # type: ignore[arg-type]
         except ValueError as e:
             raise WeightLoadError(f"{gguf_path}: {', '.join(sources)}: {e}") from None
     if cache is not None:

@@ -21,10 +21,12 @@ from safetensors.torch import save_file
 from config.default_model import gguf_cache_dir
 from config.gguf_convert import GGUF_LINK, dense_tensor, hf_tensor_name
 from config.gguf_tensors import read_gguf_tensors
+from gpu_worker.layers.int_triton_linear import IntTritonLinearMethod
 from gpu_worker.layers.linear import Linear
 from gpu_worker.layers.quant_linear import GGUFLinearMethod, GGUFTritonLinearMethod
 from gpu_worker.loader import gguf_weights
 from kernels.gguf_device import DeviceQuantWeight
+from kernels.int_device import DeviceIntWeight
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model
 from tests.worker.runner_utils import (
@@ -95,11 +97,11 @@ def test_fp32_quantized_equals_the_dequantized_model(
     )
     monkeypatch.undo()  # the dense model below loads as usual
     linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
-    kept = [m for m in linears if isinstance(m.method, GGUFLinearMethod)]
+    kept = [m for m in linears if isinstance(m.method, (GGUFLinearMethod, IntTritonLinearMethod))]
     assert len(kept) == len(linears) - 2  # the two gate_up projections hold an F16 part
     parts = [p for m in kept for p in m.method.parts]
-    assert all(isinstance(p, DeviceQuantWeight) == triton for p in parts)
-    assert all(p.qs.device.type == device for p in parts if triton)
+    assert all(isinstance(p, (DeviceQuantWeight, DeviceIntWeight)) == triton for p in parts)
+    assert all(p[1].device.type == device for p in parts if triton)
     assert isinstance(runner.model.model.embed_tokens.method, GGUFTritonLinearMethod) == triton
     dense_runner, dense = _runner(gguf_model, device, dtype="float32")
     assert not any(
