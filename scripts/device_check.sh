@@ -29,10 +29,11 @@ for stage in $stages; do
     start=$(date +%s)
     case $stage in
     tests)
-        # The CUDA tier, the Triton kernels compiled for the device, and the graph tests.
+        # The CUDA tier, the Triton kernels compiled for the device (tests/kernels: the int
+        # GEMM, FP8 W8A8 on cc >= 8.9), the graph tests, GGUF models (mixed; int types).
         python3 -m pytest -q -p no:cacheprovider tests/worker/test_cuda_tier.py \
             tests/worker/test_cuda_graphs.py tests/worker/test_gguf_model.py tests/kernels \
-            tests/bench/test_device.py \
+            tests/worker/test_gguf_int_model.py tests/bench/test_device.py \
             2>&1 | tee "$OUT/tests.log" | tail -25 || rc=1
         ;;
     bench)
