@@ -1,7 +1,7 @@
 """x @ W^T for integer weights in kernels/int_device.py's layout: a Marlin-style Triton GEMM.
 
 A program loads a [BLOCK_K / pack, BLOCK_N] tile of packed int32 words, unpacks the codes in
-registers (each word read once per BLOCK_K / pack rows of codes, broadcast along its pack), scales
+registers (each word read once, shifted by its pack's bit offsets into pack rows of codes), scales
 them (w = scale * code + offset in fp32, rounded to x's dtype: the model's weights dequantized in
 that dtype) and feeds tl.dot with x's [BLOCK_M, BLOCK_K] tile, accumulating in fp32.
 
@@ -60,7 +60,8 @@ def _int_matmul_kernel(
     ms = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = ms < M
     kk = tl.arange(0, BLOCK_K)
-    shifts = ((kk % PACK) * BITS)[:, None]
+    wi = tl.arange(0, BLOCK_K // PACK)
+    shifts = (tl.arange(0, PACK) * BITS)[None, :, None]
     wdt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * k_per_split
@@ -68,12 +69,16 @@ def _int_matmul_kernel(
     for k0 in range(k_start, k_end, BLOCK_K):
         ks = k0 + kk
         k_mask = ks < k_end
+        # Each word once: [BLOCK_K / PACK, BLOCK_N], its PACK codes unpacked in registers
+        # (word i, code p) -> row i * PACK + p of the [BLOCK_K, BLOCK_N] tile.
+        w_rows = k0 // PACK + wi
         words = tl.load(
-            q_ptr + (ks // PACK)[:, None].to(tl.int64) * N + ns[None, :],
-            mask=k_mask[:, None] & n_mask[None, :],
+            q_ptr + w_rows[:, None].to(tl.int64) * N + ns[None, :],
+            mask=(w_rows < k_end // PACK)[:, None] & n_mask[None, :],
             other=0,
         )
-        codes = ((words >> shifts) & MASK).to(tl.float32)
+        codes = (words[:, None, :] >> shifts) & MASK
+        codes = tl.reshape(codes, (BLOCK_K, BLOCK_N)).to(tl.float32)
         if TILE_GROUP:  # BLOCK_K divides the group: one row of scales for the tile
             g = k0 // GS
             scale = tl.load(s_ptr + g * N + ns, mask=n_mask, other=0.0)

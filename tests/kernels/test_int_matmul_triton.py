@@ -216,3 +216,18 @@ def test_a_projection_of_q4_k_and_q8_0_parts(device: torch.device) -> None:
     linear.use_method(IntTritonLinearMethod(parts))
     x = torch.randn(3, k)
     _assert_close(linear.project(x.to(device), None), _reference(x, torch.cat([a_w, b_w]), None))
+
+
+@pytest.mark.parametrize("k, group", [(96, 96), (96, 32), (320, 64), (352, 352)])
+@pytest.mark.parametrize("rows", [1, 3, 70])
+def test_k_past_whole_tiles_and_uneven_splits(
+    k: int, group: int, rows: int, device: torch.device
+) -> None:
+    """K not a multiple of the K tile (a masked last tile), split-K ranges of unequal tiles,
+    per-channel groups of any size."""
+    n = 24
+    for bits in (4, 8):
+        w = _weight(n, k, bits, group, seed=k + rows)
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        y = int_matmul.matmul(x.to(device), pack_int(_on(w, device)))
+        _assert_close(y, _reference(x, w.dequantize(), None))
