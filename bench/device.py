@@ -503,7 +503,7 @@ def _runs_of_quantized(
         bandwidth,
         device_type,
         quantized_bytes,
-        weights_from_model=variant["quantization"] is not None and quantized_bytes is None,
+        weights_from_model=variant["quantization"] is not None or quantized_bytes is not None,
     )
 
 
@@ -675,8 +675,9 @@ def _runs_of_one_engine(
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, Any]]:
     """Every batch size, then offline-mixed (not with --quick), on one EngineCore, which is
     shut down and freed afterwards; with the bytes a step reads. quantized_bytes: the weight
-    bytes a step reads when they are GGUF blocks; weights_from_model: count them in the loaded
-    model's layouts (weights quantized at load). experts_hit: a mixture of experts' counts by
+    bytes of a GGUF file's blocks; weights_from_model: count them in the loaded model's layouts
+    instead (weights quantized at load; GGUF blocks, which CUDA re-lays for the int kernel).
+    experts_hit: a mixture of experts' counts by
     batch size, kept across engines (the dummy weights are the same in each)."""
     import gc
 
