@@ -61,6 +61,9 @@ for stage in $stages; do
     gguf)
         # The Triton GGUF matmul on the 8B shape's projections against bf16 cuBLAS.
         python3 scripts/bench_gguf_matmul.py 2>"$OUT/gguf.err" | tee "$OUT/gguf.json" || rc=1
+        # The int GEMM (int4 g128, int8, Q4_K's layout) and FP8 (W8A8, weight-only) the same way,
+        # each step's ratio to bf16 at the same rows.
+        python3 scripts/bench_int_matmul.py 2>>"$OUT/gguf.err" | tee "$OUT/int_matmul.json" || rc=1
         # The whole 8B shape in Q4_K (a 4.5 GB random GGUF written on the machine).
         python3 -m serve.cli bench device --gguf-type Q4_K --batch-sizes 1,64 \
             --output-json "$OUT/bench_q4k.json" 2>>"$OUT/gguf.err" | tail -60 || rc=1
