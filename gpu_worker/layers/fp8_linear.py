@@ -55,6 +55,8 @@ class Fp8LinearMethod(LinearMethod):
         self.dense: torch.Tensor | None = None  # weight-only: W [N, K] in the model's dtype
         if self.w8a8:
             # The [K, N] column-major operand _scaled_mm wants is W's transpose view.
+            weight = weight._replace(weight=weight.weight.contiguous())
+            self.weight = weight
             self.scale_b = weight.scale.to(torch.float32).reshape(1, -1).contiguous()
             self.input_scale = (
                 None
@@ -94,8 +96,10 @@ class Fp8LinearMethod(LinearMethod):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.w8a8:
+        if self.w8a8 and rows.shape[0]:
             y = self._w8a8(rows, bias)
+        elif self.w8a8:  # no rows: nothing to quantize
+            y = rows.new_empty(0, self.out_features)
         else:
             weight = self._dequantize(x.dtype)
             y = torch.nn.functional.linear(rows, weight, bias)

@@ -123,6 +123,7 @@ def _check_w8a8(device: torch.device, static: bool, dtype: torch.dtype) -> None:
         # The fp32 sums' order, one bf16 rounding of the product and one of the bias's add.
         scale = expected.abs().max().item()
         torch.testing.assert_close(y.float().cpu(), expected, rtol=1e-2, atol=1e-2 * scale)
+    assert linear.project(torch.empty(0, 256, dtype=dtype, device=device), None).shape == (0, 128)
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["per-token", "static"])
