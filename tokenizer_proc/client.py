@@ -350,9 +350,9 @@ class BlockingTokenizerClient:
         # Messages of requests other than the one being read, kept for their own generate().
         self._pending: dict[str, list[RequestDelta | RequestError]] = {}
         self.ready: list[TokenizerReady] = []
-        for sock in self._sockets:
-            sock.send_multipart(_hello_frames())
         deadline = time.monotonic() + timeout
+        for sock, address in zip(self._sockets, self.addresses):
+            self._send_hello(sock, address, deadline, timeout)
         for sock, address in zip(self._sockets, self.addresses):
             while not sock.poll(int(_POLL_S * 1000)):
                 try:
@@ -375,6 +375,25 @@ class BlockingTokenizerClient:
             except ConnectionError:
                 self.close()
                 raise
+
+    def _send_hello(self, sock: zmq.Socket, address: str, deadline: float, timeout: float) -> None:
+        """Send HELLO without blocking: a refused handshake may drop the connection's queue
+        before the send (a loaded machine), and a blocking send would then wait forever."""
+        while True:
+            try:
+                sock.send_multipart(_hello_frames(), zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+            try:
+                _raise_if_refused(self._dealers)
+            except ConnectionError:
+                self.close()
+                raise
+            if time.monotonic() > deadline:
+                self.close()
+                raise TimeoutError(f"tokenizer process at {address} did not answer in {timeout} s")
+            time.sleep(_POLL_S / 10)
 
     def send(self, request: GenerateRequest) -> None:
         """Send a request without waiting; read it with deltas(request_id, n)."""
