@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from gpu_worker.layers.linear_method import LinearMethod
+from gpu_worker.layers.linear_method import LinearMethod, rows_and_out
 from gpu_worker.layers.quant_linear import GGUFCpuLinearMethod
 from gpu_worker.layers.quant_weights import IntWeight
 from kernels.gguf_quant import QuantizedWeight
@@ -91,11 +91,7 @@ class IntCpuLinearMethod(LinearMethod):
         bias: torch.Tensor | None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if out is None:
-            out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype)
-        else:
-            out = out.view(rows.shape[0], self.out_features)
+        rows, out = rows_and_out(x, self.in_features, self.out_features, out)
         gathered = [rows.index_select(1, perm) for perm in self.perms]  # one gather per perm
         for run in self.runs:
             src = rows if run.perm is None else gathered[run.perm]

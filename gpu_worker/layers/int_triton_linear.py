@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpu_worker.layers.linear_method import EmbeddingMethod
+from gpu_worker.layers.linear_method import EmbeddingMethod, rows_and_out
 from gpu_worker.layers.quant_weights import IntWeight
 from kernels.int_device import DeviceIntWeight, concat, dequantize_rows, joinable, pack_int
 
@@ -54,11 +54,7 @@ class IntTritonLinearMethod(EmbeddingMethod):
         bias: torch.Tensor | None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if out is None:
-            out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype, device=x.device)
-        else:
-            out = out.view(rows.shape[0], self.out_features)
+        rows, out = rows_and_out(x, self.in_features, self.out_features, out)
         start = 0
         for part in self.parts:
             end = start + part.out_features

@@ -87,3 +87,15 @@ class EmbeddingMethod(LinearMethod):
         """Raise ValueError where W cannot be looked up as one token table (checked once, as
         an Embedding takes the method)."""
         return None
+
+
+def rows_and_out(
+    x: torch.Tensor, in_features: int, out_features: int, out: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., in_features] as rows [M, in_features], and the [M, out_features] result: out
+    viewed so where the caller gives one, else a new tensor in x's dtype on x's device (for
+    methods whose kernels write each part's columns of one output)."""
+    rows = x.reshape(-1, in_features)
+    if out is None:
+        return rows, torch.empty(rows.shape[0], out_features, dtype=x.dtype, device=x.device)
+    return rows, out.view(rows.shape[0], out_features)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import numpy as np
 import torch
 
-from gpu_worker.layers.linear_method import EmbeddingMethod
+from gpu_worker.layers.linear_method import EmbeddingMethod, rows_and_out
 from kernels import quant_linear
 from kernels.gguf_device import DeviceQuantWeight, concat
 from kernels.gguf_quant import COLUMNS, QuantizedWeight
@@ -89,11 +89,7 @@ class GGUFLinearMethod(EmbeddingMethod, Generic[Part]):
         bias: torch.Tensor | None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if out is None:
-            out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype, device=x.device)
-        else:
-            out = out.view(rows.shape[0], self.out_features)
+        rows, out = rows_and_out(x, self.in_features, self.out_features, out)
         start = 0
         for part in self.parts:
             end = start + part.out_features

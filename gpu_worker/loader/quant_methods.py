@@ -37,12 +37,16 @@ def int_method(parts: Sequence[IntWeight], device: torch.device) -> LinearMethod
 
 
 def fp8_method(
-    parts: Sequence[Fp8Weight], device: torch.device, w8a8: bool = True
+    parts: Sequence[Fp8Weight],
+    device: torch.device,
+    w8a8: bool = True,
+    dtype: torch.dtype | None = None,
 ) -> LinearMethod | None:
     """The method computing x @ W^T for W's rows given as fp8 parts on device: W8A8 where the
     device has FP8 tensor cores and w8a8 (False: a weight-only checkpoint, W8A16), else
     weight-only; None where no kernel computes in fp8 (the CPU): then W runs dequantized
-    (use_fp8)."""
+    (use_fp8). dtype: the model's, which a weight-only W is dequantized to at once (without
+    it, at the first step)."""
     if device.type != "cuda":
         return None
     from gpu_worker.layers.fp8_linear import Fp8LinearMethod, fp8_w8a8_supported
@@ -55,18 +59,18 @@ def fp8_method(
         )
         for p in parts
     ]
-    return Fp8LinearMethod(parts, w8a8=w8a8 and fp8_w8a8_supported(device))
+    return Fp8LinearMethod(parts, w8a8=w8a8 and fp8_w8a8_supported(device), dtype=dtype)
 
 
 def use_fp8(layer: Linear, parts: Sequence[Fp8Weight], device: torch.device) -> None:
     """Give layer its fp8 W: the device's fp8 method, or where there is none, the dequantized W
     as its dense weight in the layer's dtype."""
-    method = fp8_method(parts, device)
+    weight = layer.weight
+    assert weight is not None, "a dense layer holds its weight until it takes another method"
+    method = fp8_method(parts, device, dtype=weight.dtype)
     if method is not None:
         layer.use_method(method)
         return
-    weight = layer.weight
-    assert weight is not None, "a dense layer holds its weight until it takes another method"
     with torch.no_grad():
         weight.copy_(torch.cat([p.dequantize() for p in parts]))
 

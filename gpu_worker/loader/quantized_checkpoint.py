@@ -269,7 +269,9 @@ def load_quantized_checkpoint(
                     module.use_method(int_method(ints, device))
                 else:
                     fp8s = [_fp8(ckpt, p, scheme) for p in prefixes]
-                    method = fp8_method(fp8s, device, w8a8=not scheme.weight_only)
+                    method = fp8_method(
+                        fp8s, device, w8a8=not scheme.weight_only, dtype=module.weight.dtype
+                    )
                     if method is not None:
                         module.use_method(method)
                     else:

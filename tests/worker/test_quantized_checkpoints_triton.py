@@ -51,12 +51,12 @@ def test_cuda_methods_give_the_dequantized_models_tokens(dense_dir, tmp_path, ca
         methods.append(IntTritonLinearMethod([_to(p, device) for p in parts]))
         return methods[-1]
 
-    def fp8_method(parts, device, w8a8=True):
+    def fp8_method(parts, device, w8a8=True, dtype=None):
         # Weight-only: W dequantized to the activations' dtype (W8A8 rounds the activations to
         # fp8, so its tokens are not the dequantized model's; its math is tests/kernels/
         # test_fp8_linear.py's).
         on = [Fp8Weight(p.weight.to(device), p.scale.to(device), p.input_scale) for p in parts]
-        methods.append(Fp8LinearMethod(on, w8a8=False))
+        methods.append(Fp8LinearMethod(on, w8a8=False, dtype=dtype))
         return methods[-1]
 
     for module in (quantized_checkpoint, quant_methods):
