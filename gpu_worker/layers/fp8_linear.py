@@ -10,12 +10,17 @@ Weight-only (older GPUs, W8A16 checkpoints): W dequantized once into the activat
 then a dense matmul: the fp8 checkpoint's memory on disk, the dense model's speed and bytes.
 The dtype is the model's, given at construction or taken from the first activations (the
 warm-up step, before any graph capture).
+
+Where an RMSNorm feeds the projection (a DecoderLayer's input_layernorm -> qkv_proj,
+post_attention_layernorm -> gate_up_proj), the W8A8 path's quantization runs in the norm's
+kernel instead (norm_and_quantize, kernels/triton/rms_norm_quant.py): the layer then gets an
+Fp8Activation, the fp8 codes and their scales, as its x.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -24,6 +29,18 @@ from gpu_worker.layers.quant_weights import Fp8Weight, concat_fp8
 
 if TYPE_CHECKING:
     from gpu_worker.layers.linear import Linear
+    from gpu_worker.layers.norm import RMSNorm
+
+
+class Fp8Activation(NamedTuple):
+    """A W8A8 projection's input already quantized (by the norm before it): q float8_e4m3fn
+    [M, K] and scale fp32 [M, 1] with x ~= q * scale per row; shape and dtype: x's, which the
+    projection's output takes ([..., out_features], dtype)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
 
 
 def fp8_w8a8_supported(device: torch.device) -> bool:
@@ -63,9 +80,10 @@ class Fp8LinearMethod(LinearMethod):
                 if weight.input_scale is None
                 else weight.input_scale.to(torch.float32).reshape(1)
             )
-            from kernels.triton import fp8_quant  # imported where the weights are on CUDA
+            from kernels.triton import fp8_quant, rms_norm_quant  # where the weights are on CUDA
 
             self._quant = fp8_quant
+            self._norm_quant = rms_norm_quant
         elif dtype is not None:
             self._dequantize(dtype)
 
@@ -88,13 +106,28 @@ class Fp8LinearMethod(LinearMethod):
         size = 2 if self.dense is None else self.dense.element_size()  # the model's dtype
         return n * k * size
 
+    def norm_and_quantize(
+        self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[Fp8Activation, torch.Tensor]:
+        """(this projection's input norm(x + residual) quantized as the W8A8 path would, x +
+        residual) in one kernel; residual is updated in place (None: x is normed and returned
+        as the residual, the first layer's case). x and residual: [M, K], unit column stride."""
+        if not self.w8a8:
+            raise ValueError("only the W8A8 path takes quantized activations")
+        q, scale = self._norm_quant.rms_norm_quant(
+            x, residual, norm.weight, norm.eps, self.input_scale
+        )
+        return Fp8Activation(q, scale, x.shape, x.dtype), x if residual is None else residual
+
     def apply(
         self,
         layer: Linear,
-        x: torch.Tensor,
+        x: torch.Tensor | Fp8Activation,
         bias: torch.Tensor | None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if isinstance(x, Fp8Activation):
+            return self._apply_quantized(x, bias, out)
         rows = x.reshape(-1, self.in_features)
         if self.w8a8 and rows.shape[0]:
             y = self._w8a8(rows, bias)
@@ -107,9 +140,35 @@ class Fp8LinearMethod(LinearMethod):
             out.view(rows.shape[0], self.out_features).copy_(y)
         return y.view(*x.shape[:-1], self.out_features)
 
+    def _apply_quantized(
+        self, x: Fp8Activation, bias: torch.Tensor | None, out: torch.Tensor | None
+    ) -> torch.Tensor:
+        if not self.w8a8 or x.q.shape[-1] != self.in_features:
+            raise ValueError(
+                f"quantized activations [.., {x.q.shape[-1]}] need the W8A8 path with "
+                f"{self.in_features} inputs"
+            )
+        rows = x.q.shape[0]
+        if rows:
+            y = self._scaled_mm(x.q, x.scale, bias, x.dtype)
+        else:
+            y = torch.empty(0, self.out_features, dtype=x.dtype, device=x.q.device)
+        if out is not None:
+            out.view(rows, self.out_features).copy_(y)
+        return y.view(*x.shape[:-1], self.out_features)
+
     def _w8a8(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        assert self.weight is not None
         q, scale_a = self._quant.quantize_per_token(rows, self.input_scale)
+        return self._scaled_mm(q, scale_a, bias, rows.dtype)
+
+    def _scaled_mm(
+        self,
+        q: torch.Tensor,
+        scale_a: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        assert self.weight is not None
         y = torch._scaled_mm(
             q,
             self.weight.weight.t(),
@@ -119,4 +178,4 @@ class Fp8LinearMethod(LinearMethod):
         )
         if bias is not None:
             y = y + bias.to(y.dtype)
-        return y if rows.dtype == y.dtype else y.to(rows.dtype)
+        return y if dtype == y.dtype else y.to(dtype)

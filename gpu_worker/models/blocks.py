@@ -13,6 +13,8 @@ from config.model_arch import ModelArchConfig
 from gpu_worker.layers.activation import GATED_ACTIVATIONS
 from gpu_worker.layers.attention import Attention
 from gpu_worker.layers.cpu_linear import SwiGLUPairsLinearMethod
+from gpu_worker.layers.fp8_linear import Fp8Activation, Fp8LinearMethod
+from gpu_worker.layers.linear import Linear
 from gpu_worker.layers.norm import RMSNorm
 from gpu_worker.layers.rotary import RotaryEmbedding
 from gpu_worker.layers.thread_split_mlp import ThreadSplitMLP, ThreadSplitPart
@@ -177,8 +179,24 @@ def add_and_norm(
     return norm.forward_with_residual(x, residual)
 
 
+def norm_into(
+    norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None, fp8: Fp8LinearMethod | None
+) -> tuple[torch.Tensor | Fp8Activation, torch.Tensor]:
+    """add_and_norm, or where the norm feeds one W8A8 projection (fp8), its output quantized
+    for that projection in the same kernel (Fp8Activation, which the projection takes as x)."""
+    if fp8 is None:
+        return add_and_norm(norm, x, residual)
+    return fp8.norm_and_quantize(norm, x, residual)
+
+
+def _w8a8(linear: Linear) -> Fp8LinearMethod | None:
+    method = linear.method
+    return method if isinstance(method, Fp8LinearMethod) and method.w8a8 else None
+
+
 class DecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks; the residual add is fused into the next norm."""
+    """Pre-norm attention and MLP blocks; the residual add is fused into the next norm, and so
+    is the activation quantization of a W8A8 (FP8) qkv_proj or gate_up_proj after it."""
 
     def __init__(self, cfg: ModelArchConfig, self_attn: SelfAttention, mlp: nn.Module) -> None:
         """mlp: the feed-forward block, x [T, H] to [T, H] (GatedMLP unless the family says)."""
@@ -187,6 +205,20 @@ class DecoderLayer(nn.Module):
         self.self_attn = self_attn
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp
+        # fp8_inputs(), found at the first step (the loader has given the methods by then).
+        self._fp8_inputs: tuple[Fp8LinearMethod | None, Fp8LinearMethod | None] | None = None
+
+    def fp8_inputs(self) -> tuple[Fp8LinearMethod | None, Fp8LinearMethod | None]:
+        """The W8A8 methods of qkv_proj and of gate_up_proj (None where a projection has
+        another, or its block reads the normed x otherwise than through that projection alone),
+        whose input quantization runs in the norm before them; kept for the later steps."""
+        attn, mlp = self.self_attn, self.mlp
+        qkv = _w8a8(attn.qkv_proj) if type(attn) is SelfAttention else None
+        gate_up = None
+        if isinstance(mlp, GatedMLP) and type(mlp) is GatedMLP and type(mlp.layout) is PlainMLP:
+            gate_up = _w8a8(mlp.gate_up_proj)
+        self._fp8_inputs = (qkv, gate_up)
+        return self._fp8_inputs
 
     def forward(
         self,
@@ -196,10 +228,11 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        x, residual = add_and_norm(self.input_layernorm, x, residual)
-        x = self.self_attn(x, rotary, cos, sin)
-        x, residual = self.post_attention_layernorm.forward_with_residual(x, residual)
-        return self.mlp(x), residual
+        fp8_qkv, fp8_gate_up = self._fp8_inputs or self.fp8_inputs()
+        normed, residual = norm_into(self.input_layernorm, x, residual, fp8_qkv)
+        x = self.self_attn(normed, rotary, cos, sin)
+        normed, residual = norm_into(self.post_attention_layernorm, x, residual, fp8_gate_up)
+        return self.mlp(normed), residual
 
 
 class DecoderModel(nn.Module):

@@ -78,3 +78,54 @@ def test_zero_rows_and_all_zero_rows_and_refusals(device: torch.device) -> None:
         rms_norm_quant(zeros, None, torch.ones(32, device=device), 1e-6)
     with pytest.raises(ValueError, match=r"\[M, K\]"):
         rms_norm_quant(zeros.view(2, 8, 8), None, weight, 1e-6)
+
+
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "first-layer"])
+@pytest.mark.parametrize("static", [False, True], ids=["per-token", "static"])
+def test_projection_takes_the_fused_activation(residual, static, device: torch.device) -> None:
+    """Fp8LinearMethod (W8A8, torch's _scaled_mm: on the CPU too) given norm_and_quantize's
+    Fp8Activation: the result of the norm's output given to it unquantized, exactly."""
+    from gpu_worker.layers.fp8_linear import Fp8Activation, Fp8LinearMethod, fp8_w8a8_supported
+    from gpu_worker.layers.linear import Linear
+    from gpu_worker.layers.norm import RMSNorm
+    from gpu_worker.layers.quant_weights import quantize_fp8
+
+    if device.type == "cuda" and not fp8_w8a8_supported(device):
+        pytest.skip("compute capability below 8.9: no FP8 tensor cores")
+    gen = torch.Generator().manual_seed(3)
+    part = quantize_fp8(torch.randn(96, 256, generator=gen))
+    if static:
+        part = part._replace(input_scale=torch.tensor(0.04))
+    part = part._replace(
+        weight=part.weight.to(device),
+        scale=part.scale.to(device),
+        input_scale=None if part.input_scale is None else part.input_scale.to(device),
+    )
+    method = Fp8LinearMethod([part], w8a8=True)
+    linear = Linear(256, 96)
+    linear.use_method(method)
+    norm = RMSNorm(256, 1e-5).to(device)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(256, generator=gen) * 2)
+    for rows in (1, 3, 16, 64):
+        x, res, _ = _inputs(rows, 256, torch.bfloat16, device)
+        bias = torch.randn(96, generator=gen).to(torch.bfloat16).to(device)
+        ref_res = res.clone()
+        if residual:
+            y, _ = add_rms_norm(x, ref_res, norm.weight, norm.eps)
+        else:
+            y, ref_res = rms_norm(x, norm.weight, norm.eps), x
+        expected = linear.project(y, bias)
+        act, got_res = method.norm_and_quantize(norm, x, res if residual else None)
+        assert isinstance(act, Fp8Activation) and act.dtype == torch.bfloat16
+        assert torch.equal(got_res.cpu(), ref_res.cpu())
+        got = linear.project(act, bias)  # type: ignore[arg-type]
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
+        assert torch.equal(got.cpu(), expected.cpu())
+    empty = method.norm_and_quantize(norm, torch.empty(0, 256, device=device), None)[0]
+    assert linear.project(empty, None).shape == (0, 96)  # type: ignore[arg-type]
+    weight_only = Fp8LinearMethod([part], w8a8=False)
+    with pytest.raises(ValueError, match="W8A8"):
+        weight_only.norm_and_quantize(norm, x, None)
+    with pytest.raises(ValueError, match="W8A8"):
+        weight_only.apply(linear, act, None)
