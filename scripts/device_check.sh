@@ -34,7 +34,7 @@ for stage in $stages; do
         python3 -m pytest -q -p no:cacheprovider tests/worker/test_cuda_tier.py \
             tests/worker/test_cuda_graphs.py tests/worker/test_gguf_model.py tests/kernels \
             tests/worker/test_gguf_int_model.py tests/worker/test_quantized_checkpoints_triton.py \
-            tests/bench/test_device.py \
+            tests/bench/test_device.py tests/worker/test_fused_fp8_norm.py \
             2>&1 | tee "$OUT/tests.log" | tail -25 || rc=1
         ;;
     bench)
