@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from bench import device, serve, startup
+from bench import device, device_variants, serve, startup
 from config.args import add_engine_args
 
 # Workload -> (module, function) computing its figures from the parsed arguments.
@@ -70,7 +70,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )
     device.add_arguments(dev)
     add_engine_args(dev)
-    device.add_quantization_argument(dev)
+    device_variants.add_quantization_argument(dev)
     dev.set_defaults(func=run_workload)
     up = workloads.add_parser(
         "startup",

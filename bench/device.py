@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import logging
 import os
 import tempfile
@@ -33,86 +32,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.device_shapes import SHAPES, model_config, write_model_dir
+from bench.device_variants import GGUF_TYPES, ratio, target_checks, variants_of
 from bench.moe_bytes import engine_model, experts_hit_per_layer, moe_step_bytes
 from config.args import context_length, engine_kwargs
 
 logger = logging.getLogger(__name__)
-
-# Llama 3.1 8B (its rope scaling reaches the 32k contexts a later run asks for), a 2-layer,
-# hidden-256 Llama with the C kernels' head size, small enough for CI on a CPU, Qwen3-30B-A3B
-# (48 layers, 128 experts of 768, top-8; 61 GB in bf16) and a 2-layer MoE of the small shape.
-_QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
-SHAPES: dict[str, dict[str, Any]] = {
-    "llama3-8b": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=128256,
-        rope_theta=500000.0,
-        max_position_embeddings=131072,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        rms_norm_eps=1e-5,
-        torch_dtype="bfloat16",
-    ),
-    "small": dict(
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        vocab_size=32000,
-        rope_theta=500000.0,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        torch_dtype="float32",
-    ),
-    "qwen3-30b-a3b": dict(
-        **_QWEN3_MOE,
-        hidden_size=2048,
-        intermediate_size=6144,
-        moe_intermediate_size=768,
-        num_experts=128,
-        num_experts_per_tok=8,
-        norm_topk_prob=True,
-        num_hidden_layers=48,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        head_dim=128,
-        vocab_size=151936,
-        rope_theta=1000000.0,
-        max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        torch_dtype="bfloat16",
-    ),
-    "small-moe": dict(
-        **_QWEN3_MOE,
-        hidden_size=256,
-        intermediate_size=1024,
-        moe_intermediate_size=256,
-        num_experts=16,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        vocab_size=32000,
-        rope_theta=1000000.0,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        torch_dtype="float32",
-    ),
-}
 
 # Nominal memory bandwidth (bytes/s) by GPU name, most specific first (torch reports the SXM
 # H100 as "NVIDIA H100 80GB HBM3").
@@ -127,13 +52,9 @@ NOMINAL_BANDWIDTH = (
 _MIXED_REQUESTS, _MIXED_PROMPT, _MIXED_OUTPUT = 64, (32, 256), (16, 128)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _WARMUP_PROMPT, _WARMUP_OUTPUT = 16, 4
-GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
 # --quantization values: dummy weights quantized at load, or gguf-TYPE (a random GGUF file).
-QUANTIZATIONS = ("fp8", "gptq", "awq", *(f"gguf-{t}" for t in GGUF_TYPES))
-# Issue 32's targets: the largest ratio of step times to the baseline's (graphs and async on).
-_TARGETS = {"fp8": {1: 0.6, 64: 0.65}, "int4": {1: 0.4}, "kv-fp8": {1: 0.85}}
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The workload's own flags (the engine's are added by the caller)."""
     parser.add_argument(
@@ -176,33 +97,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", help="also write the figures to this file")
 
 
-def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
-    """The workload's --quantization, in place of the engine's (parser resolves the conflict):
-    a list of variants, each measured against the dense baseline."""
-    parser.add_argument(
-        "--quantization",
-        type=_quantization_list,
-        dest="quantization",
-        default=None,
-        metavar="Q[,Q...]",
-        help="also run the shape with its linear weights quantized, each against the dense "
-        "baseline in the same run: fp8 (per output channel, W8A8 where the GPU has fp8 "
-        "tensor cores), gptq or awq (4-bit, groups of 128) quantize the dummy weights at load; "
-        "gguf-TYPE (gguf-Q4_K, ...) reads a random GGUF file of that type",
-    )
-
-
-def _quantization_list(value: str) -> list[str]:
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in QUANTIZATIONS]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(
-            f"engine bench device runs --quantization fp8, gptq, awq or gguf-TYPE (TYPE one of "
-            f"{', '.join(GGUF_TYPES)}), comma-separated; got {value!r}"
-        )
-    return names
-
-
 def _int_list(value: str) -> list[int]:
     try:
         sizes = [int(v) for v in value.split(",") if v.strip()]
@@ -211,22 +105,6 @@ def _int_list(value: str) -> list[int]:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers such as 1,64, got {value!r}")
     return sizes
-
-
-def model_config(shape: str) -> dict[str, Any]:
-    """The Hugging Face config.json of a shape."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "tie_word_embeddings": False,
-        **SHAPES[shape],
-    }
-
-
-def write_model_dir(directory: Path, shape: str) -> Path:
-    """A config.json alone: with load_format 'dummy' the engine needs no weights or tokenizer."""
-    (directory / "config.json").write_text(json.dumps(model_config(shape), indent=2))
-    return directory
 
 
 @contextmanager
@@ -393,7 +271,7 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
                 f"--shape, --context-len, --output-len and --batch-sizes; async "
                 f"scheduling both off and on)"
             )
-    variants = _variants(kwargs, getattr(args, "gguf_type", None))
+    variants = variants_of(kwargs, getattr(args, "gguf_type", None))
     if args.output_len < 3:
         raise ValueError(
             f"--output-len must be at least 3 to time decode steps, got {args.output_len}"
@@ -443,11 +321,11 @@ def bench_device(args: argparse.Namespace) -> dict[str, Any]:
                 # The same weights with the model dtype's cache ran just before.
                 same_weights = measured_variants[-1].get("runs", [])
             for run in result["runs"]:
-                run["ms_ratio_to_baseline"] = _ratio(run, baseline["runs"])
+                run["ms_ratio_to_baseline"] = ratio(run, baseline["runs"])
                 if variant["kv_cache_dtype"] != "auto":
-                    run["ms_ratio_to_same_weights"] = _ratio(run, same_weights)
+                    run["ms_ratio_to_same_weights"] = ratio(run, same_weights)
             measured_variants.append(
-                {**variant, **result, "targets": _target_checks(variant, result["runs"])}
+                {**variant, **result, "targets": target_checks(variant, result["runs"])}
             )
     config = baseline.pop("config")
     assert config.arch is not None
@@ -507,39 +385,6 @@ def _runs_of_quantized(
     )
 
 
-def _variants(kwargs: dict[str, Any], gguf_type: str | None) -> list[dict[str, Any]]:
-    """The variants measured against the dense baseline (popping their flags from kwargs):
-    each --quantization; with --kv-cache-dtype fp8, the dense model with that cache, then each
-    quantization with the model dtype's cache and with fp8's (the cache compared on the same
-    weights)."""
-    quantizations: list[str] = kwargs.pop("quantization", None) or []
-    if gguf_type is not None:
-        if quantizations:
-            raise ValueError(
-                "--gguf-type TYPE is --quantization gguf-TYPE: pass one of the two flags"
-            )
-        quantizations = [f"gguf-{gguf_type}"]
-    kv = kwargs.pop("kv_cache_dtype", "auto")
-    kv = "fp8" if kv == "fp8_e4m3" else kv
-    caches = ("auto",) if kv == "auto" else ("auto", kv)
-    asked: list[tuple[str | None, str]] = [(q, c) for q in quantizations for c in caches]
-    if kv != "auto":
-        asked.insert(0, (None, kv))
-    variants = []
-    for q, cache in asked:
-        gguf = q[len("gguf-") :] if q is not None and q.startswith("gguf-") else None
-        name = "+".join([n for n in (q, None if cache == "auto" else f"kv-{cache}") if n])
-        variants.append(
-            {
-                "name": name,
-                "quantization": None if gguf else q,
-                "gguf_type": gguf,
-                "kv_cache_dtype": cache,
-            }
-        )
-    return variants
-
-
 def _runs_of_variant(
     engine_args: dict[str, Any],
     args: argparse.Namespace,
@@ -593,46 +438,6 @@ def _runs_of_variant(
             if engine_mixed is not None:
                 mixed.append(engine_mixed)
     return {**step_bytes, "runs": runs, "offline_mixed": mixed, "config": config}
-
-
-def _ratio(run: dict[str, Any], baseline: list[dict[str, Any]]) -> float | None:
-    """run's step time over the baseline run's at the same batch size, graphs and scheduling."""
-    key = ("batch_size", "cuda_graphs", "async_scheduling")
-    same = [b for b in baseline if all(b[k] == run[k] for k in key)]
-    return round(run["ms_per_step"] / same[0]["ms_per_step"], 3) if same else None
-
-
-def _target_checks(variant: dict[str, Any], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 32's targets for this variant on its fastest mode's runs (async scheduling on,
-    graphs where there are any): each with the measured figure and whether it is met."""
-    graphs = any(r["cuda_graphs"] for r in runs)
-    best = {
-        r["batch_size"]: r for r in runs if r["async_scheduling"] and r["cuda_graphs"] == graphs
-    }
-    q = variant["quantization"] or variant["gguf_type"] or ""
-    kind = "fp8" if q == "fp8" else "int4" if q in ("gptq", "awq") or q.startswith("Q4") else None
-    key, against = "ms_ratio_to_baseline", "baseline"
-    if variant["kv_cache_dtype"] == "fp8":  # the cache's target, on the same weights
-        kind, key, against = "kv-fp8", "ms_ratio_to_same_weights", "same weights, model's cache"
-    checks = []
-    for batch, bound in _TARGETS.get(kind or "", {}).items():
-        if batch in best and best[batch][key] is not None:
-            value = best[batch][key]
-            checks.append(_check(f"batch {batch}: step time / {against} <= {bound}", value, bound))
-    if kind == "int4":
-        if 1 in best and 16 in best:
-            own = round(best[16]["ms_per_step"] / best[1]["ms_per_step"], 3)
-            checks.append(_check("batch 16 step time / own batch 1 <= 1.15", own, 1.15))
-        ratios = [r["ms_ratio_to_baseline"] for r in best.values() if r["batch_size"] <= 64]
-        if ratios and None not in ratios:
-            checks.append(
-                _check("every batch up to 64: step time / baseline <= 1.0", max(ratios), 1.0)
-            )
-    return checks
-
-
-def _check(target: str, value: float, bound: float) -> dict[str, Any]:
-    return {"target": target, "value": value, "met": value <= bound}
 
 
 def _offline_mixed(core, rng) -> dict[str, Any]:

@@ -34,7 +34,7 @@ INT_GROUP_ALIGN = 32  # the CPU kernels' blocks: a group spans whole 32-column b
 @dataclass(frozen=True, slots=True)
 class QuantScheme:
     """How a checkpoint's linear weights are quantized, in the engine's two canonical forms
-    (gpu_worker/layers/quant_weights.py): 'int' (IntWeight) or 'fp8' (Fp8Weight)."""
+    (kernels/quant_weights.py): 'int' (IntWeight) or 'fp8' (Fp8Weight)."""
 
     method: str  # "int" | "fp8"
     source: str  # the quant_method: gptq, awq, compressed-tensors, modelopt, fbgemm_fp8, fp8

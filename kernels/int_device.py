@@ -1,4 +1,4 @@
-"""Integer weights (gpu_worker/layers/quant_weights.py's IntWeight) in the layout of the Triton
+"""Integer weights (kernels/quant_weights.py's IntWeight) in the layout of the Triton
 kernel (kernels/triton/int_matmul.py), and GGUF's 4- and 8-bit types converted to IntWeight.
 
 The layout is the Marlin / GPTQ-Triton one: the codes transposed to [K, N] and packed along K,
@@ -22,8 +22,8 @@ from typing import NamedTuple
 import torch
 from gguf import GGMLQuantizationType as GGMLType
 
-from gpu_worker.layers.quant_weights import IntWeight
 from kernels.gguf_device import DeviceQuantWeight
+from kernels.quant_weights import IntWeight
 
 # The GGUF types converted to IntWeight on CUDA (run by the int kernel).
 GGUF_INT_TYPES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K})

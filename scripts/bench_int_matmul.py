@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from gpu_worker.layers.quant_weights import IntWeight, quantize_fp8
+from kernels.quant_weights import IntWeight, quantize_fp8
 from scripts.bench_gguf_matmul import SHAPES, time_us
 
 VARIANTS = ("int4-g128", "int8-channel", "gguf-Q4_K", "fp8-w8a8", "fp8-weight-only")

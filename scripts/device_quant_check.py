@@ -3,7 +3,7 @@
 For each (quantization, dtype): a random Llama with the engine's dummy weights, quantized at load
 (--quantization fp8|gptq|awq with --load-format dummy: round to nearest, as `engine bench device`
 runs them), against the same dummy weights with every quantized Linear's W replaced by its
-dequantization (the same quantizer, gpu_worker/layers/quant_weights.py, the same Linears), run
+dequantization (the same quantizer, kernels/quant_weights.py, the same Linears), run
 dense. Both through the model runner on the device: greedy tokens of a few prompts and each
 step's top logprobs, compared while the two agree on the tokens so far. Prints one JSON object;
 exit status 1 when a case exceeds its tolerance or fails.
@@ -32,9 +32,9 @@ from torch import nn
 
 from config.quantization import QuantScheme
 from gpu_worker.layers.linear import Linear
-from gpu_worker.layers.quant_weights import quantize_fp8, quantize_int
 from gpu_worker.loader import model_loader
 from gpu_worker.loader.quant_methods import ignored
+from kernels.quant_weights import quantize_fp8, quantize_int
 from protocol.sampling_params import SamplingParams
 from tests.worker.runner_utils import make_runner
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.device import write_model_dir
+from bench.device_shapes import write_model_dir
 from scripts.lean_sse import completion_body, stream_raw
 from scripts.llama_server_bench import free_port, start, stop, wait_healthy
 

@@ -36,7 +36,7 @@ def profile(args: argparse.Namespace) -> dict:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from bench.device import write_model_dir
+    from bench.device_shapes import write_model_dir
     from config.engine import engine_config_from_kwargs
     from engine_core.engine_core import EngineCore
     from protocol.engine_core import EngineCoreRequest

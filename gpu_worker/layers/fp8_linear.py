@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from gpu_worker.layers.linear_method import LinearMethod
-from gpu_worker.layers.quant_weights import Fp8Weight, concat_fp8
+from kernels.quant_weights import Fp8Weight, concat_fp8
 
 if TYPE_CHECKING:
     from gpu_worker.layers.linear import Linear

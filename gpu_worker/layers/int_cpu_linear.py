@@ -25,9 +25,9 @@ import torch.nn.functional as F
 
 from gpu_worker.layers.linear_method import LinearMethod, rows_and_out
 from gpu_worker.layers.quant_linear import GGUFCpuLinearMethod
-from gpu_worker.layers.quant_weights import IntWeight
 from kernels.gguf_quant import QuantizedWeight
 from kernels.int_to_gguf import NoExactGGUF, int_to_gguf
+from kernels.quant_weights import IntWeight
 
 if TYPE_CHECKING:
     from gpu_worker.layers.linear import Linear

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from gpu_worker.layers.linear_method import EmbeddingMethod, rows_and_out
-from gpu_worker.layers.quant_weights import IntWeight
 from kernels.int_device import DeviceIntWeight, concat, dequantize_rows, joinable, pack_int
+from kernels.quant_weights import IntWeight
 
 if TYPE_CHECKING:
     from gpu_worker.layers.linear import Embedding, Linear

@@ -20,7 +20,7 @@ from torch import nn
 from config.quantization import QuantScheme
 from gpu_worker.layers.linear import Linear
 from gpu_worker.layers.linear_method import LinearMethod
-from gpu_worker.layers.quant_weights import Fp8Weight, IntWeight, quantize_fp8, quantize_int
+from kernels.quant_weights import Fp8Weight, IntWeight, quantize_fp8, quantize_int
 
 
 def int_method(parts: Sequence[IntWeight], device: torch.device) -> LinearMethod:

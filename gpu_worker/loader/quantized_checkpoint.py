@@ -3,7 +3,7 @@ checkpoint with its linear weights kept quantized.
 
 Every Linear whose checkpoint tensors are quantized (a fused qkv or gate_up projection: each
 of its checkpoint projections, in row order, as gguf_weights.py gathers them) becomes IntWeight
-or Fp8Weight parts (gpu_worker/layers/quant_weights.py), given to the device's method
+or Fp8Weight parts (kernels/quant_weights.py), given to the device's method
 (quant_methods.py). A Linear the checkpoint keeps dense (ignored modules, lm_head), the norms
 and the embedding load through model.load_weights as from a dense checkpoint; so do fp8 weights
 on the CPU, dequantized. A checkpoint's k_scale/v_scale set its Attention modules' scales.
@@ -37,10 +37,10 @@ from torch import nn
 from config.quantization import QuantScheme
 from gpu_worker.layers.attention import Attention
 from gpu_worker.layers.linear import Linear
-from gpu_worker.layers.quant_weights import Fp8Weight, IntWeight
 from gpu_worker.loader.quant_methods import fp8_method, int_method
 from gpu_worker.models.weights import StackedShard, WeightLoadError
 from gpu_worker.parallel.group import tp_world_size
+from kernels.quant_weights import Fp8Weight, IntWeight
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_worker.layers.quant_weights import FP8_MAX
+from kernels.quant_weights import FP8_MAX
 from kernels.triton.write_kv import e4m3_bits
 
 # The smallest per-token scale: an all-zero row quantizes to zeros, not NaN (vLLM's floor).

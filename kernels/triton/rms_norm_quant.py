@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_worker.layers.quant_weights import FP8_MAX
+from kernels.quant_weights import FP8_MAX
 from kernels.triton.fp8_quant import MIN_SCALE
 from kernels.triton.rms_norm import MAX_HIDDEN, _num_warps
 from kernels.triton.write_kv import e4m3_bits

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from bench.device import SHAPES, nominal_bandwidth, weight_bytes_per_step
+from bench.device import nominal_bandwidth, weight_bytes_per_step
+from bench.device_shapes import SHAPES
 from config.model_arch import ModelArchConfig
 from serve.cli import main
 
@@ -170,21 +171,21 @@ def _run(batch: int, ms: float, ratio: float, graphs: bool = True, asynchronous:
 
 
 def test_targets_of_issue_32_read_the_graphs_and_async_runs():
-    from bench.device import _target_checks
+    from bench.device_variants import target_checks
 
     def variant(q=None, gguf=None, kv="auto"):
         return {"quantization": q, "gguf_type": gguf, "kv_cache_dtype": kv}
 
     runs = [_run(1, 2.0, 0.5), _run(16, 2.2, 0.55), _run(64, 3.0, 0.7), _run(1, 9.0, 3.0, False)]
-    fp8 = _target_checks(variant("fp8"), runs)
+    fp8 = target_checks(variant("fp8"), runs)
     assert [(c["value"], c["met"]) for c in fp8] == [(0.5, True), (0.7, False)]
-    int4 = _target_checks(variant("gptq"), runs)
+    int4 = target_checks(variant("gptq"), runs)
     assert [(c["value"], c["met"]) for c in int4] == [(0.5, False), (1.1, True), (0.7, True)]
-    assert _target_checks(variant(gguf="Q4_K"), runs)[0]["target"].endswith("<= 0.4")
-    assert _target_checks(variant(gguf="Q8_0"), runs) == []
+    assert target_checks(variant(gguf="Q4_K"), runs)[0]["target"].endswith("<= 0.4")
+    assert target_checks(variant(gguf="Q8_0"), runs) == []
     kv_runs = [r | {"ms_ratio_to_same_weights": 0.9} for r in runs]
     for kv_variant in (variant(kv="fp8"), variant("fp8", kv="fp8")):
-        kv = _target_checks(kv_variant, kv_runs)
+        kv = target_checks(kv_variant, kv_runs)
         target = "batch 1: step time / same weights, model's cache <= 0.85"
         assert [(c["target"], c["value"], c["met"]) for c in kv] == [(target, 0.9, False)]
 
@@ -192,7 +193,8 @@ def test_targets_of_issue_32_read_the_graphs_and_async_runs():
 def test_model_weight_bytes_of_a_dense_model_equal_the_shape_arithmetic(tmp_path):
     """Counted from the loaded model's layouts (the CPU's re-laid dense weights), the figure
     weight_bytes_per_step gives from the shape."""
-    from bench.device import model_weight_bytes, write_model_dir
+    from bench.device import model_weight_bytes
+    from bench.device_shapes import write_model_dir
     from tests.worker.runner_utils import make_runner
 
     model = write_model_dir(tmp_path, "small")
@@ -203,7 +205,7 @@ def test_model_weight_bytes_of_a_dense_model_equal_the_shape_arithmetic(tmp_path
 def test_random_gguf_resolves_to_the_quantized_model(tmp_path, monkeypatch):
     from gguf import GGMLQuantizationType as GGMLType
 
-    from bench.device import model_config
+    from bench.device_shapes import model_config
     from bench.random_gguf import prepare_cache_dir, write_random_gguf
     from engine_core.resolve import resolved_config
 
@@ -269,7 +271,7 @@ def test_batch_sizes_flag(capsys):
 
 
 def test_llama3_8b_shape_resolves_for_cuda_in_bf16(tmp_path):
-    from bench.device import write_model_dir
+    from bench.device_shapes import write_model_dir
     from engine_core.resolve import resolved_config
 
     cfg = resolved_config(

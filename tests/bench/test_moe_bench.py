@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.device import SHAPES, model_config
+from bench.device_shapes import SHAPES, model_config
 from bench.moe_bytes import MoELayerShape, moe_step_bytes
 from config.model_arch import ModelArchConfig
 from serve.cli import main

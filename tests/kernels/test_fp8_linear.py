@@ -13,7 +13,7 @@ import torch
 
 from gpu_worker.layers.fp8_linear import Fp8LinearMethod, fp8_w8a8_supported
 from gpu_worker.layers.linear import Linear
-from gpu_worker.layers.quant_weights import Fp8Weight, quantize_fp8
+from kernels.quant_weights import Fp8Weight, quantize_fp8
 from kernels.triton.fp8_quant import MIN_SCALE, quantize_per_token, quantize_per_token_reference
 from tests.kernels.paged_inputs import cuda_only
 

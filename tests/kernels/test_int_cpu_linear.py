@@ -15,10 +15,10 @@ from gguf import GGMLQuantizationType as GGMLType
 
 from gpu_worker.layers import int_cpu_linear
 from gpu_worker.layers.int_cpu_linear import IntCpuLinearMethod
-from gpu_worker.layers.quant_weights import IntWeight, quantize_int
 from kernels import cpu_binding
 from kernels.int_to_gguf import NoExactGGUF, int_to_gguf
 from kernels.quant_linear import quant_dequantize
+from kernels.quant_weights import IntWeight, quantize_int
 
 pytestmark = pytest.mark.skipif(not cpu_binding.available(), reason="no C compiler on this machine")
 

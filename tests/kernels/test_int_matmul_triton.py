@@ -12,7 +12,6 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as GGMLType
 
-from gpu_worker.layers.quant_weights import IntWeight, quantize_int
 from kernels.gguf_device import pack_device
 from kernels.int_device import (
     GGUF_INT_TYPES,
@@ -22,6 +21,7 @@ from kernels.int_device import (
     pack_int,
     unpack_codes,
 )
+from kernels.quant_weights import IntWeight, quantize_int
 from kernels.triton import int_matmul
 from tests.kernels.test_quant_linear import quantized
 

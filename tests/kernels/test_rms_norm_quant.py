@@ -88,7 +88,7 @@ def test_projection_takes_the_fused_activation(residual, static, device: torch.d
     from gpu_worker.layers.fp8_linear import Fp8Activation, Fp8LinearMethod, fp8_w8a8_supported
     from gpu_worker.layers.linear import Linear
     from gpu_worker.layers.norm import RMSNorm
-    from gpu_worker.layers.quant_weights import quantize_fp8
+    from kernels.quant_weights import quantize_fp8
 
     if device.type == "cuda" and not fp8_w8a8_supported(device):
         pytest.skip("compute capability below 8.9: no FP8 tensor cores")

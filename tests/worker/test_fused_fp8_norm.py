@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from gpu_worker.layers.fp8_linear import Fp8Activation, Fp8LinearMethod, fp8_w8a8_supported
-from gpu_worker.layers.quant_weights import Fp8Weight
 from gpu_worker.loader import quant_methods
 from gpu_worker.models.blocks import DecoderLayer, DecoderModel, GatedMLP
+from kernels.quant_weights import Fp8Weight
 from protocol.sampling_params import SamplingParams
 from tests.worker import test_quantized_checkpoints as base
 from tests.worker.runner_utils import make_runner

@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gpu_worker.layers.quant_weights import IntWeight
 from gpu_worker.loader import quant_methods, quantized_checkpoint
+from kernels.quant_weights import IntWeight
 from protocol.sampling_params import SamplingParams
 from tests.tiny_models import make_tiny_model, make_tiny_model_with_tokenizer
 from tests.worker.runner_utils import hf_causal_lm, make_runner

@@ -14,9 +14,9 @@ import torch
 
 from gpu_worker.layers.fp8_linear import Fp8LinearMethod
 from gpu_worker.layers.int_triton_linear import IntTritonLinearMethod
-from gpu_worker.layers.quant_weights import Fp8Weight
 from gpu_worker.loader import quant_methods, quantized_checkpoint
 from gpu_worker.loader.quant_methods import _to
+from kernels.quant_weights import Fp8Weight
 from protocol.sampling_params import SamplingParams
 from tests.worker import test_quantized_checkpoints as base
 from tests.worker.runner_utils import make_runner
