@@ -363,6 +363,18 @@ _GROUPS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
             ),
         ),
     ],
+    "speculative": [
+        (
+            "--speculative-config",
+            "speculative_config",
+            dict(
+                help='speculative decoding as JSON, e.g. \'{"method": "ngram", '
+                '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or \'{"model": '
+                '"DRAFT", "num_speculative_tokens": 4}\' (methods: ngram, draft_model, eagle, '
+                "eagle3; docs/speculative-decoding.md)"
+            ),
+        ),
+    ],
 }
 
 

@@ -24,6 +24,7 @@ from config.observability import ObservabilityConfig
 from config.parallel import ParallelConfig
 from config.quantization import check_checkpoint_quantization, resolve_quantization
 from config.scheduler import SchedulerConfig, default_async_scheduling, default_batched_tokens
+from config.speculative import SpeculativeConfig, parse_speculative_config
 from config.vllm_only_args import ENGINE_ONLY, refusals
 
 
@@ -38,6 +39,8 @@ class EngineConfig:
     load: LoadConfig = field(default_factory=LoadConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    # --speculative-config (None: no speculative decoding).
+    speculative: SpeculativeConfig | None = None
     # Filled by resolve():
     model_path: str = ""
     # The tokenizer's folder: model_path, --tokenizer's, or a Hub tokenizer's snapshot.
@@ -99,6 +102,8 @@ class EngineConfig:
         )
         if self.scheduler.max_num_batched_tokens is None:
             self.scheduler.max_num_batched_tokens = default_batched_tokens(self.device_type)
+        if self.speculative is not None:
+            self._resolve_speculative(self.speculative)
         if self.scheduler.async_scheduling is None:
             self.scheduler.async_scheduling = default_async_scheduling(self.device_type)
         if self.model.served_model_name is None:
@@ -131,6 +136,34 @@ class EngineConfig:
                 f"tensor_parallel_size {tp}"
             )
         return self
+
+    def _resolve_speculative(self, spec: SpeculativeConfig) -> None:
+        """Check --speculative-config against the rest: speculative steps are scheduled
+        synchronously (async scheduling is off unless asked for, and then refused), the draft
+        runs at the target's tensor-parallel size, and a draft model is located."""
+        if self.scheduler.async_scheduling:
+            raise ConfigError(
+                "--async-scheduling with --speculative-config: speculative steps are "
+                "scheduled one at a time (the accepted tokens decide the next step); drop "
+                "--async-scheduling"
+            )
+        self.scheduler.async_scheduling = False
+        tp = self.parallel.tensor_parallel_size
+        if spec.draft_tensor_parallel_size not in (None, tp):
+            raise ConfigError(
+                f"speculative_config: draft_tensor_parallel_size "
+                f"{spec.draft_tensor_parallel_size} differs from tensor_parallel_size {tp}; "
+                "the draft runs sharded like the target"
+            )
+        if spec.model is not None and not spec.model_path:
+            from config.default_model import resolve_model_path
+            from config.hub import HubOptions
+
+            hub = HubOptions(spec.revision, self.load.download_dir, self.model.hf_token)
+            weights = self.load.load_format != "dummy"
+            spec.model_path = str(
+                resolve_model_path(spec.model, hub, weights=weights, tokenizer=False)
+            )
 
     def _locate_model(self) -> None:
         """model_path and tokenizer_path: local folders, Hub ids' snapshots (config/hub.py) or
@@ -254,6 +287,7 @@ def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:
             if name in kwargs:
                 raise ConfigError(f"give one of {alias} and {name}, not both")
             kwargs[name] = kwargs.pop(alias)
+    speculative = parse_speculative_config(kwargs.pop("speculative_config", None))
     refused = refusals(
         {k: v for k, v in kwargs.items() if k in ENGINE_ONLY}, ENGINE_ONLY, as_flags=False
     )
@@ -265,4 +299,6 @@ def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:
         raise ConfigError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
     for key, value in kwargs.items():
         per_group[owner[key]][key] = value
-    return EngineConfig(**{g: cls(**per_group[g]) for g, cls in groups.items()})
+    return EngineConfig(
+        **{g: cls(**per_group[g]) for g, cls in groups.items()}, speculative=speculative
+    )

@@ -66,7 +66,6 @@ ENGINE_ONLY: dict[str, tuple[bool, tuple[str, ...], str]] = {
     "enable_lora": (False, (), "there are no LoRA adapters"),
     "max_loras": (True, (), "there are no LoRA adapters"),
     "max_lora_rank": (True, (), "there are no LoRA adapters"),
-    "speculative_config": (True, (), "there is no speculative decoding"),
     "compilation_config": (
         True,
         (),

@@ -66,6 +66,17 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
         return self.finish_reason is not None
 
 
+class SpecDecodingStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Speculative decoding's counts of one step, as vLLM counts them: a request verifying
+    drafts is one draft; num_accepted_tokens_per_pos[j] counts the drafts whose j-th token
+    was accepted (a draft's accepted tokens are a prefix of it)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = []
+
+
 class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Counters of one engine step, for metrics and logs."""
 
@@ -81,6 +92,8 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_cached_prompt_tokens: int = 0
+    # Set in steps that verified drafts (speculative decoding).
+    spec_decoding: SpecDecodingStats | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -94,7 +107,7 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
 # ---- The wire protocol of the engine core process (docs/protocol.md) ----
 
 # Bumped on any change a peer of the previous version would misread.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 class RequestType(enum.IntEnum):

@@ -50,6 +50,10 @@ class SchedulerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     # word w allowing token 32 * w + b. The runner applies it to their logits before sampling.
     structured_output_request_ids: list[str] = []
     grammar_bitmask: bytes = b""
+    # Speculative decoding: the draft tokens each request verifies this step (its
+    # num_scheduled_tokens count them: 1 + len(drafts) for a decode). The runner computes them
+    # after the request's known tokens and samples at each of their positions and one more.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = {}
 
 
 class LogprobsLists(msgspec.Struct, array_like=True, gc=False):
@@ -63,7 +67,8 @@ class LogprobsLists(msgspec.Struct, array_like=True, gc=False):
 class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """What one step produced, in the order of req_ids.
 
-    sampled_token_ids[i] is empty for a request in the middle of its prompt. logprobs[i] is
+    sampled_token_ids[i] is empty for a request in the middle of its prompt, one token for a
+    request that sampled, more with speculative decoding. logprobs[i] is
     set when the request asked for logprobs and sampled. prompt_logprobs maps a request to the
     logprobs of its prompt tokens 1..n-1, sent once when its prompt is complete.
     """
@@ -72,3 +77,7 @@ class ModelRunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     sampled_token_ids: list[list[int]] = []
     logprobs: list[LogprobsLists | None] = []
     prompt_logprobs: dict[str, LogprobsLists] = {}
+    # Speculative decoding: sampled_token_ids[i] holds a request's accepted drafts and the
+    # token after them (1 to 1 + drafts), and spec_token_ids[i] the drafts proposed for its
+    # next step (empty: none); absent when no request was given any.
+    spec_token_ids: list[list[int]] = []
