@@ -428,7 +428,12 @@ def run_engine_core(
         time.perf_counter() - began,
         engine.num_blocks,
     )
-    recorder = EngineStatsRecorder(config.model.served_model_name or "", engine=rank or 0)
+    spec = config.speculative
+    recorder = EngineStatsRecorder(
+        config.model.served_model_name or "",
+        engine=rank or 0,
+        num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+    )
     recorder.record_cache_config(config.cache, engine.num_blocks)
     proc = EngineCoreProc(engine, address, on_stats=recorder.record, auth_key=key_from_env())
     logger.info("engine core: ready in %.2f s since the process began", process_age())

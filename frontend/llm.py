@@ -75,7 +75,11 @@ class LLM:
             EngineCoreClient(engine_args=config) if engine_process else InprocClient(config)
         )
         self.output_processor = OutputProcessor(self.tokenizer)
-        self._stats = OfflineStatsRecorder(config.model.served_model_names[0], config.max_model_len)
+        self._stats = OfflineStatsRecorder(
+            config.model.served_model_names[0],
+            config.max_model_len,
+            config.speculative.num_speculative_tokens if config.speculative else 0,
+        )
         self._ids = itertools.count()
 
     @property

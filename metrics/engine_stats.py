@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from config.cache import CacheConfig
 from metrics.registry import HOLD_S, PROMPT_TOKEN_SOURCES, cache_config_info, engine_metrics
+from metrics.spec_decode_stats import SpecDecodeRecorder
 from protocol.engine_core import SchedulerStats
 
 logger = logging.getLogger("metrics.engine_stats")
@@ -25,6 +26,8 @@ class EngineStatsRecorder:
     while requests run, and at once when the step leaves none running or waiting (before that
     step's outputs go out: a client that saw its request end reads the final counts). The
     prompt and prefix-cache counters, written only on steps that prefill, go straight through.
+    With num_speculative_tokens > 0 (--speculative-config) the vllm:spec_decode_* counters are
+    registered too, held like the generation tokens, and logged after the throughput line.
     """
 
     def __init__(
@@ -33,6 +36,7 @@ class EngineStatsRecorder:
         log_interval_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         engine: int = 0,
+        num_speculative_tokens: int = 0,
     ) -> None:
         m = engine_metrics()
         # Labelled children are bound once: record() runs every step.
@@ -50,6 +54,9 @@ class EngineStatsRecorder:
         self._by_source = {
             s: m.prompt_tokens_by_source.labels(*labels, s) for s in PROMPT_TOKEN_SOURCES
         }
+        self._spec = (
+            SpecDecodeRecorder(labels, num_speculative_tokens) if num_speculative_tokens else None
+        )
         self._engine = str(engine)
         self._interval = log_interval_s
         self._clock = clock
@@ -84,6 +91,8 @@ class EngineStatsRecorder:
             self._cached.inc(cached)
             self._by_source["local_compute"].inc(stats.num_prompt_tokens - cached)
             self._by_source["local_cache_hit"].inc(cached)
+        if stats.spec_decoding is not None and self._spec is not None:
+            self._spec.record(stats.spec_decoding)
         self._held_generation += stats.num_generation_tokens
         step_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
         if step_tokens:
@@ -103,6 +112,8 @@ class EngineStatsRecorder:
             for tokens in self._held_iteration:
                 self._iteration.observe(tokens)
             self._held_iteration.clear()
+        if self._spec is not None:
+            self._spec.flush()
 
     def record_cache_config(self, cache: CacheConfig, num_gpu_blocks: int) -> None:
         """vllm:cache_config_info = 1, labelled with the cache configuration (a dataclass)
@@ -117,7 +128,11 @@ class EngineStatsRecorder:
         if now - self._last_record > self._interval:
             self._window_start = now
             self._window = [0, 0, 0, 0]
+            if self._spec is not None:
+                self._spec.reset_window()
         self._last_record = now
+        if self._spec is not None and stats.spec_decoding is not None:
+            self._spec.observe(stats.spec_decoding)
         w = self._window
         w[0] += stats.num_prompt_tokens
         w[1] += stats.num_generation_tokens
@@ -137,5 +152,7 @@ class EngineStatsRecorder:
             stats.kv_cache_usage * 100,
             100 * w[3] / w[2] if w[2] else 0.0,
         )
+        if self._spec is not None:
+            self._spec.log(elapsed)
         self._window_start = now
         self._window = [0, 0, 0, 0]

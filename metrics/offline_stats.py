@@ -15,8 +15,14 @@ from protocol.sampling_params import SamplingParams
 class OfflineStatsRecorder:
     """Engine and request metrics of one LLM; no periodic log line (vLLM's LLM logs none)."""
 
-    def __init__(self, model_name: str, max_model_len: int) -> None:
-        self.engine = EngineStatsRecorder(model_name, log_interval_s=float("inf"))
+    def __init__(
+        self, model_name: str, max_model_len: int, num_speculative_tokens: int = 0
+    ) -> None:
+        self.engine = EngineStatsRecorder(
+            model_name,
+            log_interval_s=float("inf"),
+            num_speculative_tokens=num_speculative_tokens,
+        )
         self.requests = RequestStatsRecorder(model_name, max_model_len)
         self._prompt_len: dict[str, int] = {}
 

@@ -137,7 +137,19 @@ class RequestMetrics:
     request_params_max_tokens: Histogram
 
 
+@dataclass(frozen=True)
+class SpecDecodeMetrics:
+    """Speculative decoding's counters, which the engine core writes from
+    SchedulerStats.spec_decoding; registered only when --speculative-config is given (as vLLM)."""
+
+    num_drafts: Counter
+    num_draft_tokens: Counter
+    num_accepted_tokens: Counter
+    num_accepted_tokens_per_pos: Counter  # extra label: position (0 .. k-1)
+
+
 _engine_metrics: EngineMetrics | None = None
+_spec_decode_metrics: SpecDecodeMetrics | None = None
 _request_metrics: RequestMetrics | None = None
 
 
@@ -193,6 +205,23 @@ def engine_metrics() -> EngineMetrics:
             ),
         )
     return _engine_metrics
+
+
+def spec_decode_metrics() -> SpecDecodeMetrics:
+    """This process's speculative-decoding counters (created on first call)."""
+    global _spec_decode_metrics
+    if _spec_decode_metrics is None:
+        _spec_decode_metrics = SpecDecodeMetrics(
+            _counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+            _counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+            _counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+            _counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                "position",
+            ),
+        )
+    return _spec_decode_metrics
 
 
 _cache_config_info: Gauge | None = None
