@@ -43,16 +43,21 @@ def kv_cache_num_blocks(
     dtype: torch.dtype,
     device: torch.device,
     profile: Callable[[], int] | None = None,
+    extra_block_bytes: int = 0,
 ) -> int:
     """Blocks that fit: num_gpu_blocks_override, else kv_cache_memory, else what the device allows
     beside the peak activation bytes that profile() measures (a dummy run of the largest step).
     dtype: the model's; a block's bytes are counted in the cache's own element type
-    (kv_cache_torch_dtype)."""
+    (kv_cache_torch_dtype). extra_block_bytes: what each block id costs beside the target's
+    (a draft model's own KV in the same block ids: Proposer.kv_block_bytes())."""
     assert config.arch is not None
     cache = config.cache
     cache_dtype = kv_cache_torch_dtype(cache.kv_cache_dtype, dtype)
-    per_block = kv_block_bytes(
-        config.arch, cache.block_size, cache_dtype, config.parallel.tensor_parallel_size
+    per_block = (
+        kv_block_bytes(
+            config.arch, cache.block_size, cache_dtype, config.parallel.tensor_parallel_size
+        )
+        + extra_block_bytes
     )
     if cache.num_gpu_blocks_override is not None:
         num_blocks = cache.num_gpu_blocks_override
