@@ -81,6 +81,7 @@ class Request:
         "_block_hasher",
         "_hash_at",
         "prefill_chunks",
+        "spec_token_ids",
     )
 
     def __init__(
@@ -119,6 +120,9 @@ class Request:
         self.num_cached_tokens = -1
         # (Unix time, tokens) of each prompt chunk scheduled; sent with the first output.
         self.prefill_chunks: list[tuple[float, int]] = []
+        # Speculative decoding: the drafts proposed for the request's next step (the runner's
+        # last output), scheduled with it as far as its limits allow.
+        self.spec_token_ids: list[int] = []
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0

@@ -37,9 +37,17 @@ from engine_core.block_pool import KVCacheBlock
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.request import Request, RequestStatus
 from engine_core.request_queue import FcfsQueue, PriorityQueue
+from engine_core.scheduler_parts import GrammarAdmission, Preemption
+from engine_core.spec_drafts import roll_back_rejected, scheduled_drafts, take_drafts
 from engine_core.step_records import NO_BLOCKS, Scheduled, commit
 from engine_core.stop_checks import advance_grammar, check_stop
-from protocol.engine_core import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
+from protocol.engine_core import (
+    EngineCoreOutput,
+    EngineCoreRequest,
+    Logprobs,
+    SchedulerStats,
+    SpecDecodingStats,
+)
 from protocol.step import LogprobsLists, ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -48,7 +56,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class Scheduler:
+class Scheduler(GrammarAdmission, Preemption):
     """Decides each step which requests compute how many tokens, and applies what they sampled."""
 
     # update_from_output applies a sampled token that only completes a block (its hash is due)
@@ -101,6 +109,15 @@ class Scheduler:
         self._num_prompt_tokens = 0
         self._num_cached_prompt_tokens = 0
         self._num_generation_tokens = 0
+        # Speculative decoding: drafts a request may verify per step, and the positions past a
+        # step's tokens whose KV the proposer writes (a draft model's or EAGLE head's drafts;
+        # n-gram writes none), which the request's blocks must cover.
+        spec = config.speculative
+        self.num_spec_tokens = spec.num_speculative_tokens if spec is not None else 0
+        self.num_lookahead_tokens = (
+            self.num_spec_tokens if spec is not None and spec.method != "ngram" else 0
+        )
+        self._spec_stats: SpecDecodingStats | None = None
 
     def add_request(self, request: Request | EngineCoreRequest) -> None:
         """Queue a request; an EngineCoreRequest is wrapped with this scheduler's block hasher."""
@@ -150,40 +167,6 @@ class Scheduler:
                     r for r in self.waiting_for_grammar if not r.is_finished
                 ]
 
-    def _admit_compiled(self) -> None:
-        """Move constrained requests whose compile ended to the waiting queue (or end them
-        when it failed: the grammar was checked on arrival, so that is an internal error)."""
-        still = []
-        for req in self.waiting_for_grammar:
-            grammar = req.grammar
-            assert grammar is not None
-            if not grammar.ready:
-                still.append(req)
-            elif grammar.error is not None:
-                logger.error(
-                    "request %s: grammar compile failed: %s", req.request_id, grammar.error
-                )
-                req.status = RequestStatus.FINISHED_ABORTED
-                self._free(req)
-                self._finish_outputs.append(
-                    EngineCoreOutput(
-                        req.request_id, [], finish_reason=RequestStatus.finish_reason(req.status)
-                    )
-                )
-            else:
-                self.waiting.add(req)
-        self.waiting_for_grammar = still
-
-    def wait_for_grammars(self, timeout: float) -> None:
-        """Nothing else to do: block until a compile ends, or timeout seconds."""
-        grammars = [r.grammar for r in self.waiting_for_grammar if r.grammar is not None]
-        if grammars and self.structured_output is not None:
-            self.structured_output.wait_any(grammars, timeout)
-
-    def only_waiting_for_grammars(self) -> bool:
-        """True when every unfinished request waits for its grammar's compile."""
-        return bool(self.waiting_for_grammar) and not self.running and not len(self.waiting)
-
     def schedule(self) -> SchedulerOutput:
         """Pick this step's requests and token counts; advances their num_computed_tokens.
 
@@ -212,6 +195,8 @@ class Scheduler:
             self.async_scheduling,
         )
         self._finished_req_ids = {}
+        if self.num_spec_tokens:
+            output.scheduled_spec_decode_tokens = scheduled_drafts(requests)
         if output.total_num_scheduled_tokens:
             self._scheduled.append((output, requests))
         if constrained:
@@ -253,6 +238,18 @@ class Scheduler:
             if n > budget:  # a prompt chunk
                 n = budget
                 end = computed + n
+            elif n == 1 and req.spec_token_ids and req.grammar is None:
+                # A decode with drafts verifies as many as its limits allow: positions within
+                # max_model_len, outputs within max_tokens, tokens within the budget.
+                k = min(
+                    len(req.spec_token_ids),
+                    max_model_len - num_tokens,
+                    req.max_tokens_total - num_tokens - 1,
+                    budget - 1,
+                )
+                if k > 0:
+                    n += k
+                    end += k
             if self.long_rope_at is not None and end > self.long_rope_at and not req.rope_long:
                 # Crossing LongRoPE's original context: recomputed with the long factors,
                 # once the token in flight (sampled with the short ones) is known.
@@ -263,16 +260,20 @@ class Scheduler:
                     self._switch_to_long(req)
                 continue
             new_block_ids = no_blocks
+            alloc_n, alloc_end = n, end
+            if self.num_lookahead_tokens:
+                alloc_n = min(n + self.num_lookahead_tokens, max_model_len - computed)
+                alloc_end = computed + alloc_n
             # The steady case skips the KV cache manager: its blocks hold end, and no block
             # completes (with async scheduling, the token that fills the last block may be in
             # flight: the block is cached once that token is known, a step later).
-            if end > req.alloc_limit and not (
-                end <= req.block_room and num_tokens - pending < req.cache_due_at
+            if alloc_end > req.alloc_limit and not (
+                alloc_end <= req.block_room and num_tokens - pending < req.cache_due_at
             ):
-                blocks = kv.allocate_slots(req, n)
+                blocks = kv.allocate_slots(req, alloc_n)
                 if blocks is None:
                     preempted = True
-                    blocks, returned, num_before = self._preempt_for(req, n, i - 1, scheduled)
+                    blocks, returned, num_before = self._preempt_for(req, alloc_n, i - 1, scheduled)
                     budget += returned
                     i -= num_before
                     num_running = len(running)
@@ -280,7 +281,7 @@ class Scheduler:
                         break
                 if blocks:
                     new_block_ids = [b.block_id for b in blocks]
-            record((req, n, computed, new_block_ids, end == num_tokens))
+            record((req, n, computed, new_block_ids, end >= num_tokens))
             budget -= n
         return scheduled, budget, preempted
 
@@ -332,7 +333,10 @@ class Scheduler:
                 req.set_rope_long()  # before the prefix-cache lookup: long blocks only
             hit_blocks, num_hit = kv.get_computed_blocks(req)
             n = min(min(req.num_tokens, self.max_model_len) - num_hit, budget)
-            if kv.allocate_slots(req, n, hit_blocks) is None:
+            alloc_n = n
+            if self.num_lookahead_tokens:
+                alloc_n = min(n + self.num_lookahead_tokens, self.max_model_len - num_hit)
+            if kv.allocate_slots(req, alloc_n, hit_blocks) is None:
                 break
             waiting.pop()
             req.status = RequestStatus.RUNNING
@@ -351,6 +355,17 @@ class Scheduler:
         """Apply sampled tokens and stop checks; an output per request that sampled or ended."""
         outputs, self._finish_outputs = self._finish_outputs, []
         requests = self.requests
+        if scheduler_output.scheduled_spec_decode_tokens:
+            if self._spec_stats is None:
+                self._spec_stats = SpecDecodingStats(
+                    num_accepted_tokens_per_pos=[0] * self.num_spec_tokens
+                )
+            roll_back_rejected(
+                requests,
+                scheduler_output.scheduled_spec_decode_tokens,
+                model_runner_output,
+                self._spec_stats,
+            )
         logprobs = model_runner_output.logprobs
         prompt_logprobs = model_runner_output.prompt_logprobs
         self._any_finished = False
@@ -399,6 +414,8 @@ class Scheduler:
         if self._any_finished:
             self.running = [r for r in self.running if not r.is_finished]
         self._num_generation_tokens += num_generated
+        if model_runner_output.spec_token_ids:
+            take_drafts(requests, model_runner_output)
         return outputs
 
     def _apply_checked(
@@ -499,42 +516,6 @@ class Scheduler:
             check_at = hash_len
         req.check_at = check_at
 
-    def _pick_victim(self) -> tuple[Request, int]:
-        """The running request to preempt, and its index in self.running."""
-        running = self.running
-        if not self.priority_policy:
-            return running[-1], len(running) - 1
-        # Lowest priority (highest value); ties go to the latest arrival, then the latest started.
-        vi = max(
-            range(len(running) - 1, -1, -1),
-            key=lambda j: (running[j].priority, running[j].arrival_time),
-        )
-        return running[vi], vi
-
-    def _preempt(self, req: Request) -> None:
-        self.kv.free(req)
-        req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
-        req.num_output_placeholders = 0  # the in-flight step's token is thrown away
-        req.num_preemptions += 1
-        self._num_preemptions += 1
-        self._finished_req_ids[req.request_id] = None
-        self.waiting.add_preempted(req)
-
-    def _switch_to_long(self, req: Request) -> None:
-        """Recompute a running request with LongRoPE's long factors from its first token, as
-        transformers' Phi-3 generate() drops its cache and re-encodes the whole sequence once
-        it outgrows the original context (transformers PR 33129): its KV is freed, its block
-        hashes carry the long flag, and it waits at the front of the queue, resumed like a
-        preempted request (the runner drops its row and takes it anew, with rope_long). Not
-        counted as a preemption: no block shortage caused it."""
-        self.kv.free(req)
-        req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
-        req.set_rope_long()
-        self._finished_req_ids[req.request_id] = None
-        self.waiting.add_preempted(req)
-
     def _free(self, req: Request) -> None:
         self.kv.free(req)
         del self.requests[req.request_id]
@@ -566,7 +547,9 @@ class Scheduler:
             num_prompt_tokens=self._num_prompt_tokens,
             num_generation_tokens=self._num_generation_tokens,
             num_cached_prompt_tokens=self._num_cached_prompt_tokens,
+            spec_decoding=self._spec_stats,
         )
+        self._spec_stats = None
         self._num_preemptions = self._num_scheduled_tokens = 0
         self._num_prompt_tokens = self._num_generation_tokens = 0
         self._num_cached_prompt_tokens = 0
