@@ -27,6 +27,12 @@ COUNTERS = {
     "preemptions": "vllm:num_preemptions",
     "requests_finished": "vllm:request_success",
 }
+# Registered only with --speculative-config: None when /metrics has no such family.
+SPEC_COUNTERS = {
+    "spec_drafts": "vllm:spec_decode_num_drafts",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
 HISTOGRAMS = {
     "ttft": "vllm:time_to_first_token_seconds",
     "itl": "vllm:inter_token_latency_seconds",
@@ -38,7 +44,8 @@ def _le(value: str) -> float:
 
 
 def snapshot(path: str | None = None) -> dict[str, Any]:
-    """Gauges, counter totals and cumulative histogram buckets, as /metrics has them now."""
+    """Gauges, counter totals and cumulative histogram buckets, as /metrics has them now
+    (the speculative-decoding totals None without speculative decoding)."""
     families = {f.name: f for f in metrics_registry(path).collect()}
     out: dict[str, Any] = {}
     for key, (name, combine) in GAUGES.items():
@@ -48,6 +55,9 @@ def snapshot(path: str | None = None) -> dict[str, Any]:
     for key, name in COUNTERS.items():
         fam = families.get(name)
         out[key] = sum(s.value for s in fam.samples if s.name == name + "_total") if fam else 0.0
+    for key, name in SPEC_COUNTERS.items():
+        fam = families.get(name)
+        out[key] = sum(s.value for s in fam.samples if s.name == name + "_total") if fam else None
     for key, name in HISTOGRAMS.items():
         buckets: dict[float, float] = {}
         total = count = 0.0

@@ -163,13 +163,13 @@ rec.record(SchedulerStats(0, 0, 0.1, num_generation_tokens=2, spec_decoding=spec
 """
 
 
-def _engine_core_metrics(tmp_path: Path, k: int) -> dict[tuple[str, tuple], float]:
+def _engine_core_metrics(tmp_path: Path, k: int) -> tuple[str, dict[tuple[str, tuple], float]]:
     metrics_dir = tmp_path / f"k{k}"
     metrics_dir.mkdir()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-c", ENGINE_PROC, str(k)], env=env, cwd=ROOT, check=True)
     body, _ = render_metrics(str(metrics_dir))
-    return {
+    return str(metrics_dir), {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(body.decode())
         for s in family.samples
@@ -178,15 +178,27 @@ def _engine_core_metrics(tmp_path: Path, k: int) -> dict[tuple[str, tuple], floa
 
 def test_registered_only_with_a_speculative_config(tmp_path: Path) -> None:
     """In an engine core process (multiprocess files, as `engine serve` reads them): the
-    counters with k > 0, and no vllm:spec_decode_* series at all without speculation."""
+    counters with k > 0, and no vllm:spec_decode_* series at all without speculation; the
+    page's live view reads the same numbers, and None where the counters are missing."""
+    from frontend.ui.stats import snapshot
+
     labels = (("engine", "0"), ("model_name", "tiny"))
-    on = _engine_core_metrics(tmp_path, 2)
+    on_dir, on = _engine_core_metrics(tmp_path, 2)
     assert on[("vllm:spec_decode_num_drafts_total", labels)] == 2
     assert on[("vllm:spec_decode_num_draft_tokens_total", labels)] == 4
     assert on[("vllm:spec_decode_num_accepted_tokens_total", labels)] == 2
     per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
     assert on[(per_pos, (labels[0], labels[1], ("position", "0")))] == 2
     assert on[(per_pos, (labels[0], labels[1], ("position", "1")))] == 0
-    off = _engine_core_metrics(tmp_path, 0)
+    view = snapshot(on_dir)
+    assert (view["spec_drafts"], view["spec_draft_tokens"], view["spec_accepted_tokens"]) == (
+        2,
+        4,
+        2,
+    )
+    off_dir, off = _engine_core_metrics(tmp_path, 0)
     assert ("vllm:generation_tokens_total", labels) in off
     assert not [name for name, _ in off if name.startswith("vllm:spec_decode")]
+    view = snapshot(off_dir)
+    assert view["generation_tokens"] == 4
+    assert view["spec_drafts"] is view["spec_draft_tokens"] is view["spec_accepted_tokens"] is None

@@ -83,6 +83,12 @@ function derive(cur, prev) {
   const rate = (k) => (p && dt > 0 ? Math.max(0, m[k] - p[k]) / dt : null);
   const dq = p ? m.prefix_cache_queries - p.prefix_cache_queries : 0;
   const dh = p ? m.prefix_cache_hits - p.prefix_cache_hits : 0;
+  // Speculative decoding (null without it): accepted of drafted tokens, and 1 + accepted per
+  // draft (the bonus token included, as vLLM counts the mean acceptance length).
+  const spec = m.spec_drafts !== null && p && p.spec_drafts !== null;
+  const dDrafts = spec ? m.spec_drafts - p.spec_drafts : 0;
+  const dDrafted = spec ? m.spec_draft_tokens - p.spec_draft_tokens : 0;
+  const dAccepted = spec ? m.spec_accepted_tokens - p.spec_accepted_tokens : 0;
   const base = snapshotAt(cur.time - WINDOW_S);
   const window = (name) => {
     const h = histogramDelta(m[name], base && base !== cur ? base.metrics[name] : null);
@@ -93,6 +99,8 @@ function derive(cur, prev) {
     hitRate: dq > 0 ? (100 * dh) / dq : null,
     promptRate: rate("prompt_tokens"), genRate: rate("generation_tokens"),
     preemptRate: rate("preemptions"), ttft: window("ttft"), itl: window("itl"),
+    acceptRate: dDrafted > 0 ? (100 * dAccepted) / dDrafted : null,
+    acceptLength: dDrafts > 0 ? 1 + dAccepted / dDrafts : null,
   };
 }
 
@@ -116,12 +124,18 @@ const CHARTS = [
   { id: "itl", title: "Inter-token latency, last minute", seconds: true,
     series: [["itl50", "#2f6fdb", "p50"], ["itl90", "#e39b27", "p90"], ["itl99", "#d64545", "p99"]],
     value: (d) => fmtSeconds(d.itl[0]) + " <small>p90 " + fmtSeconds(d.itl[1]) + " p99 " + fmtSeconds(d.itl[2]) + "</small>" },
+  { id: "spec", title: "Draft acceptance rate (per second)", max: 100,
+    series: [["acceptRate", "#8a5cd1"]], when: (m) => m.spec_drafts !== null,
+    value: (d, m) => fmt(d.acceptRate) + " % <small>mean acceptance length " +
+      fmt(d.acceptLength, 2) + ", all time " + fmt(m.spec_draft_tokens ?
+      100 * m.spec_accepted_tokens / m.spec_draft_tokens : null) + " % and " +
+      fmt(m.spec_drafts ? 1 + m.spec_accepted_tokens / m.spec_drafts : null, 2) + "</small>" },
   { id: "preempt", title: "Preemptions/s", series: [["preemptRate", "#d64545"]],
     value: (d, m) => fmt(d.preemptRate) + " <small>total " + fmt(m.preemptions) + "</small>" },
 ];
 
 function buildCharts() {
-  $("charts").innerHTML = CHARTS.map((c) => `<div class="chart" id="chart-${c.id}">
+  $("charts").innerHTML = CHARTS.map((c) => `<div class="chart" id="chart-${c.id}"${c.when ? " hidden" : ""}>
     <div class="title">${c.title}</div><div class="value">–</div>
     <svg viewBox="0 0 300 70" preserveAspectRatio="none">
     <line x1="0" y1="67.5" x2="300" y2="67.5" stroke="#dde1e6"/>
@@ -134,7 +148,7 @@ function buildCharts() {
       `<i style="background:${s[1]}"></i>${s[2]}`).join("")}</div></div>`).join("");
   for (const c of CHARTS) {  // the elements a redraw touches, found once
     const el = $("chart-" + c.id);
-    c.el = { value: el.querySelector(".value"), paths: el.querySelectorAll("path"),
+    c.el = { root: el, value: el.querySelector(".value"), paths: el.querySelectorAll("path"),
       max: el.querySelector("text.max") };
   }
 }
@@ -182,6 +196,10 @@ function drawEngineView() {
   renderConfig(snap.config);
   renderProcesses(snap.processes);
   for (const c of CHARTS) {
+    if (c.when) {  // a chart of metrics this server may not have (speculative decoding)
+      c.el.root.hidden = !c.when(snap.metrics);
+      if (c.el.root.hidden) continue;
+    }
     setHTML(c.el.value, c.value(snap.derived, snap.metrics));
     drawChart(c, snap.time);
   }
@@ -201,14 +219,18 @@ const NOW_ROWS = [  // data-metric: the /metrics family the test compares with
   ["requests_finished", "vllm:request_success_total", "requests finished"],
   ["ttft.count", "vllm:time_to_first_token_seconds_count", "first tokens observed"],
   ["itl.count", "vllm:inter_token_latency_seconds_count", "inter-token gaps observed"],
+  ["spec_drafts", "vllm:spec_decode_num_drafts_total", "drafts verified"],
+  ["spec_draft_tokens", "vllm:spec_decode_num_draft_tokens_total", "draft tokens"],
+  ["spec_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_total", "draft tokens accepted"],
 ];
 
 function renderNow(m) {
-  if (!$("now").rows.length) {
-    $("now").innerHTML = NOW_ROWS.map(([, metric, label]) =>
+  if (!state.nowRows) {  // the speculative-decoding rows only where the server has them
+    state.nowRows = NOW_ROWS.filter(([key]) => m[key.split(".")[0]] !== null);
+    $("now").innerHTML = state.nowRows.map(([, metric, label]) =>
       `<tr><td>${label}</td><td data-metric="${metric}"></td></tr>`).join("");
   }
-  NOW_ROWS.forEach(([key], i) => {
+  state.nowRows.forEach(([key], i) => {
     const v = key.includes(".") ? m[key.split(".")[0]][key.split(".")[1]] : m[key];
     const cell = $("now").rows[i].cells[1];
     if (cell.dataset.value === String(v)) return;
