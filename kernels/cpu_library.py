@@ -77,6 +77,7 @@ _SIGNATURES = {
         [_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _P, _P, _P, _P],
     ),
     "post_update_i64": (None, [_P, _P, _I64, _P, _P, _I64, _P, _P, _P, _I64, _P]),
+    "ngram_propose_i64": (None, [_P, _I64, _P, _P, _P, _I64, _I32, _I32, _I32, _P, _I32]),
     "argmax_rows_f32": (None, [_P, _I64, _I64, _I64, _P, _I32]),
     "linear_argmax_f32": (None, [_P, _I64, _P, _I64, _I32, _I32, _I32, _P, _I32]),
     "apply_token_bitmask_f32": (None, [_P, _I64, _P, _I64, _P, _I64, _I64, _I32]),
