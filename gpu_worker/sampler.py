@@ -122,7 +122,13 @@ class Sampler:
         if md.all_greedy:
             return self.greedy(logits)
         greedy_ids = None if md.all_random else self.greedy(logits)
+        sampled = _exponential_race(self.truncate(logits, md).softmax(dim=-1), md.generators)
+        return sampled if greedy_ids is None else torch.where(md.greedy_mask, greedy_ids, sampled)
 
+    @staticmethod
+    def truncate(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Adjusted fp32 logits (changed in place) over temperature, then min-p, top-k and top-p:
+        the softmax of the result is what a random row samples from."""
         logits.div_(md.temperature.unsqueeze(1))
         if md.min_p is not None:
             apply_min_p(logits, md.min_p)
@@ -130,9 +136,7 @@ class Sampler:
             logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
         elif md.top_k is not None:
             apply_top_k(logits, md.top_k, md.max_top_k)
-
-        sampled = _exponential_race(logits.softmax(dim=-1), md.generators)
-        return sampled if greedy_ids is None else torch.where(md.greedy_mask, greedy_ids, sampled)
+        return logits
 
 
 def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
