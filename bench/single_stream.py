@@ -63,8 +63,14 @@ def offline_decode(llm, prompt: list[int], new_tokens: int) -> float:
 
 
 def bench_single_stream(args: argparse.Namespace) -> dict[str, Any]:
-    """`engine bench single-stream`: the workload through the offline API, --runs times."""
+    """`engine bench single-stream`: the workload through the offline API, --runs times; with
+    --speculative-config, the editing workload with and without it (bench/spec_workload.py)."""
     from frontend.llm import LLM
+
+    if getattr(args, "speculative_config", None):
+        from bench.spec_workload import bench_spec_single_stream
+
+        return bench_spec_single_stream(args)
 
     llm = LLM(**engine_kwargs(args))
     prompt = workload_prompt(llm.get_tokenizer())

@@ -1,0 +1,121 @@
+"""`engine bench single-stream --speculative-config`: the editing workload's prompt, the flag,
+the acceptance figures read from the counters, and one run end to end (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import spec_workload
+from metrics.reader import Counter, Gauge, Vector
+from serve.cli import build_parser, main
+from tests.tiny_models import make_tiny_model_with_tokenizer
+
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_tiny_model_with_tokenizer(
+        tmp_path_factory.mktemp("spec-bench") / "tiny", max_position_embeddings=2048
+    )
+
+
+def _find(seq: list[int], part: list[int]) -> int:
+    return next((i for i in range(len(seq) - len(part) + 1) if seq[i : i + len(part)] == part), -1)
+
+
+def test_editing_prompt_holds_the_text_and_asks_for_its_length(tiny_model):
+    from tokenizer_proc.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model))
+    prompt, new_tokens = spec_workload.editing_prompt(tokenizer)
+    text = tokenizer(spec_workload.EDIT_TEXT, add_special_tokens=False)["input_ids"]
+    assert new_tokens == len(text) > 200
+    # Through the chat template: the user turn, then the assistant's turn opened.
+    rendered = tokenizer.decode(prompt)
+    assert rendered.index(spec_workload.INSTRUCTION) < rendered.index(spec_workload.EDIT_TEXT)
+    assert rendered.rstrip().endswith("<|im_start|>assistant")
+    # The text's tokens (all but the first, whose merge may depend on the newlines before it)
+    # appear in the prompt as they are: what an n-gram lookup finds.
+    assert _find(prompt, text[1:]) > 0
+    tokenizer.chat_template = None
+    plain, same = spec_workload.editing_prompt(tokenizer)
+    assert same == new_tokens and _find(plain, text[1:]) > 0
+    assert tokenizer.decode(plain).startswith(spec_workload.INSTRUCTION)
+
+
+def _snapshot(drafts: int, drafted: int, accepted: int, per_pos: list[int]) -> list:
+    labels = {"model_name": "m", "engine": "0"}
+    return [
+        Counter("vllm:spec_decode_num_drafts", labels, drafts),
+        Counter("vllm:spec_decode_num_draft_tokens", labels, drafted),
+        Counter("vllm:spec_decode_num_accepted_tokens", labels, accepted),
+        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", labels, per_pos),
+        Counter("vllm:generation_tokens", labels, 999),
+        Gauge("vllm:num_requests_running", labels, 1.0),
+    ]
+
+
+def test_acceptance_from_two_snapshots():
+    before = spec_workload.spec_counts(_snapshot(2, 6, 3, [2, 1, 0]))
+    assert before == {
+        "drafts": 2,
+        "draft_tokens": 6,
+        "accepted_tokens": 3,
+        "accepted_per_pos": [2, 1, 0],
+    }
+    # Two engines (data parallel) sum; the timed runs added 10 drafts of 3 tokens.
+    after = _snapshot(8, 24, 12, [7, 4, 1]) + [
+        Counter("vllm:spec_decode_num_drafts", {"model_name": "m", "engine": "1"}, 4),
+        Counter("vllm:spec_decode_num_draft_tokens", {"model_name": "m", "engine": "1"}, 12),
+        Counter("vllm:spec_decode_num_accepted_tokens", {"model_name": "m", "engine": "1"}, 6),
+        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {"engine": "1"}, [4, 2]),
+    ]
+    gained = spec_workload.acceptance(before, spec_workload.spec_counts(after))
+    assert gained == {
+        "drafts": 10,
+        "draft_tokens": 30,
+        "accepted_tokens": 15,
+        "mean_acceptance_length": 2.5,  # 1 + 15 / 10
+        "acceptance_rate": 0.5,
+        "per_position_acceptance_rate": [0.9, 0.5, 0.1],  # [11 - 2, 6 - 1, 1 - 0] / 10
+    }
+
+
+def test_acceptance_without_drafts():
+    nothing = spec_workload.spec_counts([])
+    gained = spec_workload.acceptance(nothing, nothing)
+    assert gained["mean_acceptance_length"] is None and gained["acceptance_rate"] is None
+    assert gained["per_position_acceptance_rate"] == []
+
+
+def test_single_stream_takes_the_speculative_config():
+    args = build_parser().parse_args(
+        ["bench", "single-stream", "--speculative-config", NGRAM, "--runs", "2"]
+    )
+    assert json.loads(args.speculative_config)["num_speculative_tokens"] == 3
+    assert args.runs == 2
+
+
+def test_editing_workload_end_to_end(tiny_model, tmp_path, capsys, monkeypatch):
+    # A shorter text keeps the run short; the flow is the workload's.
+    monkeypatch.setattr(spec_workload, "EDIT_TEXT", spec_workload.EDIT_TEXT[:200])
+    out_file = tmp_path / "spec.json"
+    argv = ["bench", "single-stream", "--model", str(tiny_model), "--device", "cpu"]
+    argv += ["--runs", "1", "--kv-cache-memory", "16MiB", "--in-process"]
+    argv += ["--speculative-config", NGRAM]
+    assert main([*argv, "--output-json", str(out_file)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == json.loads(out_file.read_text())
+    assert result["workload"] == spec_workload.WORKLOAD
+    assert result["speculative_config"]["method"] == "ngram"
+    assert result["speculative_config"]["num_speculative_tokens"] == 3
+    assert result["greedy_tokens_identical"] is True
+    assert result["baseline_decode_tok_s"] > 0 and result["spec_decode_tok_s"] > 0
+    ratio = result["spec_decode_tok_s"] / result["baseline_decode_tok_s"]
+    assert result["ratio"] == pytest.approx(ratio, abs=0.01)
+    counts = result["spec_decoding"]
+    assert counts["draft_tokens"] <= 3 * counts["drafts"]
+    assert counts["accepted_tokens"] <= counts["draft_tokens"]
