@@ -103,7 +103,7 @@ class EngineConfig:
         if self.scheduler.max_num_batched_tokens is None:
             self.scheduler.max_num_batched_tokens = default_batched_tokens(self.device_type)
         if self.speculative is not None:
-            self._resolve_speculative(self.speculative)
+            self._resolve_speculative(self.speculative, cpu_kernels_available)
         if self.scheduler.async_scheduling is None:
             self.scheduler.async_scheduling = default_async_scheduling(self.device_type)
         if self.model.served_model_name is None:
@@ -137,7 +137,9 @@ class EngineConfig:
             )
         return self
 
-    def _resolve_speculative(self, spec: SpeculativeConfig) -> None:
+    def _resolve_speculative(
+        self, spec: SpeculativeConfig, cpu_kernels_available: Callable[[], bool]
+    ) -> None:
         """Check --speculative-config against the rest: speculative steps are scheduled
         synchronously (async scheduling is off unless asked for, and then refused), the draft
         runs at the target's tensor-parallel size, and a draft model is located."""
@@ -164,6 +166,9 @@ class EngineConfig:
             spec.model_path = str(
                 resolve_model_path(spec.model, hub, weights=weights, tokenizer=False)
             )
+        from config.draft_model import check_draft_model
+
+        check_draft_model(self, cpu_kernels_available)
 
     def _locate_model(self) -> None:
         """model_path and tokenizer_path: local folders, Hub ids' snapshots (config/hub.py) or

@@ -10,8 +10,13 @@ layers see the whole context) keeps every block: its full layers read them all.
 
 from __future__ import annotations
 
-from config.engine import EngineConfig
+from typing import TYPE_CHECKING
+
 from config.model_arch import ModelArchConfig
+
+if TYPE_CHECKING:
+    # Annotations only: config.draft_model, which config.engine imports, reads this module.
+    from config.engine import EngineConfig
 
 
 def model_wide_window(arch: ModelArchConfig | None, max_model_len: int) -> int | None:

@@ -1,0 +1,209 @@
+"""DraftModelProposer's drafts equal the draft model's greedy continuation in transformers.
+
+The proposer runs alone over a RequestStates filled as the runner fills it (prompt, outputs and
+accepted drafts in the token table, blocks for the known tokens and num_speculative_tokens more),
+on CPU fp32 tiny random Llamas: a different draft (the torch attention backend, and one of head
+size 64 on the C kernels' backend), and the target as its own draft. Each round extends every
+request as a verified step would (some of its drafts accepted, then one more token) and asks for
+drafts again, so the draft's catch-up covers whole prompts, a step's accepted tokens, and a
+request left out of earlier rounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine_core.resolve import resolved_config
+from gpu_worker.request_state import RequestStates
+from gpu_worker.spec_decode.draft_model import DraftModelProposer
+from gpu_worker.spec_decode.proposer import ProposeInputs, make_proposer
+from gpu_worker.staging import HostToDevice
+from kernels.cpu_binding import available
+from tests.tiny_models import make_tiny_model
+from tests.worker.runner_utils import hf_causal_lm, random_prompts
+
+K = 3
+BLOCK = 16
+NUM_BLOCKS = 64
+CPU = torch.device("cpu")
+# name -> overrides of the draft's tiny config (None: the target itself).
+DRAFTS = {
+    "other": {"num_hidden_layers": 1, "intermediate_size": 96},
+    "head64": {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1},
+    "self": None,
+}
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module", params=list(DRAFTS))
+def draft(request, target, tmp_path_factory):
+    """(draft folder, transformers' model of it)."""
+    overrides = DRAFTS[request.param]
+    path = (
+        target
+        if overrides is None
+        else make_tiny_model(tmp_path_factory.mktemp(request.param), **overrides)
+    )
+    return path, hf_causal_lm(path)
+
+
+def reference(hf, ids: list[int], n: int) -> list[int]:
+    """The draft's n greedy tokens after ids, by transformers."""
+    with torch.inference_mode():
+        seq = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return seq[0, len(ids) :].tolist()
+
+
+class Requests:
+    """RequestStates as the runner keeps them, with blocks for each request's known tokens and
+    K lookahead positions (the scheduler's allocation), and the proposer told of each new one."""
+
+    def __init__(self, proposer: DraftModelProposer, max_model_len: int) -> None:
+        self.proposer = proposer
+        self.states = RequestStates(8, max_model_len, BLOCK, CPU, HostToDevice(CPU))
+        self.free = list(range(NUM_BLOCKS))
+        self.tokens: dict[str, list[int]] = {}
+
+    def _blocks(self, req_id: str, have: int) -> list[int]:
+        need = -(-(len(self.tokens[req_id]) + K) // BLOCK) - have
+        return [self.free.pop(0) for _ in range(need)]
+
+    def add(self, req_id: str, ids: list[int], blocks: list[int] = (), num_computed: int = 0):
+        self.tokens[req_id] = list(ids)
+        blocks = list(blocks) + self._blocks(req_id, len(blocks))
+        slot = self.states.add(req_id, ids, len(ids), blocks, num_computed)
+        self.states.apply_staged_writes()
+        self.proposer.add_request(slot, num_computed)
+
+    def extend(self, req_id: str, ids: list[int]) -> None:
+        """The request gained ids (accepted drafts and a new token), as the post-update writes."""
+        st, slot = self.states, self.states.slot_of[req_id]
+        n = len(self.tokens[req_id])
+        st.token_ids[slot, n : n + len(ids)] = torch.tensor(ids)
+        st.num_tokens_np[slot] = n + len(ids)
+        self.tokens[req_id] += ids
+        st.append_blocks(slot, self._blocks(req_id, st.num_blocks[slot]))
+        st.apply_staged_writes()
+
+    def propose(self, max_drafts: dict[str, int]) -> dict[str, list[int]]:
+        req_ids = list(max_drafts)
+        slots = np.array([self.states.slot_of[r] for r in req_ids], dtype=np.int64)
+        inputs = ProposeInputs(
+            slots_np=slots,
+            slots=torch.from_numpy(slots.copy()),
+            num_tokens_np=np.array([len(self.tokens[r]) for r in req_ids], dtype=np.int64),
+            max_drafts_np=np.array(list(max_drafts.values()), dtype=np.int64),
+            states=self.states,
+        )
+        drafts = self.proposer.propose(inputs)
+        assert drafts.shape == (len(req_ids), K) and drafts.dtype == torch.int64
+        return dict(zip(req_ids, drafts.tolist()))
+
+
+def expected(hf, requests: Requests, max_drafts: dict[str, int]) -> dict[str, list[int]]:
+    return {
+        r: reference(hf, requests.tokens[r], m)[:m] + [-1] * (K - m) if m else [-1] * K
+        for r, m in max_drafts.items()
+    }
+
+
+def make(target, draft_path, **engine_args) -> tuple[DraftModelProposer, Requests]:
+    config = resolved_config(
+        model=str(target),
+        device="cpu",
+        kv_cache_memory="4MiB",
+        speculative_config={"model": str(draft_path), "num_speculative_tokens": K},
+        **engine_args,
+    )
+    proposer = make_proposer(config, CPU)
+    assert isinstance(proposer, DraftModelProposer)
+    proposer.load()
+    proposer.initialize_kv_cache(NUM_BLOCKS)
+    return proposer, Requests(proposer, config.max_model_len)
+
+
+def record_forwards(proposer: DraftModelProposer, monkeypatch) -> list[list[int]]:
+    """Each draft forward's query lengths, from now on."""
+    sizes: list[list[int]] = []
+    prepare = proposer.inputs.prepare
+
+    def recording(states, slots, start, query_lens, sample_rows):
+        sizes.append([int(n) for n in query_lens])
+        return prepare(states, slots, start, query_lens, sample_rows)
+
+    monkeypatch.setattr(proposer.inputs, "prepare", recording)
+    return sizes
+
+
+@pytest.mark.parametrize("max_forward_tokens", [None, 20])
+def test_drafts_equal_the_draft_models_greedy_continuation(
+    target, draft, max_forward_tokens, monkeypatch
+):
+    draft_path, hf = draft
+    proposer, requests = make(target, draft_path)
+    if max_forward_tokens is not None:
+        proposer.max_forward_tokens = max_forward_tokens  # long prompts' catch-up in parts
+    forwards = record_forwards(proposer, monkeypatch)
+    head64 = proposer.arch.head_dim == 64  # the C kernels' head size; the others: torch
+    assert proposer.backend.name == ("cpu" if head64 and available() else "torch")
+    prompts = random_prompts(512, (1, 7, 16, 45))
+    for req_id, ids in prompts.items():
+        requests.add(req_id, ids)
+
+    every = {r: K for r in prompts}
+    got = requests.propose(every)
+    assert got == expected(hf, requests, every)
+    if max_forward_tokens is not None:
+        assert all(sum(f) <= max_forward_tokens for f in forwards)
+        assert len(forwards) > K
+
+    # A verified step: row i accepted i of its drafts (the last one all), then one more token;
+    # a request the draft never saw joins; each may take another number of drafts (len7: none).
+    gen = torch.Generator().manual_seed(3)
+    for i, req_id in enumerate(prompts):
+        requests.extend(req_id, got[req_id][:i] + [int(torch.randint(3, 512, (1,), generator=gen))])
+    requests.add("late", random_prompts(512, (30,), seed=11)["len30"])
+    limits = {"len1": 3, "len7": 0, "len16": 1, "len45": 2, "late": 3}
+    forwards.clear()
+    assert requests.propose(limits) == expected(hf, requests, limits)
+    if max_forward_tokens is None:
+        # The catch-up computes only what each row's draft cache lacks.
+        assert forwards[0] == [1, 3, 4, 30]
+        assert [len(f) for f in forwards] == [4, 3, 2]
+
+    # len7 sat out a step (its draft cache lags by two steps' tokens); the others lag by one.
+    for req_id in limits:
+        requests.extend(req_id, [5, 6])
+    again = {r: K for r in limits}
+    assert requests.propose(again) == expected(hf, requests, again)
+
+
+def test_prefix_cache_hit_reads_the_drafts_kv_of_the_shared_blocks(target, draft, monkeypatch):
+    draft_path, hf = draft
+    proposer, requests = make(target, draft_path)
+    forwards = record_forwards(proposer, monkeypatch)
+    prompt = random_prompts(512, (40,), seed=5)["len40"]
+    requests.add("first", prompt)
+    requests.propose({"first": K})
+    # Its first two blocks, full of prompt tokens, are the next request's prefix-cache hit.
+    shared = requests.states.block_table_np[requests.states.slot_of["first"], :2].tolist()
+    second = prompt[:32] + random_prompts(512, (9,), seed=6)["len9"]
+    requests.add("second", second, blocks=shared, num_computed=32)
+    forwards.clear()
+    assert requests.propose({"second": K}) == expected(hf, requests, {"second": K})
+    assert forwards[0] == [9]
+
+
+def test_rows_without_drafts_are_not_computed(target, draft, monkeypatch):
+    draft_path, _ = draft
+    proposer, requests = make(target, draft_path)
+    forwards = record_forwards(proposer, monkeypatch)
+    requests.add("a", [5, 6, 7])
+    assert requests.propose({"a": 0}) == {"a": [-1] * K}
+    assert forwards == []
