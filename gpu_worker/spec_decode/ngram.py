@@ -54,12 +54,15 @@ class NgramProposer:
         )
         if not num_reqs:
             return out
-        # Row 0: tokens known; row 1: the most drafts, never past max_model_len. A fresh array:
-        # on the CPU the "device" tensor is a view of it.
-        counts = np.empty((2, num_reqs), dtype=np.int64)
-        counts[0] = inputs.num_tokens_np
-        np.minimum(inputs.max_drafts_np, self.max_model_len - counts[0], out=counts[1])
+        # Row 0: tokens known; row 1: the most drafts, never past max_model_len. Rows of an even
+        # width keep row 1 16-byte aligned (Triton compiles a variant per alignment). A fresh
+        # array: on the CPU the "device" tensor is a view of it.
+        width = num_reqs + num_reqs % 2
+        counts = np.zeros((2, width), dtype=np.int64)
+        known = counts[0, :num_reqs]
+        known[:] = inputs.num_tokens_np
+        np.minimum(inputs.max_drafts_np, self.max_model_len - known, out=counts[1, :num_reqs])
         (on_device,) = self._h2d.copy(counts)
-        on_device = on_device.view(2, num_reqs)
+        on_device = on_device.view(2, width)[:, :num_reqs]
         self._propose(table, inputs.slots, on_device[0], on_device[1], self.min_n, self.max_n, out)
         return out

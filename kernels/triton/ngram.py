@@ -31,9 +31,9 @@ def _ngram_kernel(
     i = tl.program_id(0)
     row = token_ids_ptr + tl.load(slots_ptr + i) * token_stride
     total = tl.load(num_tokens_ptr + i).to(tl.int32)
-    best = tl.zeros((), dtype=tl.int32)
-    best_end = tl.zeros((), dtype=tl.int32)
-    start = tl.zeros((), dtype=tl.int32)
+    best = 0
+    best_end = 0
+    start = 0
     while (start < total - 1) & (best < MAX_N):
         ends = start + tl.arange(0, BLOCK)
         run = ends < total - 1  # at least one token follows the occurrence

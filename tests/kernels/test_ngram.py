@@ -165,3 +165,27 @@ def test_each_device_gets_its_kernel() -> None:
     assert ngram_propose_for(torch.device("cuda")) is ngram_propose_triton
     expected = ngram_propose_cpu if cpu_binding.available() else ngram_propose_torch
     assert ngram_propose_for(torch.device("cpu")) is expected
+
+
+def test_triton_kernel_compiles_for_cuda() -> None:
+    """The interpreter runs Python the compiler may refuse (the while loop's carried scalars,
+    its condition): compile the kernel to sm_90 code here, no GPU needed."""
+    pytest.importorskip("triton.backends.nvidia", reason="Triton's CUDA backend")
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    from kernels.triton import ngram as module
+
+    kernel = module._ngram_kernel
+    fn = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
+    signature = {
+        name: "constexpr" if name.isupper() else "i64" if name == "token_stride" else "*i64"
+        for name in fn.arg_names
+    }
+    constexprs = {"MIN_N": 2, "MAX_N": 5, "K": 5, "BLOCK_K": 8, "BLOCK": module._BLOCK}
+    compiled = triton_compile(
+        ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)
+    )
+    assert ".entry _ngram_kernel" in compiled.asm["ptx"]
