@@ -103,7 +103,8 @@ class Requests:
         )
         drafts = self.proposer.propose(inputs)
         assert drafts.shape == (len(req_ids), K) and drafts.dtype == torch.int64
-        return dict(zip(req_ids, drafts.tolist()))
+        # as_subclass: the host's copy of the result (a guarded tensor refuses tolist).
+        return dict(zip(req_ids, drafts.as_subclass(torch.Tensor).tolist()))
 
 
 def expected(hf, requests: Requests, max_drafts: dict[str, int]) -> dict[str, list[int]]:
@@ -207,3 +208,31 @@ def test_rows_without_drafts_are_not_computed(target, draft, monkeypatch):
     requests.add("a", [5, 6, 7])
     assert requests.propose({"a": 0}) == {"a": [-1] * K}
     assert forwards == []
+
+
+def test_propose_reads_nothing_back_from_the_device(target, monkeypatch):
+    """Every tensor that would live on a GPU guarded (tests/worker/test_no_host_reads.py): the
+    runner's tables, the draft's positions and KV cache, whatever the host copies over; the
+    model in torch ops, so that everything it computes inherits the guard."""
+    from gpu_worker import staging
+    from tests.kernels.library_env import library_env
+    from tests.worker.test_no_host_reads import _guard
+
+    with library_env(ENGINE_CPU_KERNELS="0"):
+        proposer, requests = make(target, target)
+        hf = hf_causal_lm(target)
+        st = requests.states
+        for name in ("token_ids", "num_tokens", "num_computed", "block_table"):
+            setattr(st, name, _guard(getattr(st, name)))
+        proposer.inputs._start = _guard(proposer.inputs._start)
+        for attn in proposer.model.attention_layers():
+            attn.kv_cache = _guard(attn.kv_cache)
+        copy = staging.HostToDevice.copy
+        monkeypatch.setattr(
+            staging.HostToDevice, "copy", lambda self, *a: [_guard(t) for t in copy(self, *a)]
+        )
+        prompts = random_prompts(512, (5, 23))
+        for req_id, ids in prompts.items():
+            requests.add(req_id, ids)
+        limits = {"len5": K, "len23": 2}
+        assert requests.propose(limits) == expected(hf, requests, limits)
