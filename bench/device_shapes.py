@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-# Llama 3.1 8B (its rope scaling reaches the 32k contexts a later run asks for), a 2-layer,
-# hidden-256 Llama with the C kernels' head size, small enough for CI on a CPU, Qwen3-30B-A3B
-# (48 layers, 128 experts of 768, top-8; 61 GB in bf16) and a 2-layer MoE of the small shape.
+# Llama 3.1 8B (its rope scaling reaches the 32k contexts a later run asks for), Llama 3.2 1B
+# (the 8B's draft model in the spec stage), a 2-layer, hidden-256 Llama with the C kernels' head
+# size, small enough for CI on a CPU, Qwen3-30B-A3B (48 layers, 128 experts of 768, top-8; 61 GB
+# in bf16) and a 2-layer MoE of the small shape.
 _QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
 SHAPES: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(
@@ -30,6 +31,28 @@ SHAPES: dict[str, dict[str, Any]] = {
             "original_max_position_embeddings": 8192,
         },
         rms_norm_eps=1e-5,
+        torch_dtype="bfloat16",
+    ),
+    # Llama 3.2 1B: a draft model for the 8B shape (same vocabulary, tied embeddings).
+    "llama3.2-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
         torch_dtype="bfloat16",
     ),
     "small": dict(

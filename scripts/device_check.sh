@@ -4,7 +4,7 @@
 # .whl/ (docs/device.md says how to fetch them).
 #
 #   bash scripts/device_check.sh [tests|tier] [bench] [bench-long] [moe] [profile] [gguf] [serve]
-#                                [quant]
+#                                [quant] [spec]
 #   (default: tests bench profile)
 #
 # Figures and logs go to $OUT (or ./device-out).
@@ -119,6 +119,18 @@ for part in ("weights", "kv_cache"):
 PY
         rm -rf "$tmp"
         tail -5 "$OUT/quant.err"
+        ;;
+    spec)
+        # Issue 33: the 8B shape at batch 1, dummy weights, the editing workload's shape: no
+        # speculation, n-gram, and a Llama-3.2-1B-shaped dummy draft model, one engine after
+        # the other (scripts/device_spec_check.py; $OUT/spec.json, log in $OUT/spec.err).
+        python3 scripts/device_spec_check.py 2>"$OUT/spec.err" >"$OUT/spec.json" || rc=1
+        python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+for n in ('baseline', 'ngram', 'draft_model'):
+    print(n, {k: r[n].get(k) for k in ('decode_tok_s', 'ms_per_step', 'tokens_per_step',
+          'mean_acceptance_length', 'acceptance_rate', 'greedy_tokens_identical', 'error')})
+print('targets', r.get('targets'))" "$OUT/spec.json"
+        tail -5 "$OUT/spec.err"
         ;;
     profile)
         for eager in "" --enforce-eager; do

@@ -119,3 +119,39 @@ def test_editing_workload_end_to_end(tiny_model, tmp_path, capsys, monkeypatch):
     counts = result["spec_decoding"]
     assert counts["draft_tokens"] <= 3 * counts["drafts"]
     assert counts["accepted_tokens"] <= counts["draft_tokens"]
+
+
+def test_device_check_summary_and_targets():
+    from scripts.device_spec_check import editing_ids, summarise
+
+    ids = editing_ids(128256)
+    assert len(ids) == 302 and min(ids) >= 128256 // 8 and max(ids) < 128256
+    assert editing_ids(128256) == ids  # the same prompt for every engine
+    base = {"decode_tok_s": 100.0, "ms_per_step": 5.0, "tokens": [1, 2, 3]}
+    result = {
+        "baseline": base,
+        "ngram": {"decode_tok_s": 250.0, "ms_per_step": 6.0, "tokens": [1, 2, 3]},
+        "draft_model": {
+            "decode_tok_s": 88.0,
+            "ms_per_step": 5.6,
+            "acceptance_rate": 0.0,
+            "tokens": [1, 2, 4],
+        },
+    }
+    summarise(result)
+    assert "tokens" not in base
+    assert result["ngram"]["ratio_tok_s"] == 2.5 and result["ngram"]["ms_per_step_ratio"] == 1.2
+    assert result["ngram"]["greedy_tokens_identical"] is True
+    assert result["draft_model"]["greedy_tokens_identical"] is False
+    assert result["targets"] == [
+        {"target": "n-gram >= 2x decode tok/s", "value": 2.5, "met": True},
+        {
+            "target": "draft model's step overhead <= 10% (at its acceptance)",
+            "value": 0.12,
+            "met": False,
+            "acceptance_rate": 0.0,
+        },
+    ]
+    failed = {"baseline": {"error": "x"}, "ngram": {"error": "y"}, "draft_model": {}}
+    summarise(failed)
+    assert failed["targets"] == []
