@@ -51,16 +51,25 @@ class AsyncOutput:
         logprobs: LogprobsTensors | None,
         num_logprobs: np.ndarray,
         prompt_chunks: list[LogprobsTensors],
+        verify_starts: np.ndarray | None = None,
+        drafts: torch.Tensor | None = None,
     ) -> None:
+        """sampled: a token per sampling row [S], or with speculative decoding each row's
+        tokens [S, K + 1] padded with -1, whose logprobs rows start at verify_starts[j];
+        drafts [S, K] (-1 padded): the proposals for each sampling row's next step."""
         self._req_ids = req_ids
         self._sample_rows = sample_rows
         self._num_logprobs = num_logprobs  # per sampling row: K asked, -1 all, -2 none
+        self._verify_starts = verify_starts
         tensors: list[torch.Tensor] = [] if sampled is None else [sampled]
         if logprobs is not None:
             tensors.extend(logprobs)
         for chunk in prompt_chunks:
             tensors.extend(chunk)
+        if drafts is not None:
+            tensors.append(drafts)
         host, self._event = d2h.start(tensors)
+        self._drafts = host.pop() if drafts is not None else None
         self._sampled = host[0] if sampled is not None else None
         self._logprobs = LogprobsTensors(*host[1:4]) if logprobs is not None else None
         start = (sampled is not None) + 3 * (logprobs is not None)
@@ -78,6 +87,8 @@ class AsyncOutput:
         if self._event is not None:
             self._event.synchronize()
         logprob_lists: list[LogprobsLists | None] = [None] * len(self._req_ids)
+        if self._verify_starts is not None:
+            return self._verified_output(logprob_lists)
         tokens = self._sampled.tolist() if self._sampled is not None else []
         if len(tokens) == len(self._req_ids):  # every row sampled (all decodes)
             sampled_lists = list(map(list, zip(tokens)))  # [[token], ...] at C speed
@@ -93,6 +104,31 @@ class AsyncOutput:
                 if k != -2:
                     ids, lps, rank = _one_position(lp, j, k)
                     logprob_lists[row] = LogprobsLists([ids], [lps], [rank])
+        return self._message(sampled_lists, logprob_lists)
+
+    def _verified_output(self, logprob_lists: list[LogprobsLists | None]) -> ModelRunnerOutput:
+        """A speculative step's output: each sampling row's kept tokens (-1 ends them), their
+        logprobs from its verification rows, and the drafts for its next step."""
+        assert self._sampled is not None and self._verify_starts is not None
+        sampled_lists: list[list[int]] = [[] for _ in self._req_ids]
+        rows = self._sample_rows.tolist()
+        for row, tokens in zip(rows, self._sampled.tolist()):
+            sampled_lists[row] = tokens[: tokens.index(-1)] if -1 in tokens else tokens
+        if self._logprobs is not None:
+            lp = _to_lists(self._logprobs)
+            for row, k, start in zip(
+                rows, self._num_logprobs.tolist(), self._verify_starts.tolist()
+            ):
+                if k != -2:
+                    kept = [_one_position(lp, start + j, k) for j in range(len(sampled_lists[row]))]
+                    logprob_lists[row] = LogprobsLists(
+                        [p[0] for p in kept], [p[1] for p in kept], [p[2] for p in kept]
+                    )
+        return self._message(sampled_lists, logprob_lists)
+
+    def _message(
+        self, sampled_lists: list[list[int]], logprob_lists: list[LogprobsLists | None]
+    ) -> ModelRunnerOutput:
         prompt = {}
         for req_id, (chunks, k) in self.prompt_logprobs.items():
             ids: list[list[int]] = []
@@ -106,11 +142,17 @@ class AsyncOutput:
                     lps.append(v)
                     ranks.append(r)
             prompt[req_id] = LogprobsLists(ids, lps, ranks)
+        spec_token_ids: list[list[int]] = []
+        if self._drafts is not None:
+            spec_token_ids = [[] for _ in self._req_ids]
+            for row, drafts in zip(self._sample_rows.tolist(), self._drafts.tolist()):
+                spec_token_ids[row] = drafts[: drafts.index(-1)] if -1 in drafts else drafts
         return ModelRunnerOutput(
             req_ids=self._req_ids,
             sampled_token_ids=sampled_lists,
             logprobs=logprob_lists,
             prompt_logprobs=prompt,
+            spec_token_ids=spec_token_ids,
         )
 
 

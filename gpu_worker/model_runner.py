@@ -30,6 +30,8 @@ from gpu_worker.prompt_logprobs import PromptLogprobs
 from gpu_worker.request_state import RequestStates
 from gpu_worker.sampler import LogprobsTensors, Sampler
 from gpu_worker.sampling_state import SamplingStates
+from gpu_worker.spec_decode.proposer import make_proposer
+from gpu_worker.spec_decode.speculation import Speculation
 from gpu_worker.staging import HostToDevice
 from gpu_worker.warmup import PROFILE_SAMPLING, DummyLimits, run_dummy, warm_up
 from protocol.step import ModelRunnerOutput, SchedulerOutput
@@ -73,6 +75,13 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0  # of the KV cache allocated now (its layout is the backend's)
         self.graphs: DecodeGraphs | None = None
+        # --speculative-config: the proposer and the verification of its drafts (None: off).
+        proposer = make_proposer(config, device)
+        self.speculation = (
+            Speculation(proposer, self.states, self.sampling, self.h2d, config.max_model_len)
+            if proposer is not None
+            else None
+        )
 
     def load_model(self) -> None:
         """Build the model and load its weights onto the device."""
@@ -85,11 +94,18 @@ class ModelRunner:
             self.config.model.seed,
             self.config.model.quantization,
         )
+        if self.speculation is not None:
+            self.speculation.proposer.load()
 
     def determine_num_blocks(self) -> int:
         """How many KV blocks fit in the memory the configuration allows (on a GPU: beside the
         measured peak of a profile run)."""
-        return kv_cache_num_blocks(self.config, self.dtype, self.device, self.profile_run)
+        extra = self.speculation.proposer.kv_block_bytes() if self.speculation else 0
+        if not extra:
+            return kv_cache_num_blocks(self.config, self.dtype, self.device, self.profile_run)
+        return kv_cache_num_blocks(
+            self.config, self.dtype, self.device, self.profile_run, extra_block_bytes=extra
+        )
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the KV cache and bind each layer's slice to its attention module."""
@@ -115,6 +131,8 @@ class ModelRunner:
                     f"{type(self.model).__name__} attends within {attn.sliding_window}"
                 )
             attn.kv_cache = cache
+        if self.speculation is not None:
+            self.speculation.proposer.initialize_kv_cache(num_blocks)
 
     def _release_kv_cache(self) -> None:
         assert self.model is not None
@@ -221,6 +239,8 @@ class ModelRunner:
         self._update_states(sched)
         if not sched.num_scheduled_tokens:
             return ReadyOutput(ModelRunnerOutput())
+        if self.speculation is not None:
+            return self._speculative_step(sched)
         req_ids = list(sched.num_scheduled_tokens)
         num_scheduled = np.fromiter(
             sched.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids)
@@ -256,6 +276,59 @@ class ModelRunner:
         self.sampling.post_update(batch.sample_slots, batch.sample_slots_np, sampled)
         return output
 
+    def _speculative_step(self, sched: SchedulerOutput) -> AsyncOutput:
+        """execute_model_async with --speculative-config: the scheduled drafts verified in the
+        step's forward (gpu_worker/spec_decode/speculation.py), the kept tokens applied, and
+        the next drafts proposed, all before the results' copy starts."""
+        assert self.model is not None and self.speculation is not None
+        spec = self.speculation
+        req_ids = list(sched.num_scheduled_tokens)
+        num_scheduled = np.fromiter(
+            sched.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids)
+        )
+        drafts_per_slot = spec.stage(sched)
+        batch = self.inputs.prepare(req_ids, num_scheduled, sched.total_num_scheduled_tokens)
+        self._offset_long_rope(batch, num_scheduled)
+        hidden = self._forward(batch)
+        owners, chunks, complete = self.prompt_logprobs.compute(
+            self.model.compute_logits, hidden, batch, self.states
+        )
+        if drafts_per_slot is None:
+            sampled, logprobs = self._sample(batch, hidden, sched)
+            self.states.post_update(
+                batch.slots,
+                batch.slots_np,
+                batch.device_batch.seq_lens,
+                batch.seq_lens_np,
+                batch.sample_slots,
+                batch.sample_slots_np,
+                sampled,
+                self.sampling.num_output,
+            )
+            self.sampling.post_update(batch.sample_slots, batch.sample_slots_np, sampled)
+            verify_starts = None
+            last_rows = batch.logits_indices
+        else:
+            sampled, logprobs, verify_starts, last_rows = spec.verify(
+                self.model, batch, hidden, sched, drafts_per_slot
+            )
+        drafts = spec.propose(
+            batch, hidden, last_rows, getattr(self.model, "aux_hidden_states", None)
+        )
+        output = AsyncOutput(
+            self.d2h,
+            req_ids,
+            batch.sample_rows_np,
+            sampled,
+            logprobs,
+            self.sampling.logprobs_np[batch.sample_slots_np],
+            chunks,
+            verify_starts,
+            drafts,
+        )
+        self.prompt_logprobs.attach(output, owners, complete)
+        return output
+
     def _offset_long_rope(self, batch: InputBatch, num_scheduled: np.ndarray) -> None:
         """LongRoPE: the positions of long requests' tokens move to the rotary table's long
         half (RotaryEmbedding.long_offset), in place, before the forward (a CUDA graph's
@@ -289,6 +362,8 @@ class ModelRunner:
                 new.rope_long,
             )
             sampling.add(slot, params, len(new.output_token_ids))
+            if self.speculation is not None:
+                self.speculation.proposer.add_request(slot, new.num_computed_tokens)
             if sampling.penalized_np[slot]:
                 penalized.append(slot)
             # A request resumed after preemption sent its prompt logprobs already.

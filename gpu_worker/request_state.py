@@ -134,6 +134,11 @@ class RequestStates:
             self.block_table_np[rows, cols] = ids
             self._block_writes.put_scalars(flat, ids)
 
+    def stage_tokens(self, slot: int, token_ids: list[int], start: int) -> None:
+        """Stage token ids into a slot's row from position start (speculative decoding's drafts,
+        written after the known tokens; num_tokens does not count them)."""
+        self._token_writes.put_row(slot, token_ids, start)
+
     def apply_staged_writes(self) -> None:
         """Send the new requests and blocks to the device."""
         self._token_writes.apply()
