@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from gpu_worker.attention.metadata import DeviceBatch
+from gpu_worker.decode_inputs import DecodeInputs
 from gpu_worker.input_batch import InputBatch
 from gpu_worker.request_state import RequestStates
 from gpu_worker.staging import HostToDevice
@@ -31,6 +32,13 @@ class DraftInputs:
         # [max_num_reqs] int64: each slot's first position in the forward being prepared (the
         # gather's num_computed), written for the forward's slots only.
         self._start = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        # Set once the drafter's CUDA graphs are captured (use_graph_inputs).
+        self._graph_inputs: DecodeInputs | None = None
+
+    def use_graph_inputs(self, inputs: DecodeInputs) -> None:
+        """From now on, forwards of one token per request that a captured size covers gather
+        their inputs into the drafter's graph buffers (InputBatch.in_graph_buffers)."""
+        self._graph_inputs = inputs
 
     def prepare(
         self,
@@ -54,6 +62,16 @@ class DraftInputs:
         seq_lens_np = (start_np + query_lens_np).astype(np.int32)
         max_seq_len = int(seq_lens_np.max()) if num_reqs else 0
         max_blocks = -(-max_seq_len // states.block_size)
+        max_query_len = int(query_lens_np.max()) if num_reqs else 0
+        graph = self._graph_inputs
+        out = None
+        in_graph_buffers = (
+            graph is not None and max_query_len == 1 and graph.padded_size(num_reqs) > 0
+        )
+        if in_graph_buffers:
+            assert graph is not None
+            max_blocks = graph.max_blocks  # a graph reads whole block-table rows
+            out = graph.outputs(num_reqs, len(sample_rows_np))
         slots, start, qsl, sample_rows = self.h2d.copy(slots_np, start_np, qsl_np, sample_rows_np)
         self._start.index_copy_(0, slots, start)
         inputs = self._gather(
@@ -66,13 +84,14 @@ class DraftInputs:
             states.block_size,
             num_tokens,
             max_blocks,
+            out,
         )
         device_batch = DeviceBatch(
             query_start_loc=qsl,
             seq_lens=inputs.seq_lens,
             block_table=inputs.block_table,
             slot_mapping=inputs.slot_mapping,
-            max_query_len=int(query_lens_np.max()) if num_reqs else 0,
+            max_query_len=max_query_len,
             max_seq_len=max_seq_len,
         )
         return InputBatch(
@@ -91,4 +110,5 @@ class DraftInputs:
             slot_block_table_np=states.block_table_np,
             max_blocks=max_blocks,
             block_size=states.block_size,
+            in_graph_buffers=in_graph_buffers,
         )

@@ -27,6 +27,8 @@ import torch
 from config.attention import AttentionFeatures
 from config.draft_model import draft_arch, draft_load
 from gpu_worker.attention.select import attention_backend
+from gpu_worker.cuda_graphs import DecodeGraphs
+from gpu_worker.decode_inputs import DecodeInputs
 from gpu_worker.forward_context import StepAttention, forward_context
 from gpu_worker.kv_cache import allocate_kv_caches, kv_block_bytes, kv_cache_torch_dtype
 from gpu_worker.loader.model_loader import load_model, torch_dtype
@@ -69,6 +71,7 @@ class DraftModelProposer:
         self.computed_np = np.zeros(sched.max_num_seqs, dtype=np.int64)
         self.model: DecoderForCausalLM | None = None
         self.kv_caches: list[torch.Tensor] = []
+        self.graphs: DecodeGraphs | None = None
 
     def load(self) -> None:
         """Load the draft in the target's dtype, seed and tensor-parallel sharding (random
@@ -109,6 +112,29 @@ class DraftModelProposer:
         layers = self.model.attention_layers()
         for attn, cache in zip(layers, self.kv_caches, strict=True):
             attn.kv_cache = cache
+
+    def capture_model(self) -> None:
+        """Capture the draft's forwards of one token per request (its draft steps, and a
+        catch-up after every draft was rejected) as CUDA graphs of the target's capture sizes;
+        none where the target captures none (CPU, --enforce-eager, tensor parallelism) or the
+        draft's attention backend is not captured."""
+        sizes = self.config.cuda_graph_capture_sizes()
+        if not sizes or not self.backend.supports_cuda_graphs:
+            return
+        assert self.model is not None, "load() first"
+        max_blocks = -(-self.config.max_model_len // self.block_size)
+        inputs = DecodeInputs(sizes, max_blocks, self.device)
+        graphs = DecodeGraphs(
+            self.model,
+            self.backend,
+            inputs,
+            self.model.attention_layers()[0].num_kv_heads,
+            self.config.max_model_len,
+            self.device,
+        )
+        graphs.capture()
+        self.graphs = graphs
+        self.inputs.use_graph_inputs(inputs)
 
     def add_request(self, slot: int, num_computed: int) -> None:
         """The request's first num_computed positions hold KV (prefix-cache hits), the draft's
@@ -169,10 +195,14 @@ class DraftModelProposer:
         assert self.model is not None
         sample_rows = np.arange(len(slots) if sample else 0, dtype=np.int64)
         batch = self.inputs.prepare(states, slots, start, query_lens, sample_rows)
-        host_batch = batch.host_batch() if self.backend.plans_on_host else None
-        metadata = self.backend.build(host_batch, batch.device_batch, self.device)
-        with forward_context(StepAttention(self.backend, metadata)):
-            hidden = self.model(batch.input_ids, batch.positions)
+        hidden = None
+        if batch.in_graph_buffers and self.graphs is not None:
+            hidden = self.graphs.replay(len(slots), batch.device_batch.max_seq_len)
+        if hidden is None:
+            host_batch = batch.host_batch() if self.backend.plans_on_host else None
+            metadata = self.backend.build(host_batch, batch.device_batch, self.device)
+            with forward_context(StepAttention(self.backend, metadata)):
+                hidden = self.model(batch.input_ids, batch.positions)
         if not sample:
             return
         last = hidden.index_select(0, batch.logits_indices)

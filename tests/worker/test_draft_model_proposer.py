@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from engine_core.resolve import resolved_config
+from gpu_worker.decode_inputs import DecodeInputs
+from gpu_worker.forward_context import StepAttention, forward_context
 from gpu_worker.request_state import RequestStates
 from gpu_worker.spec_decode.draft_model import DraftModelProposer
 from gpu_worker.spec_decode.proposer import ProposeInputs, make_proposer
@@ -236,3 +238,55 @@ def test_propose_reads_nothing_back_from_the_device(target, monkeypatch):
             requests.add(req_id, ids)
         limits = {"len5": K, "len23": 2}
         assert requests.propose(limits) == expected(hf, requests, limits)
+
+
+class EagerReplay:
+    """DecodeGraphs.replay on the CPU: the draft run eagerly over the graph buffers' first
+    num_reqs rows, read as a captured graph reads them (metadata built over the buffers)."""
+
+    def __init__(self, proposer: DraftModelProposer, inputs: DecodeInputs) -> None:
+        self.proposer, self.inputs = proposer, inputs
+        self.calls: list[int] = []
+
+    def replay(self, num_reqs: int, max_seq_len: int) -> torch.Tensor | None:
+        if not self.inputs.padded_size(num_reqs):
+            return None
+        self.calls.append(num_reqs)
+        backend = self.proposer.backend
+        meta = backend.graph_metadata(self.inputs.metadata(num_reqs, max_seq_len), CPU)
+        with forward_context(StepAttention(backend, meta)):
+            return self.proposer.model(
+                self.inputs.input_ids[:num_reqs], self.inputs.positions[:num_reqs]
+            )
+
+
+@pytest.mark.skipif(not available(), reason="the C kernels' attention backend builds no host plan")
+def test_one_token_forwards_gather_into_the_graph_buffers(target, tmp_path):
+    draft = make_tiny_model(tmp_path / "head64", **DRAFTS["head64"])
+    hf = hf_causal_lm(draft)
+    proposer, requests = make(target, draft)
+    assert not proposer.backend.plans_on_host
+    inputs = DecodeInputs([1, 2, 4], requests.states.block_table.shape[1], CPU)
+    proposer.inputs.use_graph_inputs(inputs)
+    proposer.graphs = graphs = EagerReplay(proposer, inputs)  # type: ignore[assignment]
+    prompts = random_prompts(512, (3, 17, 40))
+    for req_id, ids in prompts.items():
+        requests.add(req_id, ids)
+    every = {r: K for r in prompts}
+    got = requests.propose(every)
+    assert got == expected(hf, requests, every)
+    assert graphs.calls == [3, 3]  # the catch-up of whole prompts runs eagerly
+    # Every draft rejected: the catch-up is one token per request, a graph's shape too.
+    for i, req_id in enumerate(prompts):
+        requests.extend(req_id, [7 + i])
+    graphs.calls.clear()
+    assert requests.propose(every) == expected(hf, requests, every)
+    assert graphs.calls == [3, 3, 3]
+    # More requests than the largest size: eager again.
+    for n in (5, 6):
+        requests.add(f"more{n}", random_prompts(512, (n,), seed=n)[f"len{n}"])
+        requests.extend(f"more{n}", [9])
+    graphs.calls.clear()
+    every = {r: K for r in requests.tokens}
+    assert requests.propose(every) == expected(hf, requests, every)
+    assert graphs.calls == []
