@@ -106,3 +106,62 @@ def test_each_kernel_through_the_proposer(impl: str) -> None:
     states, slots = _states(rows)
     drafts = proposer.propose(_inputs(states, slots, max_drafts))
     assert drafts.tolist() == _expected(rows, max_drafts, 2, 2, 3)
+
+
+def test_llm_greedy_equal_with_and_without_ngram(tmp_path, monkeypatch) -> None:
+    """A tiny random model through LLM(...): greedy tokens with n-gram drafts equal those without,
+    and drafts were proposed and verified (fewer forward steps than tokens)."""
+    import shutil
+
+    from config.default_model import resolve_model_path
+    from frontend.llm import LLM
+    from gpu_worker.model_runner import ModelRunner
+    from protocol.sampling_params import SamplingParams
+    from tests.tiny_models import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "tiny", vocab_size=512)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(resolve_model_path(None) / name, path / name)
+    rng = random.Random(0)
+    span = [rng.randrange(3, 500) for _ in range(12)]
+    prompts = [
+        [1, *span, *span[:5]],
+        [1, *(rng.randrange(3, 500) for _ in range(30))],
+        [1, *span, 77, *span, 78, *span[:3]],
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    steps: list[int] = []
+    proposed: list[int] = []
+    execute = ModelRunner.execute_model_async
+    propose = NgramProposer.propose
+
+    def count_steps(self, sched):
+        steps.append(sched.total_num_scheduled_tokens)
+        return execute(self, sched)
+
+    def count_drafts(self, inputs):
+        drafts = propose(self, inputs)
+        proposed.append(int((drafts >= 0).sum()))
+        return drafts
+
+    monkeypatch.setattr(ModelRunner, "execute_model_async", count_steps)
+    monkeypatch.setattr(NgramProposer, "propose", count_drafts)
+    outputs = {}
+    for spec in (None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2}):
+        llm = LLM(
+            str(path),
+            device="cpu",
+            max_model_len=128,
+            kv_cache_memory="8MiB",
+            block_size=8,
+            engine_process=False,
+            speculative_config=spec,
+        )
+        steps.clear()
+        results = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs[spec is None] = [r.outputs[0].token_ids for r in results]
+        num_steps = len(steps)
+    assert outputs[False] == outputs[True]
+    assert all(len(o) == 40 for o in outputs[True])
+    assert sum(proposed) > 0
+    assert num_steps < 40, f"{num_steps} steps for 40 tokens: no draft was accepted"
