@@ -167,8 +167,11 @@ class EngineConfig:
                 resolve_model_path(spec.model, hub, weights=weights, tokenizer=False)
             )
         from config.draft_model import check_draft_model
+        from config.eagle_head import check_eagle_head
 
         check_draft_model(self, cpu_kernels_available)
+        if spec.method in ("eagle", "eagle3"):
+            check_eagle_head(self)
 
     def _locate_model(self) -> None:
         """model_path and tokenizer_path: local folders, Hub ids' snapshots (config/hub.py) or

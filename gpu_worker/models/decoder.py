@@ -53,6 +53,11 @@ class DecoderForCausalLM(nn.Module, ABC):
         self.layer_rotaries = [r if r is not None else self.rotary for r in own]
         self.extra_rotaries = nn.ModuleList({id(r): r for r in own if r is not None}.values())
         self.fused_decode = FusedDecode(self)
+        # EAGLE-3 (gpu_worker/spec_decode/eagle.py): the layers whose input, the residual
+        # stream, forward() keeps in aux_hidden_states ([T, hidden] each, in layer order);
+        # None: nothing kept (and only then may the CPU's fused decode step run).
+        self.aux_hidden_state_layers: frozenset[int] | None = None
+        self.aux_hidden_states: list[torch.Tensor] | None = None
 
     def model_rotary(self, cfg: ModelArchConfig) -> RotaryEmbedding:
         """The rotary embedding of every layer that layer_rotary leaves to the model: head_dim
@@ -93,14 +98,22 @@ class DecoderForCausalLM(nn.Module, ABC):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        if (fused := self.fused_decode.run(x, cos, sin)) is not None:
+        keep = self.aux_hidden_state_layers
+        if keep is None and (fused := self.fused_decode.run(x, cos, sin)) is not None:
             return fused
         tables = {id(self.rotary): (cos, sin)}
         for r in self.extra_rotaries:
             tables[id(r)] = cast(RotaryEmbedding, r).cos_sin(positions, x.dtype)
         residual: torch.Tensor | None = None
-        for layer, rotary in zip(self.model.layers, self.layer_rotaries, strict=True):
+        aux: list[torch.Tensor] = []
+        for i, (layer, rotary) in enumerate(
+            zip(self.model.layers, self.layer_rotaries, strict=True)
+        ):
+            if keep is not None and i in keep:  # a copy: the layers update x and residual in place
+                aux.append(x.clone() if residual is None else x + residual)
             x, residual = layer(x, residual, rotary, *tables[id(rotary)])
+        if keep is not None:
+            self.aux_hidden_states = aux
         assert residual is not None  # a model has at least one layer
         x, _ = self.model.norm.forward_with_residual(x, residual)
         return x
