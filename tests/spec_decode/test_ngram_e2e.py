@@ -166,3 +166,13 @@ def test_prefix_cache_reuse_equal(tiny, base) -> None:
     assert _ids(llm, PROMPTS, GREEDY) == want  # the second time from cached blocks
     hits = [m for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits"]
     assert hits[0].value > 0
+
+
+def test_tensor_parallel_equal(tiny, base) -> None:
+    """TP=2 over gloo: rank 0 replies, every rank applies the same drafts and verdicts."""
+    llm = _llm(tiny, NGRAM, tensor_parallel_size=2)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    assert _ids(llm, PROMPTS, params) == _ids(base, PROMPTS, params)
+    assert _accepted(llm) > 0
+    seeded = SamplingParams(temperature=1.0, max_tokens=16, seed=3)
+    assert _ids(llm, PROMPTS, seeded) == _ids(llm, PROMPTS, seeded)
