@@ -95,6 +95,7 @@ class ModelRunner:
             self.config.model.quantization,
         )
         if self.speculation is not None:
+            self.speculation.proposer.attach_target(self.model)
             self.speculation.proposer.load()
 
     def determine_num_blocks(self) -> int:
@@ -226,6 +227,8 @@ class ModelRunner:
         graphs.capture()
         self.graphs = graphs
         self.inputs.use_graph_inputs(inputs)
+        if self.speculation is not None:
+            self.speculation.proposer.capture_model()
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and wait for its output."""

@@ -33,6 +33,12 @@ class NgramProposer:
         self._h2d = HostToDevice(device, capacity=1 << 12)
         self._propose = ngram_propose_for(device)
 
+    def attach_target(self, target: torch.nn.Module) -> None:
+        """Nothing: the n-gram proposer reads only the token table."""
+
+    def capture_model(self) -> None:
+        """Nothing: no graphs (the matching is one kernel launch)."""
+
     def load(self) -> None:
         """Nothing to load."""
 

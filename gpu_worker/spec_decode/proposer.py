@@ -54,6 +54,10 @@ class Proposer(Protocol):
 
     num_speculative_tokens: int
 
+    def attach_target(self, target: torch.nn.Module) -> None:
+        """The target model, loaded (before load()): an EAGLE head shares its embedding and
+        output head and has it keep the hidden states it reads; others ignore it."""
+
     def load(self) -> None:
         """Load what the proposer runs (a draft model's weights); nothing for ngram."""
 
@@ -64,6 +68,10 @@ class Proposer(Protocol):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the proposer's cache for num_blocks blocks, addressed by the target's block
         tables (the same block ids: a request's draft KV sits in the blocks its target KV does)."""
+
+    def capture_model(self) -> None:
+        """Capture the proposer's CUDA graphs, after the target's (a draft model's one-token
+        forwards); nothing where there are none."""
 
     def add_request(self, slot: int, num_computed: int) -> None:
         """A request took slot, with num_computed tokens whose KV the target already holds

@@ -10,6 +10,8 @@ this package; the proposer is whichever --speculative-config names.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -57,7 +59,7 @@ class Speculation:
 
     def verify(
         self,
-        model: torch.nn.Module,
+        model: Any,
         batch: InputBatch,
         hidden: torch.Tensor,
         sched: SchedulerOutput,
