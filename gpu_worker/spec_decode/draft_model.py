@@ -73,6 +73,9 @@ class DraftModelProposer:
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: DecodeGraphs | None = None
 
+    def attach_target(self, target: torch.nn.Module) -> None:
+        """Nothing: the draft model shares no weights with the target."""
+
     def load(self) -> None:
         """Load the draft in the target's dtype, seed and tensor-parallel sharding (random
         weights when the target's are; config/draft_model.py's draft_load)."""
@@ -150,37 +153,66 @@ class DraftModelProposer:
         slots = inputs.slots_np[rows]
         num_tokens = inputs.num_tokens_np[rows]
         max_drafts = np.minimum(inputs.max_drafts_np[rows], k)
-        if len(rows):
-            # A count the scheduler would never leave (nothing to compute) recomputes the last
-            # token: its hidden state gives draft 1.
-            start = np.minimum(self.computed_np[slots], num_tokens - 1)
-            self._catch_up(states, slots, start, num_tokens)
+        # A count the scheduler would never leave (nothing to compute) recomputes the last
+        # token: its hidden state gives draft 1.
+        start = np.minimum(self.computed_np[slots], num_tokens - 1)
+        chunk_slots, chunk_ends = self._prompt_chunks(inputs)
+        if len(rows) or len(chunk_slots):
+            self._catch_up(
+                states,
+                np.concatenate([slots, chunk_slots]),
+                np.concatenate([start, self.computed_np[chunk_slots]]),
+                np.concatenate([num_tokens, chunk_ends]),
+                len(rows),
+            )
             self.computed_np[slots] = num_tokens
+            self.computed_np[chunk_slots] = chunk_ends
         for j in range(1, k):
             live = np.flatnonzero(max_drafts > j)
             if not len(live):
                 break
             # Draft j sits at num_tokens + j - 1; its forward writes draft j + 1 after it.
             ones = np.ones(len(live), dtype=np.int64)
-            self._forward(states, slots[live], num_tokens[live] + j - 1, ones, sample=True)
+            self._forward(states, slots[live], num_tokens[live] + j - 1, ones, len(live))
         return self._read_drafts(inputs, rows, num_tokens, max_drafts)
 
+    def _prompt_chunks(self, inputs: ProposeInputs) -> tuple[np.ndarray, np.ndarray]:
+        """The step's requests that computed a prompt chunk without sampling, and how far the
+        target computed each: the draft computes them along, so that the blocks the target
+        fills (and the prefix cache may hand to another request) hold the draft's KV too."""
+        batch = inputs.batch
+        if batch is None or len(batch.sample_rows_np) == len(batch.slots_np):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        chunk = np.ones(len(batch.slots_np), dtype=bool)
+        chunk[batch.sample_rows_np] = False
+        slots = batch.slots_np[chunk]
+        ends = batch.seq_lens_np[chunk].astype(np.int64)
+        behind = ends > self.computed_np[slots]
+        return slots[behind], ends[behind]
+
     def _catch_up(
-        self, states: RequestStates, slots: np.ndarray, start: np.ndarray, num_tokens: np.ndarray
+        self,
+        states: RequestStates,
+        slots: np.ndarray,
+        start: np.ndarray,
+        end: np.ndarray,
+        num_samples: int,
     ) -> None:
-        """Compute each slot's positions start .. num_tokens - 1, in forwards of at most
-        max_forward_tokens tokens where the rows allow (the last forward computes every row's
-        last token, so it holds one row at least), and write draft 1 at num_tokens."""
-        todo = num_tokens - start
-        while todo.sum() > self.max_forward_tokens and (todo > 1).any():
-            # The earliest rows' tokens first, each keeping its last token for the last forward.
-            spare = todo - 1
+        """Compute each slot's positions start .. end - 1, in forwards of at most
+        max_forward_tokens tokens where the rows allow; the first num_samples rows write
+        draft 1 at end (the last forward computes their last tokens, so it holds them)."""
+        todo = end - start
+        keep = (np.arange(len(slots)) < num_samples).astype(np.int64)
+        while todo.sum() > self.max_forward_tokens and (todo > keep).any():
+            # The earliest rows' tokens first, sampling rows keeping their last token.
+            spare = todo - keep
             before = np.cumsum(spare) - spare
             take = np.clip(self.max_forward_tokens - before, 0, spare)
             part = np.flatnonzero(take)
-            self._forward(states, slots[part], start[part], take[part], sample=False)
+            self._forward(states, slots[part], start[part], take[part], 0)
             start, todo = start + take, todo - take
-        self._forward(states, slots, start, todo, sample=True)
+        last = np.flatnonzero(todo)  # the sampling rows (first, never done) and what is left
+        self._forward(states, slots[last], start[last], todo[last], num_samples)
 
     def _forward(
         self,
@@ -188,12 +220,12 @@ class DraftModelProposer:
         slots: np.ndarray,
         start: np.ndarray,
         query_lens: np.ndarray,
-        sample: bool,
+        num_samples: int,
     ) -> None:
-        """One forward of the draft; with sample, each row's argmax at its last position is
-        written into the token table at the position after it (the row's next draft)."""
+        """One forward of the draft; each of the first num_samples rows' argmax at its last
+        position is written into the token table at the position after it (its next draft)."""
         assert self.model is not None
-        sample_rows = np.arange(len(slots) if sample else 0, dtype=np.int64)
+        sample_rows = np.arange(num_samples, dtype=np.int64)
         batch = self.inputs.prepare(states, slots, start, query_lens, sample_rows)
         hidden = None
         if batch.in_graph_buffers and self.graphs is not None:
@@ -203,7 +235,7 @@ class DraftModelProposer:
             metadata = self.backend.build(host_batch, batch.device_batch, self.device)
             with forward_context(StepAttention(self.backend, metadata)):
                 hidden = self.model(batch.input_ids, batch.positions)
-        if not sample:
+        if not num_samples:
             return
         last = hidden.index_select(0, batch.logits_indices)
         tokens = self.model.greedy_tokens(last)

@@ -11,6 +11,8 @@ request left out of earlier rounds.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -93,15 +95,29 @@ class Requests:
         st.append_blocks(slot, self._blocks(req_id, st.num_blocks[slot]))
         st.apply_staged_writes()
 
-    def propose(self, max_drafts: dict[str, int]) -> dict[str, list[int]]:
+    def propose(
+        self, max_drafts: dict[str, int], chunks: dict[str, int] | None = None
+    ) -> dict[str, list[int]]:
+        """Drafts for the requests of max_drafts, which sampled; chunks: requests that computed
+        a prompt chunk in the step, up to this many tokens (the step's batch holds them)."""
         req_ids = list(max_drafts)
         slots = np.array([self.states.slot_of[r] for r in req_ids], dtype=np.int64)
+        batch = None
+        if chunks is not None:
+            chunk_slots = [self.states.slot_of[r] for r in chunks]
+            # What _prompt_chunks reads of the step's InputBatch.
+            batch = SimpleNamespace(
+                slots_np=np.array([*slots, *chunk_slots], dtype=np.int64),
+                seq_lens_np=np.array([0] * len(slots) + list(chunks.values()), dtype=np.int32),
+                sample_rows_np=np.arange(len(slots), dtype=np.int64),
+            )
         inputs = ProposeInputs(
             slots_np=slots,
             slots=torch.from_numpy(slots.copy()),
             num_tokens_np=np.array([len(self.tokens[r]) for r in req_ids], dtype=np.int64),
             max_drafts_np=np.array(list(max_drafts.values()), dtype=np.int64),
             states=self.states,
+            batch=batch,  # type: ignore[arg-type]
         )
         drafts = self.proposer.propose(inputs)
         assert drafts.shape == (len(req_ids), K) and drafts.dtype == torch.int64
@@ -201,6 +217,34 @@ def test_prefix_cache_hit_reads_the_drafts_kv_of_the_shared_blocks(target, draft
     forwards.clear()
     assert requests.propose({"second": K}) == expected(hf, requests, {"second": K})
     assert forwards[0] == [9]
+
+
+def test_prompt_chunks_of_the_step_are_computed_along(target, draft, monkeypatch):
+    """A request whose prompt the target computes in chunks, in steps where others sample: the
+    draft computes each chunk in that step's catch-up, and the request's first drafts need only
+    its last chunk."""
+    draft_path, hf = draft
+    proposer, requests = make(target, draft_path)
+    forwards = record_forwards(proposer, monkeypatch)
+    requests.add("a", random_prompts(512, (6,), seed=8)["len6"])
+    requests.add("long", random_prompts(512, (45,), seed=9)["len45"])
+    requests.propose({"a": K}, chunks={"long": 16})
+    assert forwards[0] == [6, 16]
+    requests.extend("a", [7])
+    forwards.clear()
+    requests.propose({"a": 1}, chunks={"long": 32})
+    assert forwards == [[1, 16]]
+    forwards.clear()
+    both = {"a": K, "long": K}
+    requests.extend("a", [8])
+    assert requests.propose(both) == expected(hf, requests, both)
+    assert forwards[0] == [1, 13]
+    # Only what the draft lacks: chunks it already computed are not computed again.
+    requests.extend("a", [9])
+    requests.extend("long", [9])
+    forwards.clear()
+    requests.propose({"a": 1}, chunks={"long": 40})
+    assert forwards == [[1]]
 
 
 def test_rows_without_drafts_are_not_computed(target, draft, monkeypatch):
