@@ -71,13 +71,15 @@ class RejectionSampler:
                     accepted = torch.where(md.greedy_mask, draft_token_ids == greedy_ids, accepted)
                     final = torch.where(md.greedy_mask, greedy_ids, final)
 
+        # The token each row's request outputs there, if it gets that far: the draft where
+        # accepted, else the row's own token (and the row is the request's last output).
+        row_tokens = torch.where(accepted, draft_token_ids, final)
         num_drafts = int(num_drafts_np.max()) if len(num_drafts_np) else 0
         output_token_ids, num_accepted = _per_request(
-            accepted, final, draft_token_ids, len(num_drafts_np), num_drafts + 1
+            accepted, row_tokens, draft_token_ids, len(num_drafts_np), num_drafts + 1
         )
         logprobs = None
         if raw_logprobs is not None and md.max_num_logprobs is not None:
-            row_tokens = torch.where(accepted, draft_token_ids, final)
             logprobs = compute_logprobs_tensors(raw_logprobs, row_tokens, md.max_num_logprobs)
         return RejectionOutput(output_token_ids, num_accepted + 1, logprobs)
 
@@ -113,14 +115,13 @@ def _without_draft(
 
 def _per_request(
     accepted: torch.Tensor,
-    final: torch.Tensor,
+    row_tokens: torch.Tensor,
     draft_token_ids: torch.Tensor,
     num_requests: int,
     width: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows [T] laid out as [S, width] by request (the rows of a request end at its draft -1):
-    the accepted prefix of drafts, then the final token of the first row that is not accepted,
-    then -1; and each request's accepted count."""
+    """Rows [T] laid out as [S, width] by request (a request's rows end at its draft -1): its
+    row tokens up to its first row not accepted, then -1; and each request's accepted count."""
     num_rows = draft_token_ids.shape[0]
     device = draft_token_ids.device
     last = draft_token_ids < 0
@@ -129,14 +130,10 @@ def _per_request(
     first = torch.ones_like(last)
     first[1:] = last[:-1]
     column = row - torch.where(first, row, 0).cummax(0).values
-    flat = request * width + column
-
-    def layout(values: torch.Tensor, fill: int | bool) -> torch.Tensor:
-        out = torch.full((num_requests * width,), fill, dtype=values.dtype, device=device)
-        return out.scatter_(0, flat, values).view(num_requests, width)
-
-    num_accepted = layout(accepted, False).long().cumprod(dim=1).sum(dim=1)
-    columns = torch.arange(width, device=device).unsqueeze(0)
-    n = num_accepted.unsqueeze(1)
-    tokens = torch.where(columns < n, layout(draft_token_ids, -1), layout(final, -1))
-    return tokens.masked_fill_(columns > n, -1), num_accepted
+    # The first row not accepted (the last row at the latest) is the count accepted before it.
+    num_accepted = torch.full((num_requests,), width, dtype=torch.int64, device=device)
+    num_accepted.scatter_reduce_(0, request, torch.where(accepted, width, column), "amin")
+    tokens = torch.full((num_requests * width,), -1, dtype=torch.int64, device=device)
+    tokens = tokens.scatter_(0, request * width + column, row_tokens).view(num_requests, width)
+    columns = torch.arange(width, device=device)
+    return tokens.masked_fill_(columns > num_accepted.unsqueeze(1), -1), num_accepted

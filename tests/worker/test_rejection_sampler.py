@@ -498,5 +498,5 @@ def test_a_verification_step_never_reads_the_device(monkeypatch):
     assert md.bad_words is not None and md.min_tokens_mask is not None
     logits = _guard(torch.randn(len(drafts), 16, generator=torch.Generator().manual_seed(14)))
     out = RejectionSampler()(logits, md, num_drafts_np, _guard(drafts))
-    assert isinstance(out.output_token_ids, DeviceTensor)
-    assert isinstance(out.num_output, DeviceTensor) and out.logprobs is not None
+    # The outputs are written into fresh tensors (plain here); the logprobs derive from logits.
+    assert out.logprobs is not None and isinstance(out.logprobs.logprobs, DeviceTensor)
