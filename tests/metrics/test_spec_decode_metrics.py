@@ -202,3 +202,62 @@ def test_registered_only_with_a_speculative_config(tmp_path: Path) -> None:
     view = snapshot(off_dir)
     assert view["generation_tokens"] == 4
     assert view["spec_drafts"] is view["spec_draft_tokens"] is view["spec_accepted_tokens"] is None
+
+
+def test_served_repetitive_prompt_counts_accepted_tokens() -> None:
+    """`engine serve` of the default model with n-gram: a prompt that repeats itself, greedy;
+    /metrics counts drafts and accepted tokens, and the page's live view reads the same."""
+    import json
+    import urllib.request
+
+    from config.default_model import resolve_model_path
+    from tests.serve.conftest import Server
+
+    try:
+        resolve_model_path(None)
+    except Exception as e:  # the default model's package is not installed
+        pytest.skip(str(e))
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+    args = ["--device", "cpu", "--kv-cache-memory", "64MiB", "--max-model-len", "512"]
+    server = Server([*args, "--served-model-name", "m", "--speculative-config", spec])
+    assert server.ready, server.stderr
+    try:
+        body = json.dumps(
+            {
+                "model": "m",
+                "prompt": "red, green, blue, yellow, " * 12,
+                "max_tokens": 48,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+        ).encode()
+        request = urllib.request.Request(
+            server.api_url + "/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            answer = json.loads(resp.read())
+        assert answer["usage"]["completion_tokens"] == 48
+        with urllib.request.urlopen(server.api_url + "/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        with urllib.request.urlopen(server.api_url + "/ui/api/stats", timeout=30) as resp:
+            view = json.loads(resp.read())["metrics"]
+    finally:
+        assert server.stop() == 0, server.stderr
+    samples = {
+        (s.name, s.labels.get("position")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("model_name") == "m" and s.labels.get("engine") == "0"
+    }
+    drafts = samples[("vllm:spec_decode_num_drafts_total", None)]
+    drafted = samples[("vllm:spec_decode_num_draft_tokens_total", None)]
+    accepted = samples[("vllm:spec_decode_num_accepted_tokens_total", None)]
+    per_pos = [
+        samples[("vllm:spec_decode_num_accepted_tokens_per_pos_total", str(j))] for j in range(3)
+    ]
+    assert 0 < accepted <= drafted <= 3 * drafts
+    assert sum(per_pos) == accepted and per_pos == sorted(per_pos, reverse=True)
+    assert samples[("vllm:generation_tokens_total", None)] == 48
+    assert view["spec_accepted_tokens"] == accepted and view["spec_draft_tokens"] == drafted
