@@ -493,10 +493,11 @@ def test_a_verification_step_never_reads_the_device(monkeypatch):
     )
     num_drafts_np, drafts = verify_inputs(MIXED)
     slots_np = np.array(SLOTS, dtype=np.int64)
-    slots = _guard(torch.from_numpy(slots_np))
+    slots = _guard(torch.from_numpy(slots_np).to(DEVICE))
     md = expand_metadata(states, slots_np, slots, num_drafts_np, _guard(drafts), history)
     assert md.bad_words is not None and md.min_tokens_mask is not None
-    logits = _guard(torch.randn(len(drafts), 16, generator=torch.Generator().manual_seed(14)))
+    logits = torch.randn(len(drafts), 16, generator=torch.Generator().manual_seed(14))
+    logits = _guard(logits.to(DEVICE))
     out = RejectionSampler()(logits, md, num_drafts_np, _guard(drafts))
     # The outputs are written into fresh tensors (plain here); the logprobs derive from logits.
     assert out.logprobs is not None and isinstance(out.logprobs.logprobs, DeviceTensor)
