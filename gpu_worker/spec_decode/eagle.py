@@ -114,6 +114,9 @@ class EagleProposer:
         for attn, cache in zip(self.head.attention_layers(), self.kv_caches, strict=True):
             attn.kv_cache = cache
 
+    def capture_model(self) -> None:
+        """Nothing yet: the head's steps run eagerly (CUDA graphs for them are owed)."""
+
     def add_request(self, slot: int, num_computed: int) -> None:
         """Nothing kept per slot: the head's KV follows the positions the target computes (a
         prefix-cache hit's blocks hold the head's KV where it computed them before)."""
