@@ -12,9 +12,10 @@ KV sits in the block ids its target KV does (the scheduler allocates num_specula
 positions beyond each step's tokens, where the draft's lookahead KV goes). Each draft is written
 into the runner's token table after the request's known tokens (scratch that the runner
 overwrites with the scheduled drafts next step), where the next forward gathers it from and
-where propose() reads the drafts back. Only the known tokens' KV counts as computed: the
-lookahead KV is rewritten by the next catch-up, accepted or not. The host knows every count, so
-nothing is read back from the device.
+where propose() reads the drafts back. The lookahead KV of the drafts the target accepts is kept
+(they are the tokens the draft fed itself there), the rest rewritten by the next catch-up, so a
+catch-up computes the step's last accepted draft and new token only. The host knows every
+count, so nothing is read back from the device.
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ class DraftModelProposer:
         assert sched.max_num_batched_tokens is not None
         self.max_forward_tokens = sched.max_num_batched_tokens
         self.inputs = DraftInputs(sched.max_num_seqs, device)
-        # [max_num_seqs] by slot: the leading positions whose draft KV the cache holds.
+        # [max_num_seqs] by slot: the leading positions whose draft KV the cache holds, and how
+        # many drafts after them the draft fed itself at its last proposal (their KV computed).
         self.computed_np = np.zeros(sched.max_num_seqs, dtype=np.int64)
+        self.fed_np = np.zeros(sched.max_num_seqs, dtype=np.int64)
         self.model: DecoderForCausalLM | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: DecodeGraphs | None = None
@@ -143,11 +146,18 @@ class DraftModelProposer:
         """The request's first num_computed positions hold KV (prefix-cache hits), the draft's
         too where the draft computed those blocks for the request that filled them."""
         self.computed_np[slot] = num_computed
+        self.fed_np[slot] = 0
 
     @torch.inference_mode()
     def propose(self, inputs: ProposeInputs) -> torch.Tensor:
         """Drafts [S, k] int64: row i's greedy continuation (max_drafts_np[i] tokens, then -1)."""
         k = self.num_speculative_tokens
+        # A step that gained n tokens accepted n - 1 drafts, the very tokens the draft fed
+        # itself at those positions: their KV is the draft's already, up to the drafts it fed.
+        sampled = inputs.slots_np
+        accepted = inputs.num_tokens_np - self.computed_np[sampled] - 1
+        self.computed_np[sampled] += np.clip(accepted, 0, self.fed_np[sampled])
+        self.fed_np[sampled] = 0
         rows = np.flatnonzero(inputs.max_drafts_np > 0)
         states = inputs.states
         slots = inputs.slots_np[rows]
@@ -166,6 +176,7 @@ class DraftModelProposer:
                 len(rows),
             )
             self.computed_np[slots] = num_tokens
+            self.fed_np[slots] = max_drafts - 1
             self.computed_np[chunk_slots] = chunk_ends
         for j in range(1, k):
             live = np.flatnonzero(max_drafts > j)

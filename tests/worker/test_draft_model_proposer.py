@@ -190,17 +190,24 @@ def test_drafts_equal_the_draft_models_greedy_continuation(
     requests.add("late", random_prompts(512, (30,), seed=11)["len30"])
     limits = {"len1": 3, "len7": 0, "len16": 1, "len45": 2, "late": 3}
     forwards.clear()
-    assert requests.propose(limits) == expected(hf, requests, limits)
+    got = requests.propose(limits)
+    assert got == expected(hf, requests, limits)
     if max_forward_tokens is None:
-        # The catch-up computes only what each row's draft cache lacks.
-        assert forwards[0] == [1, 3, 4, 30]
+        # The catch-up computes only what each row's draft cache lacks: the accepted drafts'
+        # KV is there from their own forwards (all but the last draft's: len45 accepted 3 of
+        # 3, two of them fed), the new token's is not.
+        assert forwards[0] == [1, 1, 2, 30]
         assert [len(f) for f in forwards] == [4, 3, 2]
 
-    # len7 sat out a step (its draft cache lags by two steps' tokens); the others lag by one.
-    for req_id in limits:
-        requests.extend(req_id, [5, 6])
+    # Each accepted its first draft and one more token; len7 had none (its draft cache lags by
+    # two steps' tokens), len16's only draft was never fed.
+    for req_id, m in limits.items():
+        requests.extend(req_id, (got[req_id][:1] if m else []) + [6])
+    forwards.clear()
     again = {r: K for r in limits}
     assert requests.propose(again) == expected(hf, requests, again)
+    if max_forward_tokens is None:
+        assert forwards[0] == [1, 2, 2, 1, 1]
 
 
 def test_prefix_cache_hit_reads_the_drafts_kv_of_the_shared_blocks(target, draft, monkeypatch):
