@@ -84,6 +84,21 @@ class RejectionSampler:
         return RejectionOutput(output_token_ids, num_accepted + 1, logprobs)
 
 
+def accept_argmax(
+    argmax: torch.Tensor, num_drafts_np: np.ndarray, draft_token_ids: torch.Tensor
+) -> RejectionOutput:
+    """Greedy verification from each row's argmax [T] alone (the argmax of the unprocessed
+    logits, e.g. fused into the output projection so the logits are never written): what
+    RejectionSampler gives when every row is argmax-only and no logprobs are asked."""
+    accepted = draft_token_ids == argmax
+    row_tokens = torch.where(accepted, draft_token_ids, argmax)
+    num_drafts = int(num_drafts_np.max()) if len(num_drafts_np) else 0
+    output_token_ids, num_accepted = _per_request(
+        accepted, row_tokens, draft_token_ids, len(num_drafts_np), num_drafts + 1
+    )
+    return RejectionOutput(output_token_ids, num_accepted + 1, None)
+
+
 def _verify_random(
     probs: torch.Tensor, draft_token_ids: torch.Tensor, generators: dict[int, torch.Generator]
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ from gpu_worker.request_state import RequestStates
 from gpu_worker.sampler import LogprobsTensors
 from gpu_worker.sampling_state import SamplingStates
 from gpu_worker.spec_decode.proposer import ProposeInputs, Proposer
-from gpu_worker.spec_decode.rejection_sampler import RejectionSampler
+from gpu_worker.spec_decode.rejection_sampler import RejectionSampler, accept_argmax
 from gpu_worker.spec_decode.verify import apply_verified, stage_drafts, verify_rows
 from gpu_worker.spec_decode.verify_metadata import expand_metadata
 from gpu_worker.staging import HostToDevice
@@ -70,10 +70,6 @@ class Speculation:
         logprobs by verification row, each request's first row, and the hidden-state row of
         each request's newest token."""
         rows = verify_rows(batch, drafts_per_slot, self.h2d)
-        logits = model.compute_logits(hidden.index_select(0, rows.logits_indices))
-        if sched.structured_output_request_ids:
-            # Constrained requests verify no drafts: their one row is their first.
-            apply_grammar_bitmask(logits, sched, batch, self.h2d, rows.row_starts_np)
         metadata = expand_metadata(
             self.sampling,
             batch.sample_slots_np,
@@ -82,7 +78,26 @@ class Speculation:
             rows.draft_token_ids,
             self.states,
         )
-        result = self.rejection_sampler(logits, metadata, rows.num_drafts_np, rows.draft_token_ids)
+        hidden_rows = hidden.index_select(0, rows.logits_indices)
+        argmax = None
+        if (
+            metadata.argmax_only
+            and metadata.max_num_logprobs is None
+            and not sched.structured_output_request_ids
+        ):
+            # Greedy rows need only each row's argmax: where a kernel fuses it with the output
+            # projection (the CPU's few-rows path), the logits are never written.
+            argmax = model.greedy_tokens(hidden_rows)
+        if argmax is not None:
+            result = accept_argmax(argmax, rows.num_drafts_np, rows.draft_token_ids)
+        else:
+            logits = model.compute_logits(hidden_rows)
+            if sched.structured_output_request_ids:
+                # Constrained requests verify no drafts: their one row is their first.
+                apply_grammar_bitmask(logits, sched, batch, self.h2d, rows.row_starts_np)
+            result = self.rejection_sampler(
+                logits, metadata, rows.num_drafts_np, rows.draft_token_ids
+            )
         # Every request computed up to its seq_len; none appended a token yet.
         none = batch.sample_slots[:0]
         self.states.post_update(

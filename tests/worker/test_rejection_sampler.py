@@ -292,6 +292,27 @@ def test_mixed_batch_of_0_1_3_drafts():
     ]
 
 
+def test_accept_argmax_equals_the_sampler_on_argmax_only_rows():
+    """The runner's fused path (argmax from the output projection, no logits) gives the
+    rejection sampler's output for argmax-only greedy rows."""
+    vocab = 16
+    logits = torch.randn(4 + 4 + 1 + 2, vocab, generator=torch.Generator().manual_seed(4))
+    argmax = logits.argmax(dim=-1)
+    am = argmax.tolist()
+    reqs = [
+        Req(SamplingParams(temperature=0.0), am[0:3]),
+        Req(SamplingParams(temperature=0.0), am[4:5] + [(am[5] + 1) % vocab, 0]),
+        Req(SamplingParams(temperature=0.0), []),
+        Req(SamplingParams(temperature=0.0), [(am[9] + 1) % vocab]),
+    ]
+    want = verify(logits, reqs)
+    num_drafts_np, drafts = verify_inputs(reqs)
+    got = rejection_sampler.accept_argmax(argmax.to(DEVICE), num_drafts_np, drafts)
+    assert got.output_token_ids.tolist() == want.output_token_ids.tolist()
+    assert got.num_output.tolist() == want.num_output.tolist() == [4, 2, 1, 1]
+    assert got.logprobs is None
+
+
 def test_no_drafts_at_all_is_the_plain_sampler():
     logits = torch.randn(2, 10, generator=torch.Generator().manual_seed(5))
     reqs = [Req(SamplingParams(temperature=0.0, logit_bias={2: 9.0})), Req(SamplingParams())]
