@@ -54,9 +54,11 @@ class DecoderForCausalLM(nn.Module, ABC):
         self.extra_rotaries = nn.ModuleList({id(r): r for r in own if r is not None}.values())
         self.fused_decode = FusedDecode(self)
         # EAGLE-3 (gpu_worker/spec_decode/eagle.py): the layers whose input, the residual
-        # stream, forward() keeps in aux_hidden_states ([T, hidden] each, in layer order);
-        # None: nothing kept (and only then may the CPU's fused decode step run).
-        self.aux_hidden_state_layers: frozenset[int] | None = None
+        # stream, forward() keeps, each with its buffer's index (keep_aux_hidden_states); None:
+        # nothing kept (and only then may the CPU's fused decode step run).
+        self.aux_hidden_state_layers: dict[int, int] | None = None
+        # One persistent buffer [rows, hidden] per kept layer, in layer order; the first T rows
+        # are the last forward's (a CUDA graph's replay rewrites the same memory).
         self.aux_hidden_states: list[torch.Tensor] | None = None
 
     def model_rotary(self, cfg: ModelArchConfig) -> RotaryEmbedding:
@@ -105,18 +107,37 @@ class DecoderForCausalLM(nn.Module, ABC):
         for r in self.extra_rotaries:
             tables[id(r)] = cast(RotaryEmbedding, r).cos_sin(positions, x.dtype)
         residual: torch.Tensor | None = None
-        aux: list[torch.Tensor] = []
         for i, (layer, rotary) in enumerate(
             zip(self.model.layers, self.layer_rotaries, strict=True)
         ):
-            if keep is not None and i in keep:  # a copy: the layers update x and residual in place
-                aux.append(x.clone() if residual is None else x + residual)
+            if keep is not None and i in keep:
+                self._keep_stream(keep[i], x, residual)
             x, residual = layer(x, residual, rotary, *tables[id(rotary)])
-        if keep is not None:
-            self.aux_hidden_states = aux
         assert residual is not None  # a model has at least one layer
         x, _ = self.model.norm.forward_with_residual(x, residual)
         return x
+
+    def keep_aux_hidden_states(self, layers: Iterable[int], max_tokens: int) -> None:
+        """From now on forward() keeps the input of each of these layers (x + residual: the
+        residual stream) in aux_hidden_states, buffers of max_tokens rows (a step's most)."""
+        self.aux_hidden_state_layers = {layer: n for n, layer in enumerate(sorted(set(layers)))}
+        weight = self.model.norm.weight
+        self.aux_hidden_states = [
+            torch.empty(max_tokens, self.cfg.hidden_size, dtype=weight.dtype, device=weight.device)
+            for _ in self.aux_hidden_state_layers
+        ]
+
+    def _keep_stream(self, index: int, x: torch.Tensor, residual: torch.Tensor | None) -> None:
+        assert self.aux_hidden_states is not None
+        buffer = self.aux_hidden_states[index]
+        if buffer.shape[0] < x.shape[0]:  # past max_tokens (graphs captured before keep the old)
+            buffer = self.aux_hidden_states[index] = buffer.new_empty(x.shape[0], buffer.shape[1])
+        rows = buffer[: x.shape[0]]
+        # Copied, never aliased: the layers update x and residual in place.
+        if residual is None:
+            rows.copy_(x)
+        else:
+            torch.add(x, residual, out=rows)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [N, vocab] in fp32 for the given hidden states [N, hidden]; out, a reused

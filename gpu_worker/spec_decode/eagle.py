@@ -74,7 +74,9 @@ class EagleProposer:
             )
         self.target = target
         if self.spec.method == "eagle3":
-            target.aux_hidden_state_layers = frozenset(self.spec.aux_layer_ids)
+            max_tokens = self.config.scheduler.max_num_batched_tokens
+            assert max_tokens is not None
+            target.keep_aux_hidden_states(self.spec.aux_layer_ids, max_tokens)
 
     def load(self) -> None:
         """Build the head and load its weights (random ones with --load-format dummy)."""
