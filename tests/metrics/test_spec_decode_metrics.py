@@ -243,6 +243,7 @@ def test_served_repetitive_prompt_counts_accepted_tokens() -> None:
             text = resp.read().decode()
         with urllib.request.urlopen(server.api_url + "/ui/api/stats", timeout=30) as resp:
             view = json.loads(resp.read())["metrics"]
+        page = _page_figures(server.api_url)
     finally:
         assert server.stop() == 0, server.stderr
     samples = {
@@ -261,3 +262,45 @@ def test_served_repetitive_prompt_counts_accepted_tokens() -> None:
     assert sum(per_pos) == accepted and per_pos == sorted(per_pos, reverse=True)
     assert samples[("vllm:generation_tokens_total", None)] == 48
     assert view["spec_accepted_tokens"] == accepted and view["spec_draft_tokens"] == drafted
+    if page is not None:  # the live view in headless Chromium, where it is installed
+        assert page["now"]["vllm:spec_decode_num_accepted_tokens_total"] == accepted
+        assert page["now"]["vllm:spec_decode_num_draft_tokens_total"] == drafted
+        assert page["now"]["vllm:spec_decode_num_drafts_total"] == drafts
+        assert f"all time {page['rate']} %" in page["chart"], page["chart"]
+        rate = float(page["rate"])
+        assert rate == pytest.approx(100 * accepted / drafted, abs=0.051)
+
+
+def _page_figures(url: str) -> dict | None:
+    """The page's Now numbers and acceptance chart text once it shows the chart; None where
+    Chromium or playwright is missing."""
+    import importlib.util
+    import re
+    import shutil
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not os.path.exists(chromium) or importlib.util.find_spec("playwright") is None:
+        return None
+    from playwright import sync_api
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            page = browser.new_page()
+            page.goto(url + "/")
+            page.wait_for_selector("#chart-spec:not([hidden])", timeout=20_000)
+            cells = page.locator("#now td[data-metric^='vllm:spec_decode']")
+            cells.first.wait_for(timeout=10_000)
+            now = {
+                cells.nth(i).get_attribute("data-metric"): float(
+                    cells.nth(i).get_attribute("data-value")
+                )
+                for i in range(cells.count())
+            }
+            chart = page.inner_text("#chart-spec .value")
+        finally:
+            browser.close()
+    match = re.search(r"all time ([0-9.]+) %", chart)
+    return {"now": now, "chart": chart, "rate": match.group(1) if match else None}

@@ -112,6 +112,9 @@ def test_page_in_chromium(ui_server, page, shots):
     assert page.inner_text("[data-config='block size']") == "16"
     assert page.inner_text("[data-config='max model length']") == "256"
     assert page.locator("#processes tbody tr[data-role='API server']").count() == 2
+    # No --speculative-config: no acceptance chart, no speculative-decoding numbers.
+    assert page.locator("#chart-spec").is_hidden()
+    assert page.locator("#now td[data-metric^='vllm:spec_decode']").count() == 0
     page.screenshot(path=str(shots / "engine-idle.png"), full_page=True)
     # Percentiles interpolate within buckets as Prometheus's histogram_quantile does.
     assert page.evaluate("quantile(0.5, [0.1, 0.2, 0.4], [2, 6, 8], 8)") == pytest.approx(0.15)
