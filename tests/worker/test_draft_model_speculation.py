@@ -5,6 +5,7 @@ start in one line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,18 @@ def test_a_draft_of_another_vocabulary_is_refused_at_start(models, tmp_path):
         "speculative_config: the draft model must share the target's tokenizer/vocabulary: "
         f"512 vs 49152 (vocab_size of the draft {draft} vs the target's)"
     )
+
+
+def test_engine_generate_with_the_default_model_as_its_own_draft(capsys):
+    """`engine generate` on the default model (its GGUF weights, the draft's too): the same text
+    with --speculative-config as without."""
+    from serve.cli import main
+
+    argv = ["generate", "The capital of France is", "--device", "cpu", "--max-tokens", "24"]
+    argv += ["--temperature", "0", "--ignore-eos"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    spec = json.dumps({"model": "SmolLM2-135M-Instruct", "num_speculative_tokens": K})
+    assert main([*argv, "--speculative-config", spec]) == 0
+    assert capsys.readouterr().out == plain
+    assert len(plain) > len("The capital of France is") + 10
