@@ -232,11 +232,13 @@ class Harness:
         self.proposer.add_request(slot, 0)
         self.seqs[req_id], self.known[req_id] = seq, prompt_len
 
-    def step(self, plan: dict[str, tuple[int, int, int]]) -> dict[str, tuple[list[int], int]]:
+    def step(
+        self, plan: dict[str, tuple[int, int, int]], guard=None
+    ) -> dict[str, tuple[list[int], int]]:
         """plan: req_id -> (tokens computed, drafts among them accepted, max drafts). A request
         whose computed tokens reach its known ones samples: it verifies tokens - 1 drafts (the
         first `accepted` of them right) and gains accepted + 1 tokens. Returns each sampling
-        request's drafts and the tokens it knows."""
+        request's drafts and the tokens it knows. guard: applied to the proposer's inputs."""
         states, tok = self.runner.states, self.runner.states.token_ids
         req_ids = list(plan)
         start = {r: int(states.num_computed_np[states.slot_of[r]]) for r in req_ids}
@@ -278,7 +280,8 @@ class Harness:
             aux_hidden_states=model.aux_hidden_states,
             batch=batch,
         )
-        drafts = self.proposer.propose(inputs)
+        drafts = self.proposer.propose(inputs if guard is None else guard(inputs))
+        drafts = drafts.as_subclass(torch.Tensor)  # the host reads them after the step's copy
         assert drafts.shape == (len(sampling), K) and drafts.dtype == torch.int64
         return {r: (drafts[i].tolist(), self.known[r]) for i, r in enumerate(sampling)}
 
@@ -478,3 +481,50 @@ def test_an_exact_head_has_its_drafts_accepted(tmp_path):
     assert speculative == plain
     assert totals["num_draft_tokens"] >= 3 * 12
     assert totals["num_accepted_tokens"] == totals["num_draft_tokens"]
+
+
+def test_propose_reads_nothing_back_from_the_device(target, hf_target, tmp_path):
+    """Every tensor the proposer reads that would live on a GPU guarded (a host read raises,
+    tests/worker/test_no_host_reads.py): the steps run, and draft as the reference does."""
+    from dataclasses import replace
+
+    from tests.worker.test_no_host_reads import _guard
+
+    head = write_head(tmp_path / "h3", target, "eagle3")
+    harness = Harness(target, head, "eagle3")
+    states = harness.runner.states
+    for name in ("token_ids", "block_table", "num_computed", "num_tokens"):
+        setattr(states, name, _guard(getattr(states, name)))
+    for attn in harness.proposer.head.attention_layers():
+        attn.kv_cache = _guard(attn.kv_cache)
+
+    def guard(inputs: ProposeInputs) -> ProposeInputs:
+        batch = inputs.batch
+        device_batch = replace(
+            batch.device_batch,
+            query_start_loc=_guard(batch.device_batch.query_start_loc),
+            seq_lens=_guard(batch.device_batch.seq_lens),
+            block_table=_guard(batch.device_batch.block_table),
+            slot_mapping=_guard(batch.device_batch.slot_mapping),
+        )
+        return replace(
+            inputs,
+            slots=_guard(inputs.slots),
+            hidden_states=_guard(inputs.hidden_states),
+            last_rows=_guard(inputs.last_rows),
+            aux_hidden_states=[_guard(a) for a in inputs.aux_hidden_states],
+            batch=replace(
+                batch,
+                slots=_guard(batch.slots),
+                positions=_guard(batch.positions),
+                device_batch=device_batch,
+            ),
+        )
+
+    seqs = {r: _sequence(30 + i, 40) for i, r in enumerate("AB")}
+    harness.add("A", seqs["A"], 9)
+    harness.add("B", seqs["B"], 5)
+    for plan in ({"A": (9, 0, K), "B": (5, 0, K)}, {"A": (4, 1, K), "B": (4, 3, 2)}):
+        for r, (drafts, known) in harness.step(plan, guard).items():
+            expected = reference_drafts("eagle3", head, hf_target, seqs[r][:known], plan[r][2])
+            assert drafts == expected + [-1] * (K - plan[r][2])
