@@ -412,7 +412,9 @@ def _spec_totals(llm) -> dict[str, float]:
     return totals
 
 
-def _generate(model: str, spec: dict | None, prompts: list[list[int]]) -> tuple[list, dict]:
+def _generate(
+    model: str, spec: dict | None, prompts: list[list[int]], **engine_args
+) -> tuple[list, dict]:
     """Greedy token ids of prompts, and the draft and accepted tokens counted meanwhile."""
     from frontend.llm import LLM
     from protocol.sampling_params import SamplingParams
@@ -426,6 +428,7 @@ def _generate(model: str, spec: dict | None, prompts: list[list[int]]) -> tuple[
         max_num_batched_tokens=24,  # the 30-token prompt in two chunks
         engine_process=False,
         speculative_config=spec,
+        **engine_args,
     )
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     before = _spec_totals(llm)
@@ -438,22 +441,25 @@ def _generate(model: str, spec: dict | None, prompts: list[list[int]]) -> tuple[
 PROMPTS = [_sequence(20, 7), _sequence(21, 30), _sequence(22, 12)]
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_llm_greedy_equal_with_and_without_a_head(method, target, tmp_path):
-    """A random head's drafts are mostly rejected; the output is the target's all the same."""
+@pytest.mark.parametrize(("method", "tp"), [("eagle", 1), ("eagle3", 1), ("eagle3", 2)])
+def test_llm_greedy_equal_with_and_without_a_head(method, tp, target, tmp_path):
+    """A random head's drafts are mostly rejected; the output is the target's all the same
+    (with TP 2 over gloo: the head's projections and draft vocabulary split over the ranks)."""
     model = _with_tokenizer(target)
     head = write_head(tmp_path / method, target, method)
     spec = {"method": method, "model": str(head), "num_speculative_tokens": K}
     plain, _ = _generate(model, None, PROMPTS)
-    speculative, totals = _generate(model, spec, PROMPTS)
+    speculative, totals = _generate(model, spec, PROMPTS, tensor_parallel_size=tp)
     assert speculative == plain
     assert totals["num_draft_tokens"] > 0
 
 
-def test_an_exact_head_has_its_drafts_accepted(tmp_path):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_an_exact_head_has_its_drafts_accepted(tp, tmp_path):
     """A target whose attention outputs nothing (o_proj = 0, final norm weight 1) predicts each
     token from the one before; an EAGLE head with the same MLPs (fc passing the embedding
-    through) drafts exactly its greedy tokens: every draft is accepted."""
+    through) drafts exactly its greedy tokens: every draft is accepted, also with the head's
+    projections split over 2 tensor-parallel ranks (gloo)."""
     from safetensors.torch import load_file
 
     target = make_tiny_model(tmp_path / "target", num_hidden_layers=2)
@@ -477,7 +483,7 @@ def test_an_exact_head_has_its_drafts_accepted(tmp_path):
     model = _with_tokenizer(target)
     spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": K}
     plain, _ = _generate(model, None, PROMPTS)
-    speculative, totals = _generate(model, spec, PROMPTS)
+    speculative, totals = _generate(model, spec, PROMPTS, tensor_parallel_size=tp)
     assert speculative == plain
     assert totals["num_draft_tokens"] >= 3 * 12
     assert totals["num_accepted_tokens"] == totals["num_draft_tokens"]
