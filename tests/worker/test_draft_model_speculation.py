@@ -130,3 +130,16 @@ def test_engine_generate_with_the_default_model_as_its_own_draft(capsys):
     assert main([*argv, "--speculative-config", spec]) == 0
     assert capsys.readouterr().out == plain
     assert len(plain) > len("The capital of France is") + 10
+
+
+def test_tensor_parallel_draft(models):
+    """At tensor_parallel_size 2 (the multiprocess executor, gloo) the draft runs sharded like the
+    target on every rank: the same tokens as one rank without speculation, every draft of the
+    target as its own draft accepted."""
+    ids = prompts((5, 33), seed=4)
+    base, _, _ = generate(models["target"], ids, "tp-base")
+    got, metrics, _ = generate(
+        models["target"], ids, "tp-self", models["target"], tensor_parallel_size=2
+    )
+    assert got == base
+    assert metrics["num_accepted_tokens"] == metrics["num_draft_tokens"] > 0
