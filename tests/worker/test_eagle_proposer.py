@@ -534,3 +534,18 @@ def test_propose_reads_nothing_back_from_the_device(target, hf_target, tmp_path)
         for r, (drafts, known) in harness.step(plan, guard).items():
             expected = reference_drafts("eagle3", head, hf_target, seqs[r][:known], plan[r][2])
             assert drafts == expected + [-1] * (K - plan[r][2])
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_dummy_weights_need_only_the_heads_config(method, target, tmp_path):
+    """--load-format dummy: a head folder with config.json alone gives a random head of its
+    shape (the target's weights are random too); greedy output equals the plain engine's."""
+    head = tmp_path / method
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps(_head_config(target, method)))
+    model = _with_tokenizer(target)
+    spec = {"method": method, "model": str(head), "num_speculative_tokens": K}
+    plain, _ = _generate(model, None, PROMPTS, load_format="dummy")
+    speculative, totals = _generate(model, spec, PROMPTS, load_format="dummy")
+    assert speculative == plain
+    assert totals["num_draft_tokens"] > 0
