@@ -85,6 +85,7 @@ class EagleHead(nn.Module, ABC):
         load_named_weights(self, self.rewrite_weights(weights), DecoderForCausalLM.stacked_shards)
 
     def rewrite_weights(self, weights: Weights) -> Iterator[tuple[str, str, torch.Tensor]]:
+        """The checkpoint's tensors as the head's parameters name them (by default unchanged)."""
         yield from weights
 
     def fill_dummy(self, seed: int) -> None:

@@ -50,6 +50,7 @@ class EagleProposer:
         self.config = config
         self.device = device
         self.num_speculative_tokens = spec.num_speculative_tokens
+        self.head_path = spec.model_path
         self.spec: EagleHeadSpec = check_eagle_head(config)
         self.dtype = torch_dtype(config.torch_dtype_name)
         self.block_size = config.cache.block_size
@@ -92,7 +93,7 @@ class EagleProposer:
         if self.config.load.load_format == "dummy":
             head.fill_dummy(self.config.model.seed)
         else:
-            head.load_weights(iter_safetensors(self.config.speculative.model_path))  # type: ignore[union-attr]
+            head.load_weights(iter_safetensors(self.head_path))
         process_weights_after_loading(head, self.device, torch.get_num_threads())
         self.head = head.eval()
 
