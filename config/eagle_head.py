@@ -107,7 +107,7 @@ def check_eagle_head(config: EngineConfig) -> EagleHeadSpec:
         found = f" (found {', '.join(pickles[:3])}: PyTorch pickles are not loaded)"
         raise ConfigError(
             f"{name}: no *.safetensors weights in {folder}{found if pickles else ''}; convert "
-            f"the head to safetensors"
+            f"a pickled head with python -m scripts.convert_eagle_head SRC DST"
         )
     layout = spec.method if dummy else _layout(shapes)
     if layout is None:

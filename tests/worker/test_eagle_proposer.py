@@ -549,3 +549,24 @@ def test_dummy_weights_need_only_the_heads_config(method, target, tmp_path):
     speculative, totals = _generate(model, spec, PROMPTS, load_format="dummy")
     assert speculative == plain
     assert totals["num_draft_tokens"] > 0
+
+
+def test_a_pickled_head_converts_to_the_loadable_layout(target, tmp_path):
+    """scripts/convert_eagle_head.py: the head as the authors publish it (pytorch_model.bin) is
+    refused; converted, it resolves and holds the same tensors."""
+    from safetensors.torch import load_file
+
+    from engine_core.resolve import resolved_config
+    from scripts.convert_eagle_head import main
+
+    head = write_head(tmp_path / "published", target, "eagle3")
+    tensors = load_file(str(head / "model.safetensors"))
+    (head / "model.safetensors").unlink()
+    torch.save(tensors, head / "pytorch_model.bin")
+    assert "PyTorch pickles are not loaded" in _refusal(target, head, "eagle3")
+    main([str(head), str(tmp_path / "converted")])
+    converted = load_file(str(tmp_path / "converted" / "model.safetensors"))
+    assert converted.keys() == tensors.keys()
+    assert all(torch.equal(converted[n], t) for n, t in tensors.items())
+    spec = {"method": "eagle3", "model": str(tmp_path / "converted"), "num_speculative_tokens": K}
+    resolved_config(model=str(target), device="cpu", speculative_config=spec)
