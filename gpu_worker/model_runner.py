@@ -18,6 +18,7 @@ from config.attention import AttentionFeatures
 from config.engine import EngineConfig
 from config.kv_window import freed_window
 from gpu_worker.async_output import AsyncOutput, DeviceToHost, ReadyOutput
+from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from gpu_worker.attention.select import attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.decode_inputs import DecodeInputs
@@ -32,6 +33,7 @@ from gpu_worker.sampler import LogprobsTensors, Sampler
 from gpu_worker.sampling_state import SamplingStates
 from gpu_worker.spec_decode.proposer import make_proposer
 from gpu_worker.spec_decode.speculation import Speculation
+from gpu_worker.spec_decode.verify import one_token_rows
 from gpu_worker.staging import HostToDevice
 from gpu_worker.warmup import PROFILE_SAMPLING, DummyLimits, run_dummy, warm_up
 from protocol.step import ModelRunnerOutput, SchedulerOutput
@@ -292,7 +294,10 @@ class ModelRunner:
         drafts_per_slot = spec.stage(sched)
         batch = self.inputs.prepare(req_ids, num_scheduled, sched.total_num_scheduled_tokens)
         self._offset_long_rope(batch, num_scheduled)
-        hidden = self._forward(batch)
+        attention = None
+        if drafts_per_slot is not None:
+            attention = one_token_rows(batch, drafts_per_slot, self.h2d, self.backend.plans_on_host)
+        hidden = self._forward(batch, attention)
         owners, chunks, complete = self.prompt_logprobs.compute(
             self.model.compute_logits, hidden, batch, self.states
         )
@@ -389,14 +394,24 @@ class ModelRunner:
         self.states.remove(req_id)
         self.prompt_logprobs.remove_request(req_id)
 
-    def _forward(self, batch: InputBatch) -> torch.Tensor:
+    def _forward(
+        self,
+        batch: InputBatch,
+        attention: tuple[StepBatch | None, DeviceBatch] | None = None,
+    ) -> torch.Tensor:
+        """The step's hidden states; attention: the batch as attention sees it, where it is
+        not the requests' own (a speculative step's one-token rows)."""
         assert self.model is not None
-        if batch.in_graph_buffers and self.graphs is not None:
+        if batch.in_graph_buffers and self.graphs is not None and attention is None:
             hidden = self.graphs.replay(len(batch.req_ids), batch.device_batch.max_seq_len)
             if hidden is not None:
                 return hidden
-        host_batch = batch.host_batch() if self.backend.plans_on_host else None
-        metadata = self.backend.build(host_batch, batch.device_batch, self.device)
+        if attention is None:
+            host_batch = batch.host_batch() if self.backend.plans_on_host else None
+            device_batch = batch.device_batch
+        else:
+            host_batch, device_batch = attention
+        metadata = self.backend.build(host_batch, device_batch, self.device)
         with forward_context(StepAttention(self.backend, metadata)):
             return self.model(batch.input_ids, batch.positions)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from gpu_worker.input_batch import InputBatch
 from gpu_worker.request_state import RequestStates
 from gpu_worker.sampling_state import SamplingStates
@@ -66,6 +67,46 @@ def verify_rows(batch: InputBatch, drafts_per_slot: np.ndarray, h2d: HostToDevic
     rows, nxt, is_bonus = h2d.copy(token_rows, next_rows, bonus)
     drafts = batch.input_ids.index_select(0, nxt).masked_fill(is_bonus, -1)
     return VerifyRows(k, starts, rows, drafts)
+
+
+def one_token_rows(
+    batch: InputBatch, drafts_per_slot: np.ndarray, h2d: HostToDevice, plans_on_host: bool
+) -> tuple[StepBatch | None, DeviceBatch]:
+    """The step's attention batch with each drafting request's 1 + k tokens as 1 + k rows of
+    one token (row j: the request's block table, context up to its position j), other requests
+    unchanged. Attention computes the same (a query attends to its sequence's positions up to
+    its own, whichever row it sits in; every row's key and value is written before any is
+    read), but the step is now a decode-shaped batch: the CPU's fused decode stack takes it,
+    and decode kernels serve it."""
+    qsl, seq_lens = batch.query_start_loc_np, batch.seq_lens_np
+    n = np.diff(qsl).astype(np.int64)
+    flat = drafts_per_slot[batch.slots_np] > 0
+    rows_per_req = np.where(flat, n, 1)
+    row_req = np.repeat(np.arange(len(n)), rows_per_req)
+    row_len = np.where(flat[row_req], 1, n[row_req])
+    new_qsl = np.zeros(len(row_req) + 1, dtype=np.int32)
+    np.cumsum(row_len, out=new_qsl[1:])
+    within = np.arange(len(row_req)) - (np.cumsum(rows_per_req) - rows_per_req)[row_req]
+    row_seq = np.where(
+        flat[row_req], seq_lens[row_req] - n[row_req] + 1 + within, seq_lens[row_req]
+    ).astype(np.int32)
+    qsl_t, seq_t, req_t = h2d.copy(new_qsl, row_seq, row_req)
+    step = batch.device_batch
+    device = DeviceBatch(
+        query_start_loc=qsl_t,
+        seq_lens=seq_t,
+        block_table=step.block_table.index_select(0, req_t),
+        slot_mapping=step.slot_mapping,
+        max_query_len=int(row_len.max()),
+        max_seq_len=step.max_seq_len,
+    )
+    host = None
+    if plans_on_host:
+        planned = batch.host_batch()
+        host = StepBatch(
+            new_qsl, row_seq, planned.block_table[row_req], planned.slot_mapping, batch.block_size
+        )
+    return host, device
 
 
 def apply_verified(

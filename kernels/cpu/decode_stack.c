@@ -297,13 +297,37 @@ static void row_sums(const dweight_t *w, const float *x, int64_t ldx, int64_t M,
 
 static int64_t blocks(const dweight_t *w) { return (w->n + 31) / 32; }
 
+/* Row r's new key (rotated) and value of KV head kvh into layer ly's cache. */
+static void write_kv_head(const dmodel_t *m, const dlayer_t *ly, const float *qkv,
+                          const float *cos, const float *sin, const int64_t *slots, int64_t r,
+                          int64_t kvh)
+{
+    const int64_t D = m->head_dim, KV = m->kv_heads;
+    const int64_t q_size = m->heads * D, kv_size = KV * D, qkv_size = q_size + 2 * kv_size;
+    const int32_t bs = (int32_t)m->block_size;
+    const float *row = qkv + r * qkv_size;
+    if (slots[r] < 0) return;
+    float k[128];
+    memcpy(k, row + q_size + kvh * D, sizeof(float) * D);
+    rotate_head(k, cos + r * D, sin + r * D, (int32_t)D);
+    const float *v = row + q_size + kv_size + kvh * D;
+    const int64_t block = slots[r] / bs, off = slots[r] % bs;
+    const int64_t base = (block * KV + kvh) * D * bs;
+    for (int64_t d = 0; d < D; d++) {
+        ly->k_cache[base + d * bs + off] = k[d];
+        ly->v_cache[base + off * D + d] = v[d];
+    }
+}
+
 /* One attention item (row, KV head, part of the context) of layer ly: the part's queries
- * rotated, attended over the part's positions into parts; the last part rotates the key and
- * writes the new token's key and value before reading them. */
+ * rotated, attended over the part's positions into parts. With one row the last part writes
+ * the new token's key and value before reading them (write); with several, every row's are
+ * written before any is read (rows of one sequence, a speculative step's positions, attend to
+ * each other's). */
 static void attend_item(const dmodel_t *m, const dlayer_t *ly, const float *qkv, float *parts,
                         const float *cos, const float *sin, const int64_t *slots,
                         const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
-                        int32_t splits, int64_t item)
+                        int32_t splits, int64_t item, int write)
 {
     const int64_t D = m->head_dim, KV = m->kv_heads;
     const int64_t q_size = m->heads * D, kv_size = KV * D, qkv_size = q_size + 2 * kv_size;
@@ -312,18 +336,7 @@ static void attend_item(const dmodel_t *m, const dlayer_t *ly, const float *qkv,
     const int64_t r = item / (KV * splits), kvh = item / splits % KV, part = item % splits;
     const float *row = qkv + r * qkv_size;
     const int32_t len = seq_lens[r];
-    if (part == splits - 1 && slots[r] >= 0) {
-        float k[128];
-        memcpy(k, row + q_size + kvh * D, sizeof(float) * D);
-        rotate_head(k, cos + r * D, sin + r * D, (int32_t)D);
-        const float *v = row + q_size + kv_size + kvh * D;
-        const int64_t block = slots[r] / bs, off = slots[r] % bs;
-        const int64_t base = (block * KV + kvh) * D * bs;
-        for (int64_t d = 0; d < D; d++) {
-            ly->k_cache[base + d * bs + off] = k[d];
-            ly->v_cache[base + off * D + d] = v[d];
-        }
-    }
+    if (write && part == splits - 1) write_kv_head(m, ly, qkv, cos, sin, slots, r, kvh);
     float q[MAX_GROUP * 128];
     for (int32_t gq = 0; gq < group; gq++) {
         memcpy(q + gq * D, row + (kvh * group + gq) * D, sizeof(float) * D);
@@ -350,7 +363,8 @@ static void attend_item(const dmodel_t *m, const dlayer_t *ly, const float *qkv,
  * Each thread keeps its own copy of the residual stream, of the normed rows and of the
  * attention output, and computes the norms, the groups' sums and the merge of the attention
  * parts itself (a few microseconds of redundant work): the threads meet only where one needs
- * what the other wrote, five barriers a layer (after qkv, attention, o, gate/up and down). */
+ * what the other wrote, five barriers a layer (after qkv, attention, o, gate/up and down; with
+ * several rows a sixth, after their keys and values are written: rows may share a sequence). */
 int32_t decode_stack_f32(const dmodel_t *m, const float *x, float *out, int64_t M, const float *cos,
                          const float *sin, const int64_t *slots, const int32_t *block_tables,
                          int64_t bt_stride, const int32_t *seq_lens, float *work,
@@ -403,12 +417,16 @@ int32_t decode_stack_f32(const dmodel_t *m, const float *x, float *out, int64_t 
                 span(items, t, nt, &lo, &hi);
                 for (int64_t item = lo; item < hi; item++)
                     attend_item(m, ly, qkv, parts, cos, sin, slots, block_tables, bt_stride,
-                                seq_lens, splits, item);
+                                seq_lens, splits, item, 1);
             } else {
+                span(M * KV, t, nt, &lo, &hi);
+                for (int64_t w = lo; w < hi; w++)
+                    write_kv_head(m, ly, qkv, cos, sin, slots, w / KV, w % KV);
+                #pragma omp barrier
                 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t item = 0; item < items; item++)
                     attend_item(m, ly, qkv, parts, cos, sin, slots, block_tables, bt_stride,
-                                seq_lens, splits, item);
+                                seq_lens, splits, item, 0);
             }
             MARK(3);
             #pragma omp barrier

@@ -81,6 +81,42 @@ def test_greedy_equals_decoding_without_speculation_and_drafts_are_accepted(base
     assert drafts and drafts[0].value > 0
 
 
+def test_fused_decode_stack_verifies_drafts(tmp_path) -> None:
+    """head_dim 64: the CPU's fused decode stack runs the verification steps (their 1 + k
+    tokens as one-token rows whose keys and values are all written before any row attends),
+    and the plain decode steps; greedy ids equal decoding without speculation."""
+    from config.default_model import resolve_model_path
+    from gpu_worker.models import fused_decode
+
+    path = make_tiny_model(
+        tmp_path / "h64",
+        vocab_size=512,
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(resolve_model_path(None) / name, path / name)
+    rows: list[int] = []
+    run = fused_decode.FusedDecode.run
+
+    def counted(self, x, cos, sin):
+        out = run(self, x, cos, sin)
+        if out is not None:
+            rows.append(x.shape[0])
+        return out
+
+    # The stack takes blocks of 16 tokens (and head_dim 64 or 128).
+    want = _ids(_llm(str(path), None, block_size=16), PROMPTS, GREEDY)
+    fused_decode.FusedDecode.run = counted
+    try:
+        got = _ids(_llm(str(path), NGRAM, block_size=16), PROMPTS, GREEDY)
+    finally:
+        fused_decode.FusedDecode.run = run
+    assert got == want
+    assert max(rows) > len(PROMPTS)  # a verification step ran fused (more rows than requests)
+
+
 def test_one_request_at_a_time(base, spec) -> None:
     for prompt in PROMPTS:
         assert _ids(spec, [prompt], GREEDY) == _ids(base, [prompt], GREEDY)
