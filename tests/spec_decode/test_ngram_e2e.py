@@ -53,10 +53,18 @@ def _ids(llm: LLM, prompts, params: SamplingParams) -> list[list[list[int]]]:
     return [[c.token_ids for c in o.outputs] for o in outs]
 
 
-def _accepted(llm: LLM) -> int:
+def _metric(llm: LLM, name: str) -> float:
+    """A counter's value for this LLM's model (the snapshot is the process's: LLMs of other
+    models add their own series; those of this model add to the same one, so compare
+    before and after)."""
+    model = llm.config.model.served_model_names[0]
     return sum(
-        m.value for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_accepted_tokens"
+        m.value for m in llm.get_metrics() if m.name == name and m.labels.get("model_name") == model
     )
+
+
+def _accepted(llm: LLM) -> float:
+    return _metric(llm, "vllm:spec_decode_num_accepted_tokens")
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +85,7 @@ def test_greedy_equals_decoding_without_speculation_and_drafts_are_accepted(base
     assert _ids(spec, PROMPTS, GREEDY) == _ids(base, PROMPTS, GREEDY)
     # A random model's greedy text falls into loops the n-gram proposer predicts.
     assert _accepted(spec) > before
-    drafts = [m for m in spec.get_metrics() if m.name == "vllm:spec_decode_num_drafts"]
-    assert drafts and drafts[0].value > 0
+    assert _metric(spec, "vllm:spec_decode_num_drafts") > 0
 
 
 def test_fused_decode_stack_verifies_drafts(tmp_path) -> None:
@@ -190,25 +197,26 @@ def test_chunked_prefill_and_preemption_equal(tiny, base) -> None:
     assert _ids(chunked, long_prompts, GREEDY) == want
     # 24 blocks of 8 tokens: four requests growing to ~100 tokens cannot all stay resident.
     tight = _llm(tiny, NGRAM, num_gpu_blocks_override=24, enable_prefix_caching=True)
+    before = _metric(tight, "vllm:num_preemptions")
     assert _ids(tight, long_prompts, GREEDY) == want
-    preemptions = [m for m in tight.get_metrics() if m.name == "vllm:num_preemptions"]
-    assert preemptions[0].value > 0
+    assert _metric(tight, "vllm:num_preemptions") > before
 
 
 def test_prefix_cache_reuse_equal(tiny, base) -> None:
     llm = _llm(tiny, NGRAM, enable_prefix_caching=True)
     want = _ids(base, PROMPTS, GREEDY)
     assert _ids(llm, PROMPTS, GREEDY) == want
+    before = _metric(llm, "vllm:prefix_cache_hits")
     assert _ids(llm, PROMPTS, GREEDY) == want  # the second time from cached blocks
-    hits = [m for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits"]
-    assert hits[0].value > 0
+    assert _metric(llm, "vllm:prefix_cache_hits") > before
 
 
 def test_tensor_parallel_equal(tiny, base) -> None:
     """TP=2 over gloo: rank 0 replies, every rank applies the same drafts and verdicts."""
     llm = _llm(tiny, NGRAM, tensor_parallel_size=2)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    before = _accepted(llm)
     assert _ids(llm, PROMPTS, params) == _ids(base, PROMPTS, params)
-    assert _accepted(llm) > 0
+    assert _accepted(llm) > before
     seeded = SamplingParams(temperature=1.0, max_tokens=16, seed=3)
     assert _ids(llm, PROMPTS, seeded) == _ids(llm, PROMPTS, seeded)
