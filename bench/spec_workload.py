@@ -3,9 +3,12 @@ spelling changes, decoded greedily, where the answer repeats the prompt and n-gr
 
 `engine bench single-stream --speculative-config JSON` runs it through two offline engines in
 one process, one without speculative decoding (the baseline) and one with the given config,
-alternating run by run; it reports the decode tokens/s of both after the first token (the
-median of --runs), their ratio, whether the greedy tokens are identical, and the acceptance
-counts of the speculative engine's vllm:spec_decode_* counters over its timed runs.
+alternating run by run. Each engine core runs in this process and is stepped here, so a run's
+decode time is read from the step that gave the request its first token to the step that gave
+its last (no second, shorter request to subtract: on a shared box that difference is noise).
+It reports the decode tokens/s of both (the median of --runs), their ratio, whether the greedy
+tokens are identical, and the acceptance counts of the speculative engine's steps over its timed
+runs (SchedulerStats.spec_decoding, what the vllm:spec_decode_* counters sum).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import time
 from typing import Any
 
 from config.args import engine_kwargs
-from metrics.reader import Counter, Metric, Vector
 
 WORKLOAD = "single-stream-editing"
 # British spellings the model is asked to change: a handful of edits in a 260-token text.
@@ -57,46 +59,54 @@ def editing_prompt(tokenizer) -> tuple[list[int], int]:
     return [int(t) for t in prompt], new_tokens
 
 
-def timed_decode(llm, prompt: list[int], new_tokens: int) -> tuple[float, list[int]]:
-    """Decode tokens/s after the first token (a request of new_tokens less one of a single
-    token, as offline_decode) and the request's greedy tokens."""
+def decode_once(core, req_id: str, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+    """One greedy request of new_tokens tokens (ignore_eos) to completion on an EngineCore:
+    seconds and steps after its first token, its tokens, and its steps' speculative counts."""
+    from protocol.engine_core import EngineCoreRequest
     from protocol.sampling_params import SamplingParams
 
-    request = {"prompt_token_ids": prompt}
-    start = time.perf_counter()
-    llm.generate(request, SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
-    first = time.perf_counter() - start
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=new_tokens)
-    start = time.perf_counter()
-    out = llm.generate(request, params, use_tqdm=False)
-    total = time.perf_counter() - start
-    return (new_tokens - 1) / (total - first), list(out[0].outputs[0].token_ids)
-
-
-def spec_counts(metrics: list[Metric]) -> dict[str, Any]:
-    """The vllm:spec_decode_* totals of a get_metrics() snapshot, summed over label sets."""
-    totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    core.add_request(EngineCoreRequest(req_id, prompt, params))
+    tokens: list[int] = []
+    first_at = end_at = 0.0
+    steps = 0
+    counts: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
     per_pos: list[int] = []
-    for m in metrics:
-        if isinstance(m, Counter) and m.name.startswith("vllm:spec_decode_num_"):
-            key = m.name.removeprefix("vllm:spec_decode_num_")
-            if key in totals:
-                totals[key] += m.value
-        elif isinstance(m, Vector) and m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            per_pos += [0] * (len(m.values) - len(per_pos))
-            for pos, n in enumerate(m.values):
+    while core.has_unfinished_requests():
+        out = core.step()
+        now = time.perf_counter()
+        spec = out.scheduler_stats.spec_decoding if out.scheduler_stats else None
+        if spec is not None:
+            counts["drafts"] += spec.num_drafts
+            counts["draft_tokens"] += spec.num_draft_tokens
+            counts["accepted_tokens"] += spec.num_accepted_tokens
+            per_pos += [0] * (len(spec.num_accepted_tokens_per_pos) - len(per_pos))
+            for pos, n in enumerate(spec.num_accepted_tokens_per_pos):
                 per_pos[pos] += n
-    return {**totals, "accepted_per_pos": per_pos}
+        for o in out.outputs:
+            if o.new_token_ids:
+                steps += bool(tokens)
+                first_at = first_at if tokens else now
+                tokens += o.new_token_ids
+                end_at = now
+    return {
+        "seconds": end_at - first_at,
+        "steps": steps,
+        "tokens": tokens,
+        "spec": {**counts, "accepted_per_pos": per_pos},
+    }
 
 
-def acceptance(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """What the counters gained between two spec_counts: vLLM's mean acceptance length
-    (1 + accepted per draft, the bonus token included), acceptance rate and per-position rate."""
-    drafts = after["drafts"] - before["drafts"]
-    drafted = after["draft_tokens"] - before["draft_tokens"]
-    accepted = after["accepted_tokens"] - before["accepted_tokens"]
-    old = before["accepted_per_pos"] + [0] * len(after["accepted_per_pos"])
-    per_pos = [n - old[pos] for pos, n in enumerate(after["accepted_per_pos"])]
+def acceptance(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs' speculative counts summed: vLLM's mean acceptance length (1 + accepted per
+    draft, the bonus token included), acceptance rate and per-position acceptance rate."""
+    drafts = sum(r["drafts"] for r in runs)
+    drafted = sum(r["draft_tokens"] for r in runs)
+    accepted = sum(r["accepted_tokens"] for r in runs)
+    per_pos = [0] * max((len(r["accepted_per_pos"]) for r in runs), default=0)
+    for r in runs:
+        for pos, n in enumerate(r["accepted_per_pos"]):
+            per_pos[pos] += n
     return {
         "drafts": drafts,
         "draft_tokens": drafted,
@@ -113,30 +123,23 @@ def bench_spec_single_stream(args: argparse.Namespace) -> dict[str, Any]:
     from frontend.llm import LLM
 
     kwargs = engine_kwargs(args)
-    own_process = not getattr(args, "in_process", False)
-    spec_llm = LLM(engine_process=own_process, **kwargs)
+    spec_llm = LLM(engine_process=False, **kwargs)
     base_kwargs = {k: v for k, v in kwargs.items() if k != "speculative_config"}
-    base_llm = LLM(engine_process=own_process, **base_kwargs)
+    base_llm = LLM(engine_process=False, **base_kwargs)
+    cores = {"baseline": base_llm.engine_core, "spec": spec_llm.engine_core}
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "spec": []}
     try:
         prompt, new_tokens = editing_prompt(spec_llm.get_tokenizer())
-        for llm in (base_llm, spec_llm):  # warm-up, not timed
-            timed_decode(llm, prompt, 8)
-        before = spec_counts(spec_llm.get_metrics())
-        base_runs: list[float] = []
-        spec_runs: list[float] = []
-        identical = True
-        for _ in range(args.runs):
-            rate, base_tokens = timed_decode(base_llm, prompt, new_tokens)
-            base_runs.append(rate)
-            rate, spec_tokens = timed_decode(spec_llm, prompt, new_tokens)
-            spec_runs.append(rate)
-            identical = identical and base_tokens == spec_tokens
-        after = spec_counts(spec_llm.get_metrics())
+        for name, core in cores.items():  # warm-up, not timed
+            decode_once(core, f"{name}-warmup", prompt, 8)
+        for i in range(args.runs):
+            for name, core in cores.items():
+                runs[name].append(decode_once(core, f"{name}-{i}", prompt, new_tokens))
     finally:
         base_llm.shutdown()
         spec_llm.shutdown()
-    counts = acceptance(before, after)
-    base, spec = statistics.median(base_runs), statistics.median(spec_runs)
+    rates = {name: [(new_tokens - 1) / r["seconds"] for r in done] for name, done in runs.items()}
+    base, spec = (statistics.median(rates[name]) for name in ("baseline", "spec"))
     assert spec_llm.config.speculative is not None
     return {
         "workload": WORKLOAD,
@@ -148,9 +151,14 @@ def bench_spec_single_stream(args: argparse.Namespace) -> dict[str, Any]:
         "baseline_decode_tok_s": round(base, 2),
         "spec_decode_tok_s": round(spec, 2),
         "ratio": round(spec / base, 3),
-        "run_ratios": [round(s / b, 3) for s, b in zip(spec_runs, base_runs)],
-        "baseline_runs": [round(r, 2) for r in base_runs],
-        "spec_runs": [round(r, 2) for r in spec_runs],
-        "greedy_tokens_identical": identical,
-        "spec_decoding": counts,
+        "run_ratios": [round(s / b, 3) for s, b in zip(rates["spec"], rates["baseline"])],
+        "baseline_runs": [round(r, 2) for r in rates["baseline"]],
+        "spec_runs": [round(r, 2) for r in rates["spec"]],
+        "spec_tokens_per_step": round(
+            (new_tokens - 1) / statistics.median(r["steps"] for r in runs["spec"]), 3
+        ),
+        "greedy_tokens_identical": all(
+            s["tokens"] == b["tokens"] for s, b in zip(runs["spec"], runs["baseline"])
+        ),
+        "spec_decoding": acceptance([r["spec"] for r in runs["spec"]]),
     }

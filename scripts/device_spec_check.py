@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.device_shapes import SHAPES, write_model_dir
+from bench.spec_workload import acceptance, decode_once
 
 logger = logging.getLogger("device_spec_check")
 
@@ -48,38 +49,6 @@ def editing_ids(vocab: int, seed: int = 0) -> list[int]:
 
     rng = np.random.default_rng(seed)
     return rng.integers(vocab // 8, vocab, INSTRUCTION_TOKENS + TEXT_TOKENS).tolist()
-
-
-def decode_once(core, req_id: str, prompt: list[int], new_tokens: int) -> dict[str, Any]:
-    """One request to completion: seconds and steps after its first token, its tokens, and the
-    speculative counts of its steps."""
-    from protocol.engine_core import EngineCoreRequest
-    from protocol.sampling_params import SamplingParams
-
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=new_tokens)
-    core.add_request(EngineCoreRequest(req_id, prompt, params))
-    tokens: list[int] = []
-    first_at = end_at = 0.0
-    steps = 0
-    spec = [0, 0, 0]  # drafts, draft tokens, accepted
-    while core.has_unfinished_requests():
-        out = core.step()
-        now = time.perf_counter()
-        stats = out.scheduler_stats
-        if stats is not None and stats.spec_decoding is not None:
-            s = stats.spec_decoding
-            spec = [spec[0] + s.num_drafts, spec[1] + s.num_draft_tokens,
-                    spec[2] + s.num_accepted_tokens]  # fmt: skip
-        for o in out.outputs:
-            if not o.new_token_ids:
-                continue
-            if not tokens:
-                first_at = now
-            else:
-                steps += 1
-            tokens += o.new_token_ids
-            end_at = now
-    return {"seconds": end_at - first_at, "steps": steps, "tokens": tokens, "spec": spec}
 
 
 def run_engine(name: str, kwargs: dict[str, Any], prompt: list[int], runs: int) -> dict[str, Any]:
@@ -102,7 +71,6 @@ def run_engine(name: str, kwargs: dict[str, Any], prompt: list[int], runs: int) 
             torch.cuda.empty_cache()
     rates = [(TEXT_TOKENS - 1) / r["seconds"] for r in results]
     ms = [r["seconds"] / r["steps"] * 1e3 for r in results]
-    drafts, drafted, accepted = (sum(r["spec"][i] for r in results) for i in range(3))
     return {
         "async_scheduling": config.scheduler.async_scheduling,
         "cuda_graphs": bool(config.cuda_graph_capture_sizes()),
@@ -112,11 +80,7 @@ def run_engine(name: str, kwargs: dict[str, Any], prompt: list[int], runs: int) 
         "tokens_per_step": round(
             (TEXT_TOKENS - 1) / statistics.median(r["steps"] for r in results), 3
         ),
-        "drafts": drafts,
-        "draft_tokens": drafted,
-        "accepted_tokens": accepted,
-        "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
-        "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+        **acceptance([r["spec"] for r in results]),
         "tokens": results[0]["tokens"],
     }
 

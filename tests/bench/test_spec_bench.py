@@ -8,7 +8,6 @@ import json
 import pytest
 
 from bench import spec_workload
-from metrics.reader import Counter, Gauge, Vector
 from serve.cli import build_parser, main
 from tests.tiny_models import make_tiny_model_with_tokenizer
 
@@ -46,47 +45,25 @@ def test_editing_prompt_holds_the_text_and_asks_for_its_length(tiny_model):
     assert tokenizer.decode(plain).startswith(spec_workload.INSTRUCTION)
 
 
-def _snapshot(drafts: int, drafted: int, accepted: int, per_pos: list[int]) -> list:
-    labels = {"model_name": "m", "engine": "0"}
-    return [
-        Counter("vllm:spec_decode_num_drafts", labels, drafts),
-        Counter("vllm:spec_decode_num_draft_tokens", labels, drafted),
-        Counter("vllm:spec_decode_num_accepted_tokens", labels, accepted),
-        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", labels, per_pos),
-        Counter("vllm:generation_tokens", labels, 999),
-        Gauge("vllm:num_requests_running", labels, 1.0),
+def test_acceptance_sums_the_runs():
+    runs = [
+        {"drafts": 6, "draft_tokens": 18, "accepted_tokens": 9, "accepted_per_pos": [5, 3, 1]},
+        {"drafts": 4, "draft_tokens": 12, "accepted_tokens": 6, "accepted_per_pos": [4, 2]},
     ]
-
-
-def test_acceptance_from_two_snapshots():
-    before = spec_workload.spec_counts(_snapshot(2, 6, 3, [2, 1, 0]))
-    assert before == {
-        "drafts": 2,
-        "draft_tokens": 6,
-        "accepted_tokens": 3,
-        "accepted_per_pos": [2, 1, 0],
-    }
-    # Two engines (data parallel) sum; the timed runs added 10 drafts of 3 tokens.
-    after = _snapshot(8, 24, 12, [7, 4, 1]) + [
-        Counter("vllm:spec_decode_num_drafts", {"model_name": "m", "engine": "1"}, 4),
-        Counter("vllm:spec_decode_num_draft_tokens", {"model_name": "m", "engine": "1"}, 12),
-        Counter("vllm:spec_decode_num_accepted_tokens", {"model_name": "m", "engine": "1"}, 6),
-        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {"engine": "1"}, [4, 2]),
-    ]
-    gained = spec_workload.acceptance(before, spec_workload.spec_counts(after))
-    assert gained == {
+    assert spec_workload.acceptance(runs) == {
         "drafts": 10,
         "draft_tokens": 30,
         "accepted_tokens": 15,
         "mean_acceptance_length": 2.5,  # 1 + 15 / 10
         "acceptance_rate": 0.5,
-        "per_position_acceptance_rate": [0.9, 0.5, 0.1],  # [11 - 2, 6 - 1, 1 - 0] / 10
+        "per_position_acceptance_rate": [0.9, 0.5, 0.1],  # [9, 5, 1] / 10
     }
 
 
 def test_acceptance_without_drafts():
-    nothing = spec_workload.spec_counts([])
-    gained = spec_workload.acceptance(nothing, nothing)
+    gained = spec_workload.acceptance(
+        [{"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_pos": []}]
+    )
     assert gained["mean_acceptance_length"] is None and gained["acceptance_rate"] is None
     assert gained["per_position_acceptance_rate"] == []
 
@@ -104,7 +81,7 @@ def test_editing_workload_end_to_end(tiny_model, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(spec_workload, "EDIT_TEXT", spec_workload.EDIT_TEXT[:200])
     out_file = tmp_path / "spec.json"
     argv = ["bench", "single-stream", "--model", str(tiny_model), "--device", "cpu"]
-    argv += ["--runs", "1", "--kv-cache-memory", "16MiB", "--in-process"]
+    argv += ["--runs", "2", "--kv-cache-memory", "16MiB"]
     argv += ["--speculative-config", NGRAM]
     assert main([*argv, "--output-json", str(out_file)]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -116,9 +93,15 @@ def test_editing_workload_end_to_end(tiny_model, tmp_path, capsys, monkeypatch):
     assert result["baseline_decode_tok_s"] > 0 and result["spec_decode_tok_s"] > 0
     ratio = result["spec_decode_tok_s"] / result["baseline_decode_tok_s"]
     assert result["ratio"] == pytest.approx(ratio, abs=0.01)
+    assert len(result["run_ratios"]) == len(result["spec_runs"]) == 2
     counts = result["spec_decoding"]
     assert counts["draft_tokens"] <= 3 * counts["drafts"]
     assert counts["accepted_tokens"] <= counts["draft_tokens"]
+    # Each step after the first token gives one token and its accepted drafts (the last step's
+    # cut at max_tokens): steps + accepted covers the new_tokens - 1, by at most k more.
+    decoded = result["new_tokens"] - 1
+    steps = round(decoded / result["spec_tokens_per_step"])
+    assert decoded <= steps + counts["accepted_tokens"] / 2 <= decoded + 3
 
 
 def test_device_check_summary_and_targets():
