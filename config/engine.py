@@ -142,7 +142,8 @@ class EngineConfig:
     ) -> None:
         """Check --speculative-config against the rest: speculative steps are scheduled
         synchronously (async scheduling is off unless asked for, and then refused), the draft
-        runs at the target's tensor-parallel size, and a draft model is located."""
+        runs at the target's tensor-parallel size, and the draft model or head (located with the
+        target, _locate_model) is checked against the target."""
         if self.scheduler.async_scheduling:
             raise ConfigError(
                 "--async-scheduling with --speculative-config: speculative steps are "
@@ -156,15 +157,6 @@ class EngineConfig:
                 f"speculative_config: draft_tensor_parallel_size "
                 f"{spec.draft_tensor_parallel_size} differs from tensor_parallel_size {tp}; "
                 "the draft runs sharded like the target"
-            )
-        if spec.model is not None and not spec.model_path:
-            from config.default_model import resolve_model_path
-            from config.hub import HubOptions
-
-            hub = HubOptions(spec.revision, self.load.download_dir, self.model.hf_token)
-            weights = self.load.load_format != "dummy"
-            spec.model_path = str(
-                resolve_model_path(spec.model, hub, weights=weights, tokenizer=False)
             )
         from config.draft_model import check_draft_model
         from config.eagle_head import check_eagle_head
@@ -191,6 +183,13 @@ class EngineConfig:
         if not own_tokenizer:
             tokenizer = resolve_tokenizer_path(model.tokenizer, model.model, path, tokenizer_hub)
             self.tokenizer_path = str(tokenizer)
+        spec = self.speculative
+        if spec is not None and spec.model is not None and not spec.model_path:
+            # A draft model or EAGLE head, found (or downloaded) as the target is, token and all.
+            draft_hub = replace(hub, revision=spec.revision)
+            spec.model_path = str(
+                resolve_model_path(spec.model, draft_hub, weights=weights, tokenizer=False)
+            )
         model.hf_token = None
 
     @property

@@ -142,6 +142,8 @@ class ModelRunner:
         for attn in self.model.attention_layers():
             attn.kv_cache = torch.empty(0)
         self.kv_caches = []
+        if self.speculation is not None:  # the proposer's cache went with the profile's
+            self.speculation.proposer.initialize_kv_cache(0)
 
     def profile_run(self) -> int:
         """Peak device bytes, beyond what is allocated now, of the largest step: the token

@@ -132,10 +132,8 @@ class Speculation:
     ) -> torch.Tensor | None:
         """The drafts [S, K] (-1 padded) for the next step of every request that sampled: as
         many as fit below max_model_len, none for a request with bad words (their matching
-        reads one position per step)."""
+        reads one position per step); None when no request sampled."""
         slots_np = batch.sample_slots_np
-        if not len(slots_np):
-            return None
         num_tokens = self.states.num_tokens_np[slots_np]
         max_drafts = np.clip(self.max_model_len - num_tokens, 0, self.num_speculative_tokens)
         if self.sampling.bad_words:
@@ -143,7 +141,9 @@ class Speculation:
                 (int(s) in self.sampling.bad_words for s in slots_np), bool, len(slots_np)
             )
             max_drafts[banned] = 0
-        return self.proposer.propose(
+        # Called in steps where no request samples too: a draft model or EAGLE head computes
+        # the step's prompt chunks along with the target (their blocks may be shared).
+        drafts = self.proposer.propose(
             ProposeInputs(
                 slots_np=slots_np,
                 slots=batch.sample_slots,
@@ -156,3 +156,4 @@ class Speculation:
                 batch=batch,
             )
         )
+        return drafts if len(slots_np) else None
