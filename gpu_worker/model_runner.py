@@ -270,6 +270,11 @@ class ModelRunner:
         )
         self.prompt_logprobs.attach(output, owners, complete)
         # After the copy is queued: the copy need not wait for the bookkeeping.
+        self._post_update(batch, sampled)
+        return output
+
+    def _post_update(self, batch: InputBatch, sampled: torch.Tensor | None) -> None:
+        """The step's requests computed their tokens; those that sampled gained one token."""
         self.states.post_update(
             batch.slots,
             batch.slots_np,
@@ -281,7 +286,6 @@ class ModelRunner:
             self.sampling.num_output,
         )
         self.sampling.post_update(batch.sample_slots, batch.sample_slots_np, sampled)
-        return output
 
     def _speculative_step(self, sched: SchedulerOutput) -> AsyncOutput:
         """execute_model_async with --speculative-config: the scheduled drafts verified in the
@@ -305,17 +309,7 @@ class ModelRunner:
         )
         if drafts_per_slot is None:
             sampled, logprobs = self._sample(batch, hidden, sched)
-            self.states.post_update(
-                batch.slots,
-                batch.slots_np,
-                batch.device_batch.seq_lens,
-                batch.seq_lens_np,
-                batch.sample_slots,
-                batch.sample_slots_np,
-                sampled,
-                self.sampling.num_output,
-            )
-            self.sampling.post_update(batch.sample_slots, batch.sample_slots_np, sampled)
+            self._post_update(batch, sampled)
             verify_starts = None
             last_rows = batch.logits_indices
         else:
