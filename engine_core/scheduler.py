@@ -202,8 +202,14 @@ class Scheduler(GrammarAdmission, Preemption):
         if constrained:
             assert self.structured_output is not None
             output.structured_output_request_ids = [r.request_id for r in constrained]
-            output.grammar_bitmask = self.structured_output.fill_bitmask(
-                [r.grammar for r in constrained if r.grammar is not None]
+            grammars = [r.grammar for r in constrained if r.grammar is not None]
+            spec = output.scheduled_spec_decode_tokens
+            output.grammar_bitmask = (
+                self.structured_output.fill_bitmask(
+                    grammars, [spec.get(r.request_id, []) for r in constrained]
+                )
+                if spec
+                else self.structured_output.fill_bitmask(grammars)
             )
         self._num_scheduled_tokens += output.total_num_scheduled_tokens
         return output
@@ -238,11 +244,15 @@ class Scheduler(GrammarAdmission, Preemption):
             if n > budget:  # a prompt chunk
                 n = budget
                 end = computed + n
-            elif n == 1 and req.spec_token_ids and req.grammar is None:
+            elif n == 1 and req.spec_token_ids:
                 # A decode with drafts verifies as many as its limits allow: positions within
-                # max_model_len, outputs within max_tokens, tokens within the budget.
+                # max_model_len, outputs within max_tokens, tokens within the budget, and a
+                # constrained request's drafts within its grammar.
+                grammar = req.grammar
                 k = min(
-                    len(req.spec_token_ids),
+                    len(req.spec_token_ids)
+                    if grammar is None
+                    else grammar.valid_drafts(req.spec_token_ids),
                     max_model_len - num_tokens,
                     req.max_tokens_total - num_tokens - 1,
                     budget - 1,

@@ -13,22 +13,28 @@ from protocol.step import SchedulerOutput
 
 
 def grammar_rows(
-    sched: SchedulerOutput, batch: InputBatch, sample_logits_rows: np.ndarray | None = None
+    sched: SchedulerOutput,
+    batch: InputBatch,
+    verify_starts: np.ndarray | None = None,
+    num_drafts: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The logits row of each constrained request, in the order of the bitmask's rows
-    (sample_logits_rows: each sampling request's logits row, when it is not its index, as in a
-    speculative step's verification rows)."""
+    """The logits row of each row of the bitmask: one per constrained request, in the order
+    of structured_output_request_ids; in a speculative step (verify_starts, num_drafts: each
+    sampling request's first verification row and drafts) 1 + drafts rows per request."""
     position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
-    logits_row = np.full(len(batch.req_ids), -1, dtype=np.int64)
-    logits_row[batch.sample_rows_np] = (
-        np.arange(len(batch.sample_rows_np)) if sample_logits_rows is None else sample_logits_rows
-    )
-    rows = logits_row[[position[r] for r in sched.structured_output_request_ids]]
-    if (rows < 0).any():
+    sample_index = np.full(len(batch.req_ids), -1, dtype=np.int64)
+    sample_index[batch.sample_rows_np] = np.arange(len(batch.sample_rows_np))
+    index = sample_index[[position[r] for r in sched.structured_output_request_ids]]
+    if (index < 0).any():
         raise RuntimeError(
             "the scheduler sent a grammar bitmask for a request that does not sample in this step"
         )
-    return rows
+    if verify_starts is None or num_drafts is None:
+        return index
+    counts = num_drafts[index] + 1
+    starts = verify_starts[index]
+    first = np.repeat(starts - (np.cumsum(counts) - counts), counts)
+    return first + np.arange(int(counts.sum()), dtype=np.int64)
 
 
 def apply_grammar_bitmask(
@@ -36,10 +42,12 @@ def apply_grammar_bitmask(
     sched: SchedulerOutput,
     batch: InputBatch,
     h2d: HostToDevice,
-    sample_logits_rows: np.ndarray | None = None,
+    verify_starts: np.ndarray | None = None,
+    num_drafts: np.ndarray | None = None,
 ) -> None:
-    """Forbid, in place, the tokens the constrained requests' grammars do not allow now."""
-    rows_np = grammar_rows(sched, batch, sample_logits_rows)
+    """Forbid, in place, the tokens the constrained requests' grammars do not allow now (in a
+    speculative step: at each verification row of theirs)."""
+    rows_np = grammar_rows(sched, batch, verify_starts, num_drafts)
     bitmask_np = np.frombuffer(sched.grammar_bitmask, dtype="<i4").reshape(len(rows_np), -1)
     if logits.is_cpu:  # the bytes are read-only; the CPU kernel only reads them
         bitmask, rows = torch.from_numpy(bitmask_np.copy()), torch.from_numpy(rows_np)

@@ -71,6 +71,25 @@ class RequestGrammar:
             return True
         return self.matcher.accept_token(token_id)
 
+    def valid_drafts(self, drafts: list[int]) -> int:
+        """How many leading drafts (speculative decoding) the grammar allows from its state
+        now, short of a token that would end it; the matcher is left as it was. 0 while a
+        reasoning gate still holds the grammar back (its end is seen token by token)."""
+        if not self.active:
+            return 0
+        matcher = self.matcher
+        n = 0
+        for token in drafts:
+            if not matcher.accept_token(token):
+                break
+            if matcher.is_terminated():
+                matcher.rollback(1)
+                break
+            n += 1
+        if n:
+            matcher.rollback(n)
+        return n
+
     @property
     def terminated(self) -> bool:
         """True once the grammar is complete and a stop token was accepted."""
@@ -129,15 +148,34 @@ class StructuredOutputManager:
         """Block until one of the compiles ends, or timeout seconds."""
         wait([g.compiled for g in grammars], timeout=timeout, return_when=FIRST_COMPLETED)
 
-    def fill_bitmask(self, grammars: list[RequestGrammar]) -> bytes:
-        """The next-token bitmask of each grammar, one row each, as little-endian int32 bytes."""
+    def fill_bitmask(
+        self, grammars: list[RequestGrammar], drafts: list[list[int]] | None = None
+    ) -> bytes:
+        """The next-token bitmask of each grammar, one row each, as little-endian int32 bytes;
+        with drafts (speculative decoding: ones valid_drafts allowed), 1 + len(drafts[i]) rows
+        for grammar i: the mask before each of its drafts and after the last."""
+        num_rows = len(grammars) + (sum(map(len, drafts)) if drafts else 0)
+        if num_rows > self._bitmask.shape[0]:
+            self._bitmask = torch.zeros((num_rows, self._bitmask.shape[1]), dtype=torch.int32)
         bitmask = self._bitmask
-        for row, grammar in enumerate(grammars):
-            if grammar.active:
-                grammar.matcher.fill_next_token_bitmask(bitmask, row)
-            else:  # still reasoning: every token allowed
+        row = 0
+        for i, grammar in enumerate(grammars):
+            if not grammar.active:  # still reasoning: every token allowed
                 bitmask[row].fill_(-1)
-        return bitmask[: len(grammars)].numpy().astype("<i4", copy=False).tobytes()
+                row += 1
+                continue
+            matcher = grammar.matcher
+            matcher.fill_next_token_bitmask(bitmask, row)
+            row += 1
+            ahead = drafts[i] if drafts else ()
+            for token in ahead:
+                if not matcher.accept_token(token):
+                    raise RuntimeError(f"draft token {token} is outside the grammar")
+                matcher.fill_next_token_bitmask(bitmask, row)
+                row += 1
+            if ahead:
+                matcher.rollback(len(ahead))
+        return bitmask[:row].numpy().astype("<i4", copy=False).tobytes()
 
     def shutdown(self) -> None:
         """Stop the compile thread (compiles in progress finish first)."""

@@ -93,8 +93,10 @@ class Speculation:
         else:
             logits = model.compute_logits(hidden_rows)
             if sched.structured_output_request_ids:
-                # Constrained requests verify no drafts: their one row is their first.
-                apply_grammar_bitmask(logits, sched, batch, self.h2d, rows.row_starts_np)
+                # A constrained request's bitmask rows: one per verification row.
+                apply_grammar_bitmask(
+                    logits, sched, batch, self.h2d, rows.row_starts_np, rows.num_drafts_np
+                )
             result = self.rejection_sampler(
                 logits, metadata, rows.num_drafts_np, rows.draft_token_ids
             )

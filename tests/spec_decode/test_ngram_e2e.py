@@ -177,17 +177,23 @@ def test_seeded_sampling_repeats_and_n_gives_distinct_samples(spec) -> None:
     assert all(len(set(map(tuple, samples))) > 1 for samples in first)
 
 
-def test_structured_output_equal(base, spec) -> None:
+@pytest.mark.parametrize("regex", ["(ab|cd){2,5}", "(tic tac toe ){6}(end|stop)"])
+def test_structured_output_equal_with_drafts_checked_against_the_grammar(base, spec, regex) -> None:
+    """A constrained request verifies drafts too: only those its grammar allows (checked in
+    the scheduler), each verification row masked by the grammar's state after the drafts
+    before it. A repetitive pattern gets drafts accepted."""
     from protocol.sampling_params import StructuredOutputsParams
 
     params = SamplingParams(
-        temperature=0.0,
-        max_tokens=20,
-        structured_outputs=StructuredOutputsParams(regex="(ab|cd){2,5}"),
+        temperature=0.0, max_tokens=48, structured_outputs=StructuredOutputsParams(regex=regex)
     )
+    before = _accepted(spec)
     got = spec.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     want = base.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    assert [o.outputs[0].text for o in got] == [o.outputs[0].text for o in want]
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    if "toe" in regex:
+        assert all(o.outputs[0].text.startswith("tic tac toe ") for o in got)
+        assert _accepted(spec) > before
 
 
 def test_chunked_prefill_and_preemption_equal(tiny, base) -> None:
