@@ -18,7 +18,6 @@ from config.attention import AttentionFeatures
 from config.engine import EngineConfig
 from config.kv_window import freed_window
 from gpu_worker.async_output import AsyncOutput, DeviceToHost, ReadyOutput
-from gpu_worker.attention.metadata import DeviceBatch, StepBatch
 from gpu_worker.attention.select import attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.decode_inputs import DecodeInputs
@@ -33,7 +32,7 @@ from gpu_worker.sampler import LogprobsTensors, Sampler
 from gpu_worker.sampling_state import SamplingStates
 from gpu_worker.spec_decode.proposer import make_proposer
 from gpu_worker.spec_decode.speculation import Speculation
-from gpu_worker.spec_decode.verify import one_token_rows
+from gpu_worker.spec_decode.verify import OneTokenRows, one_token_rows, write_graph_inputs
 from gpu_worker.staging import HostToDevice
 from gpu_worker.warmup import PROFILE_SAMPLING, DummyLimits, run_dummy, warm_up
 from protocol.step import ModelRunnerOutput, SchedulerOutput
@@ -390,23 +389,31 @@ class ModelRunner:
         self.states.remove(req_id)
         self.prompt_logprobs.remove_request(req_id)
 
-    def _forward(
-        self,
-        batch: InputBatch,
-        attention: tuple[StepBatch | None, DeviceBatch] | None = None,
-    ) -> torch.Tensor:
+    def _forward(self, batch: InputBatch, attention: OneTokenRows | None = None) -> torch.Tensor:
         """The step's hidden states; attention: the batch as attention sees it, where it is
-        not the requests' own (a speculative step's one-token rows)."""
+        not the requests' own (a speculative step's one-token rows, which a decode graph of
+        that many rows replays when every row is one token)."""
         assert self.model is not None
-        if batch.in_graph_buffers and self.graphs is not None and attention is None:
-            hidden = self.graphs.replay(len(batch.req_ids), batch.device_batch.max_seq_len)
+        graphs = self.graphs
+        if batch.in_graph_buffers and graphs is not None and attention is None:
+            hidden = graphs.replay(len(batch.req_ids), batch.device_batch.max_seq_len)
+            if hidden is not None:
+                return hidden
+        if (
+            attention is not None
+            and graphs is not None
+            and attention.device.max_query_len == 1
+            and graphs.inputs.padded_size(attention.num_rows)
+        ):
+            write_graph_inputs(graphs.inputs, batch, attention, self.states.block_table)
+            hidden = graphs.replay(attention.num_rows, attention.device.max_seq_len)
             if hidden is not None:
                 return hidden
         if attention is None:
             host_batch = batch.host_batch() if self.backend.plans_on_host else None
             device_batch = batch.device_batch
         else:
-            host_batch, device_batch = attention
+            host_batch, device_batch = attention.host, attention.device
         metadata = self.backend.build(host_batch, device_batch, self.device)
         with forward_context(StepAttention(self.backend, metadata)):
             return self.model(batch.input_ids, batch.positions)

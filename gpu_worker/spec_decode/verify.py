@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from gpu_worker.attention.metadata import DeviceBatch, StepBatch
+from gpu_worker.decode_inputs import DecodeInputs
 from gpu_worker.input_batch import InputBatch
 from gpu_worker.request_state import RequestStates
 from gpu_worker.sampling_state import SamplingStates
@@ -69,15 +70,29 @@ def verify_rows(batch: InputBatch, drafts_per_slot: np.ndarray, h2d: HostToDevic
     return VerifyRows(k, starts, rows, drafts)
 
 
+@dataclass(slots=True)
+class OneTokenRows:
+    """A speculative step as attention sees it (one_token_rows): the host plan (for a backend
+    that plans on the host), the device batch, and each row's slot [rows] int64."""
+
+    host: StepBatch | None
+    device: DeviceBatch
+    row_slots: torch.Tensor
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.device.seq_lens.shape[0])
+
+
 def one_token_rows(
     batch: InputBatch, drafts_per_slot: np.ndarray, h2d: HostToDevice, plans_on_host: bool
-) -> tuple[StepBatch | None, DeviceBatch]:
+) -> OneTokenRows:
     """The step's attention batch with each drafting request's 1 + k tokens as 1 + k rows of
     one token (row j: the request's block table, context up to its position j), other requests
     unchanged. Attention computes the same (a query attends to its sequence's positions up to
     its own, whichever row it sits in; every row's key and value is written before any is
     read), but the step is now a decode-shaped batch: the CPU's fused decode stack takes it,
-    and decode kernels serve it."""
+    and decode kernels (and CUDA graphs, write_graph_inputs) serve it."""
     qsl, seq_lens = batch.query_start_loc_np, batch.seq_lens_np
     n = np.diff(qsl).astype(np.int64)
     flat = drafts_per_slot[batch.slots_np] > 0
@@ -106,7 +121,21 @@ def one_token_rows(
         host = StepBatch(
             new_qsl, row_seq, planned.block_table[row_req], planned.slot_mapping, batch.block_size
         )
-    return host, device
+    return OneTokenRows(host, device, batch.slots.index_select(0, req_t))
+
+
+def write_graph_inputs(
+    inputs: DecodeInputs, batch: InputBatch, rows: OneTokenRows, block_table: torch.Tensor
+) -> None:
+    """Write a speculative step whose every row is one token into the decode graphs'
+    persistent buffers (its first rows.num_rows rows; full-width block-table rows), as
+    InputPreparer does for a decode step, so the graph of that many rows replays it."""
+    n = rows.num_rows
+    inputs.input_ids[:n].copy_(batch.input_ids)
+    inputs.positions[:n].copy_(batch.positions)
+    inputs.seq_lens[:n].copy_(rows.device.seq_lens)
+    inputs.slot_mapping[:n].copy_(rows.device.slot_mapping)
+    inputs.block_table[:n].copy_(block_table.index_select(0, rows.row_slots))
 
 
 def apply_verified(
