@@ -4,7 +4,7 @@ import { createHash, createPrivateKey, createPublicKey } from "node:crypto";
 import { decode, encode, ExtensionCodec } from "@msgpack/msgpack";
 import { Dealer } from "zeromq";
 
-export const PROTOCOL_VERSION = 5;
+export const PROTOCOL_VERSION = 6;
 
 // ENGINE_CORE_KEY (docs/protocol.md): CurveZMQ key pairs derived from one shared secret.
 const Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
