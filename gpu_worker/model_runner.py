@@ -245,19 +245,38 @@ class ModelRunner:
         self._update_states(sched)
         if not sched.num_scheduled_tokens:
             return ReadyOutput(ModelRunnerOutput())
-        if self.speculation is not None:
-            return self._speculative_step(sched)
         req_ids = list(sched.num_scheduled_tokens)
         num_scheduled = np.fromiter(
             sched.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids)
         )
+        # --speculative-config (gpu_worker/spec_decode/speculation.py): the scheduled drafts are
+        # written after their requests' tokens and verified in this forward, and the next
+        # drafts proposed before the results' copy starts.
+        spec = self.speculation
+        drafts_per_slot = spec.stage(sched) if spec is not None else None
         batch = self.inputs.prepare(req_ids, num_scheduled, sched.total_num_scheduled_tokens)
         self._offset_long_rope(batch, num_scheduled)
-        hidden = self._forward(batch)
+        attention = None
+        if drafts_per_slot is not None:
+            attention = one_token_rows(batch, drafts_per_slot, self.h2d, self.backend.plans_on_host)
+        hidden = self._forward(batch, attention)
         owners, chunks, complete = self.prompt_logprobs.compute(
             self.model.compute_logits, hidden, batch, self.states
         )
-        sampled, logprobs = self._sample(batch, hidden, sched)
+        verify_starts = drafts = None
+        if spec is None or drafts_per_slot is None:
+            sampled, logprobs = self._sample(batch, hidden, sched)
+            last_rows = batch.logits_indices
+        else:  # verified and applied to the request state
+            sampled, logprobs, verify_starts, last_rows = spec.verify(
+                self.model, batch, hidden, sched, drafts_per_slot
+            )
+        if spec is not None:
+            if drafts_per_slot is None:
+                self._post_update(batch, sampled)  # the proposer reads the updated state
+            drafts = spec.propose(
+                batch, hidden, last_rows, getattr(self.model, "aux_hidden_states", None)
+            )
         output = AsyncOutput(
             self.d2h,
             req_ids,
@@ -266,10 +285,13 @@ class ModelRunner:
             logprobs,
             self.sampling.logprobs_np[batch.sample_slots_np],
             chunks,
+            verify_starts,
+            drafts,
         )
         self.prompt_logprobs.attach(output, owners, complete)
-        # After the copy is queued: the copy need not wait for the bookkeeping.
-        self._post_update(batch, sampled)
+        if spec is None:
+            # After the copy is queued: the copy need not wait for the bookkeeping.
+            self._post_update(batch, sampled)
         return output
 
     def _post_update(self, batch: InputBatch, sampled: torch.Tensor | None) -> None:
@@ -285,52 +307,6 @@ class ModelRunner:
             self.sampling.num_output,
         )
         self.sampling.post_update(batch.sample_slots, batch.sample_slots_np, sampled)
-
-    def _speculative_step(self, sched: SchedulerOutput) -> AsyncOutput:
-        """execute_model_async with --speculative-config: the scheduled drafts verified in the
-        step's forward (gpu_worker/spec_decode/speculation.py), the kept tokens applied, and
-        the next drafts proposed, all before the results' copy starts."""
-        assert self.model is not None and self.speculation is not None
-        spec = self.speculation
-        req_ids = list(sched.num_scheduled_tokens)
-        num_scheduled = np.fromiter(
-            sched.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids)
-        )
-        drafts_per_slot = spec.stage(sched)
-        batch = self.inputs.prepare(req_ids, num_scheduled, sched.total_num_scheduled_tokens)
-        self._offset_long_rope(batch, num_scheduled)
-        attention = None
-        if drafts_per_slot is not None:
-            attention = one_token_rows(batch, drafts_per_slot, self.h2d, self.backend.plans_on_host)
-        hidden = self._forward(batch, attention)
-        owners, chunks, complete = self.prompt_logprobs.compute(
-            self.model.compute_logits, hidden, batch, self.states
-        )
-        if drafts_per_slot is None:
-            sampled, logprobs = self._sample(batch, hidden, sched)
-            self._post_update(batch, sampled)
-            verify_starts = None
-            last_rows = batch.logits_indices
-        else:
-            sampled, logprobs, verify_starts, last_rows = spec.verify(
-                self.model, batch, hidden, sched, drafts_per_slot
-            )
-        drafts = spec.propose(
-            batch, hidden, last_rows, getattr(self.model, "aux_hidden_states", None)
-        )
-        output = AsyncOutput(
-            self.d2h,
-            req_ids,
-            batch.sample_rows_np,
-            sampled,
-            logprobs,
-            self.sampling.logprobs_np[batch.sample_slots_np],
-            chunks,
-            verify_starts,
-            drafts,
-        )
-        self.prompt_logprobs.attach(output, owners, complete)
-        return output
 
     def _offset_long_rope(self, batch: InputBatch, num_scheduled: np.ndarray) -> None:
         """LongRoPE: the positions of long requests' tokens move to the rotary table's long
